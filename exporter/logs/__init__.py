@@ -1,0 +1,1 @@
+"""Log side of the pipeline: tail a file, parse lines into events."""

@@ -1,0 +1,265 @@
+"""prometheus_client collectors: fresh metric families on every scrape, built from `ServerState`.
+
+One collector per area, like prometheus-pve-exporter: `ServerLogCollector` for what the llama-server
+log says, `ExporterCollector` for the exporter's own health. Each docstring shows sample output.
+Nothing here mutates state; scrapes run on the same asyncio loop that applies log events, so a
+scrape always sees a consistent state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.state import ServerState
+
+CASCADE_OUTCOMES = ("recovered", "failed")
+ABORT_REASONS = ("context_exceeded",)
+DECODE_FAILURE_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _labelled_counter(
+    name: str, doc: str, label: str, values: Mapping[str, int], always: Iterable[str]
+) -> CounterMetricFamily:
+    """A counter with one bounded label; the `always` values are exported at 0 so rate() and alerts work."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for key in sorted(set(always) | set(values)):
+        family.add_metric([key], values.get(key, 0))
+    return family
+
+
+class ServerLogCollector(Collector):
+    """Slots, KV pool and retry cascades of llama-server, from its log.
+
+    # HELP llamacpp_kv_pool_usage_ratio KV cells held by all slots divided by the pool capacity (0-1).
+    # TYPE llamacpp_kv_pool_usage_ratio gauge
+    llamacpp_kv_pool_usage_ratio 0.75
+    # HELP llamacpp_slot_tokens KV cells the slot holds now (log estimate).
+    # TYPE llamacpp_slot_tokens gauge
+    llamacpp_slot_tokens{slot="0"} 128.0
+    # HELP llamacpp_kv_cascades_total Retry cascades (batch halving after a full KV pool) by outcome.
+    # TYPE llamacpp_kv_cascades_total counter
+    llamacpp_kv_cascades_total{outcome="failed"} 1.0
+    llamacpp_kv_cascades_total{outcome="recovered"} 0.0
+    """
+
+    def __init__(self, state: Callable[[], ServerState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the log-derived metric families."""
+        st = self._state()
+        yield from self._info(st)
+        yield from self._slots(st)
+        yield from self._pool(st)
+        yield from self._counters(st)
+
+    def _info(self, st: ServerState) -> Iterator[Metric]:
+        _, source = st.pool_capacity()
+        info = InfoMetricFamily("llamacpp_server", "What llama-server runs, from its start-up log lines.")
+        kv_unified = "unknown" if st.kv_unified is None else str(st.kv_unified).lower()
+        info.add_metric(
+            [],
+            {
+                "build": f"b{st.build}" if st.build is not None else "unknown",
+                "model": st.model or "unknown",
+                "kv_unified": kv_unified,
+                "type_k": st.type_k or "unknown",
+                "type_v": st.type_v or "unknown",
+                "capacity_source": source,
+            },
+        )
+        yield info
+        ready = GaugeMetricFamily(
+            "llamacpp_server_ready_log", "1 once the log says the server listens (model loaded), 0 while starting."
+        )
+        ready.add_metric([], 1 if st.ready else 0)
+        yield ready
+
+    def _slots(self, st: ServerState) -> Iterator[Metric]:
+        count = st.slot_count
+        if count is None:
+            return
+        yield GaugeMetricFamily("llamacpp_slots", "Number of slots (parallel sequences, -np).", value=count)
+        ctx = GaugeMetricFamily("llamacpp_slot_context_tokens", "The slot's context limit (n_ctx_slot).", labels=["slot"])
+        tokens = GaugeMetricFamily(
+            "llamacpp_slot_tokens", "KV cells the slot holds now (log estimate).", labels=["slot"]
+        )
+        busy = GaugeMetricFamily("llamacpp_slot_processing", "1 while the slot has a task.", labels=["slot"])
+        for i in range(count):
+            s = st.slots.get(i)
+            label = [str(i)]
+            n_ctx = st.slot_context(i)
+            if n_ctx is not None:
+                ctx.add_metric(label, n_ctx)
+            tokens.add_metric(label, s.tokens if s else 0)
+            busy.add_metric(label, 1 if s and s.processing else 0)
+        yield ctx
+        yield tokens
+        yield busy
+
+    def _pool(self, st: ServerState) -> Iterator[Metric]:
+        capacity, _ = st.pool_capacity()
+        used = st.pool_used()
+        yield GaugeMetricFamily(
+            "llamacpp_kv_pool_used_tokens", "KV cells held by all slots (sum of llamacpp_slot_tokens).", value=used
+        )
+        if capacity:
+            yield GaugeMetricFamily(
+                "llamacpp_kv_pool_capacity_tokens", "Cells in the KV pool (all streams).", value=capacity
+            )
+            yield GaugeMetricFamily(
+                "llamacpp_kv_pool_usage_ratio",
+                "KV cells held by all slots divided by the pool capacity (0-1).",
+                value=used / capacity,
+            )
+        over = st.overcommit_ratio()
+        if over is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_kv_pool_overcommit_ratio",
+                "Slots x per-slot context / pool capacity; above 1 the slots were promised more than the pool holds.",
+                value=over,
+            )
+        if st.kv_k_bytes or st.kv_v_bytes:
+            kv = GaugeMetricFamily(
+                "llamacpp_kv_cache_bytes", "KV cache memory from the llama_kv_cache size line.", labels=["kind"]
+            )
+            kv.add_metric(["k"], st.kv_k_bytes)
+            kv.add_metric(["v"], st.kv_v_bytes)
+            yield kv
+        active = GaugeMetricFamily(
+            "llamacpp_kv_cascade_active", "1 while a KV retry cascade is in progress (batch halving)."
+        )
+        active.add_metric([], 1 if st.in_cascade else 0)
+        yield active
+
+    def _counters(self, st: ServerState) -> Iterator[Metric]:
+        yield _counter(
+            "llamacpp_server_starts", "llama-server starts seen (new banner in the log).", st.server_starts
+        )
+        yield _counter(
+            "llamacpp_kv_retries", "'retrying with smaller batch size' lines: the KV pool had no room.", st.kv_retries
+        )
+        yield _counter(
+            "llamacpp_kv_memory_slot_failures",
+            "'failed to find a memory slot for batch' library warnings.",
+            st.memory_slot_failures,
+        )
+        yield _labelled_counter(
+            "llamacpp_kv_cascades",
+            "Retry cascades (batch halving after a full KV pool) by outcome.",
+            "outcome",
+            st.cascades,
+            CASCADE_OUTCOMES,
+        )
+        yield _counter(
+            "llamacpp_context_exceeded",
+            "Decode failures 'Context size has been exceeded': every in-flight request was aborted.",
+            st.context_exceeded,
+        )
+        yield _labelled_counter(
+            "llamacpp_decode_failures",
+            "Fatal decode errors by reason.",
+            "reason",
+            st.decode_failures,
+            DECODE_FAILURE_REASONS,
+        )
+        yield _labelled_counter(
+            "llamacpp_requests_aborted",
+            "Requests ended by a server error (send_error), by reason.",
+            "reason",
+            st.requests_aborted,
+            ABORT_REASONS,
+        )
+        yield _counter(
+            "llamacpp_slots_purged", "Idle slots purged to make room in the unified KV pool.", st.slots_purged
+        )
+
+
+class LogSourceStatus(Protocol):
+    """What the exporter knows about its log source (implemented by `pipeline.LogPipeline`)."""
+
+    @property
+    def up(self) -> bool: ...
+    @property
+    def lines(self) -> int: ...
+    @property
+    def replayed_lines(self) -> int: ...
+    @property
+    def truncations(self) -> int: ...
+    @property
+    def rotations(self) -> int: ...
+    @property
+    def lost_bytes(self) -> int: ...
+    @property
+    def long_lines(self) -> int: ...
+
+
+@dataclass
+class SourceHealth:
+    """Last result of one live source, for `llamacpp_exporter_source_up`."""
+
+    up: bool = False
+
+
+class ExporterCollector(Collector):
+    """The exporter's own health: sources, tailer counters, build info.
+
+    # HELP llamacpp_exporter_source_up 1 when the last read of the source worked.
+    # TYPE llamacpp_exporter_source_up gauge
+    llamacpp_exporter_source_up{source="log"} 1.0
+    # HELP llamacpp_exporter_log_lines_total Log lines read while running (not counting the start-up replay).
+    # TYPE llamacpp_exporter_log_lines_total counter
+    llamacpp_exporter_log_lines_total 412.0
+    """
+
+    def __init__(self, log: LogSourceStatus, sources: Mapping[str, SourceHealth] | None = None) -> None:
+        self._log = log
+        self._sources = sources or {}
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the exporter's self-metrics."""
+        up = GaugeMetricFamily(
+            "llamacpp_exporter_source_up", "1 when the last read of the source worked.", labels=["source"]
+        )
+        up.add_metric(["log"], 1 if self._log.up else 0)
+        for name, health in sorted(self._sources.items()):
+            up.add_metric([name], 1 if health.up else 0)
+        yield up
+        log = self._log
+        yield _counter(
+            "llamacpp_exporter_log_lines",
+            "Log lines read while running (not counting the start-up replay).",
+            log.lines,
+        )
+        yield GaugeMetricFamily(
+            "llamacpp_exporter_log_replayed_lines",
+            "Lines of the existing log replayed at start to rebuild gauges (not counted as events).",
+            value=log.replayed_lines,
+        )
+        yield _counter(
+            "llamacpp_exporter_log_truncations", "Times the log file shrank or was rewritten in place.", log.truncations
+        )
+        yield _counter(
+            "llamacpp_exporter_log_rotations", "Times the log path named a new file (rotation, re-creation).", log.rotations
+        )
+        yield _counter(
+            "llamacpp_exporter_log_lost_bytes",
+            "Bytes known to be lost, e.g. written just before a copytruncate.",
+            log.lost_bytes,
+        )
+        yield _counter(
+            "llamacpp_exporter_log_long_lines", "Lines cut because they exceeded the maximum line length.", log.long_lines
+        )
+        info = InfoMetricFamily("llamacpp_exporter_build", "Version of llamacpp-exporter.")
+        info.add_metric([], {"version": __version__})
+        yield info

@@ -1,0 +1,531 @@
+"""Follow llama-server's ``--log-file`` by path, across rotation, truncation and re-creation.
+
+Modelled on google/mtail's ``fileStream``: a synchronous core (``LogTailer.poll``) that makes every
+decision, and a thin async driver (``follow``) that only decides *when* to call it. This docstring
+describes the file-level semantics first, because they are the whole point of the module.
+
+Reading model
+-------------
+This is a "read from the beginning" tailer: a file is always read from offset 0 when it is first
+opened, and after every rotation or truncation. Offsets are not persisted, so an exporter restart
+re-reads the current file from the start; that is what the consumer wants, because llama-server's
+log is rewritten on every server start, so the file describes exactly one server run.
+
+We hold one file descriptor and track our own ``offset`` into it. A poll does, in order:
+
+1. If no file is open: open the path (failure is not an exception; it sets ``last_error``).
+2. ``fstat`` the open fd and check it was not truncated or rewritten in place (see below).
+3. Read up to the byte budget, splitting complete lines out of the bytes.
+4. Only when the fd is at EOF: ``stat`` the *path* and compare ``(st_dev, st_ino)`` with the open
+   fd. If the path now names a different file, read the old fd to EOF once more (the writer may
+   have appended between step 3 and the rename), emit a pending partial line from the old file as
+   a line, close it and continue with the new file from offset 0 in the same poll.
+
+Rename-and-create rotation (logrotate's default, ``mv log log.1 && touch log``)
+    The renamed file keeps its inode, so our fd keeps reading it; a writer that still has it open
+    may keep appending and we still see that. Once at EOF, ``stat(path)`` shows a new inode: drain,
+    switch, ``stats.rotations += 1``. No line is lost or repeated. If the path was rotated *twice*
+    between two polls, the middle file was never opened and is lost; nothing can be done about a
+    file we never saw, so the driver polls on every filesystem event and at least every second.
+
+Truncation (same inode, ``st_size < offset``)
+    This is *normal* for llama-server: it opens ``--log-file`` with ``fopen(path, "w")`` (O_TRUNC)
+    on every start. We emit the pending partial line, seek to 0 and count ``stats.truncations``.
+    If some earlier ``fstat`` (a previous poll, or ``has_pending``) showed the file larger than our
+    offset, the difference is bytes we provably never read: added to ``stats.lost_bytes``.
+
+In-place rewrite (same inode, already grown past our offset)
+    If the server restarted and wrote more than we had read before we polled again, the size check
+    alone sees nothing wrong and we would resume in the middle of the new run. So we keep two
+    fingerprints of what we read: the first up-to-64 bytes of the file ("head") and the last
+    up-to-64 bytes before our offset ("tail"), and re-read both on every poll (two small preads
+    from the page cache). If either differs, the file was rewritten: handled as a truncation.
+    The tail check matters for llama-server in particular: its first log lines (build info, system
+    info) are identical from run to run, so the head alone often matches after a restart. A rewrite
+    that is byte-identical in both windows goes unnoticed; in practice that means we had only read
+    the deterministic start-up banner, and resuming at our offset then loses nothing.
+
+Delete (path gone, fd still open)
+    The inode stays alive while we hold it, so we keep reading it to EOF (a server whose log was
+    ``rm``-ed keeps writing into it, and we keep following). ``stat(path)`` fails, we keep waiting.
+    When the path reappears as a different file we switch to it from offset 0 and count a rotation.
+    Inode numbers are often reused right after a delete (tmpfs, ext4); that hazard hits tailers that
+    close the file or checkpoint ``(inode, offset)``. Because we hold the old inode open, the new
+    file cannot get its number; and the head/tail fingerprints would catch a reuse anyway. A path
+    that disappears and comes back as the *same* inode (``mv log x && mv x log``) is not a rotation.
+
+copytruncate (``cp log log.1 && truncate -s0 log``)
+    Lossy by nature: whatever was appended after our last read and before the truncate is only in
+    the copy. We detect the truncation (``stats.truncations``), lose exactly that window, and
+    count the part of it a ``stat`` had already shown us in ``stats.lost_bytes`` (the rest is not
+    knowable). Worse, llama-server does not open its log with O_APPEND, so after copytruncate its
+    next write lands at its old offset and the file starts with a hole of NUL bytes, which the
+    size check cannot see (the file is not smaller) but the fingerprints do. NUL bytes at the very
+    start of a file (after open, rotation or truncation) are skipped, so the hole does not become a
+    giant garbage line. Prefer rename-and-create rotation (or no rotation: the file is rewritten at
+    every server start anyway).
+
+Partial lines
+    Bytes after the last ``"\\n"`` are buffered until the rest arrives, so a line written in pieces
+    (split anywhere, including inside a multi-byte UTF-8 character, because decoding happens per
+    complete line) is returned once. On rotation or truncation a buffered partial line is emitted
+    as a line: the file it belonged to will never complete it.
+
+Very long lines
+    A line longer than ``max_line_bytes`` (counting a trailing ``"\\r"``, excluding ``"\\n"``) is
+    returned as soon as the limit is reached, cut to ``max_line_bytes`` (backed off to a UTF-8
+    character boundary), ``stats.long_lines += 1``; the rest up to the next ``"\\n"`` is read and
+    discarded. Memory is bounded by ``max_line_bytes + chunk_bytes``.
+
+Encoding
+    Lines are decoded as UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an
+    exception. A trailing ``"\\r"`` (CRLF) is stripped.
+
+File missing at start, unreadable, not a regular file
+    ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory,
+    FIFO or device at the path is refused without opening it (opening a FIFO could block or wake
+    its writer). Symlinks are followed: identity is the target's, so re-pointing the link counts
+    as a rotation.
+
+What ``follow`` adds
+--------------------
+It wakes on watchdog (inotify) events for the path and on a ``poll_interval`` timer. The timer is
+the real guarantee: inotify loses events (queue overflow), and does not work on NFS or for writes
+made on another host or another overlayfs layer. Events only reduce latency. Truncation has no
+event of its own: it arrives as an ordinary ``FileModifiedEvent``. File I/O runs on the event
+loop thread; reads are bounded by ``chunk_bytes`` and the driver yields between chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pathlib
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from watchdog.events import (
+    DirDeletedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
+
+__all__ = ["LogTailer", "TailerStats", "follow"]
+
+logger = logging.getLogger(__name__)
+
+_HEAD_BYTES = 64
+_TAIL_BYTES = 64
+
+# Our own open()/close() of the log shows up as FileOpenedEvent/FileClosedNoWriteEvent; leaving those
+# out of the inotify mask keeps the follower from waking itself up.
+_WATCH_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileClosedEvent,
+    DirDeletedEvent,
+]
+
+
+@dataclass
+class TailerStats:
+    """Counters for one ``LogTailer``; all monotonic."""
+
+    lines: int = 0  # complete lines returned
+    bytes: int = 0  # bytes consumed
+    truncations: int = 0  # file shrank below our offset, or its first bytes changed (rewritten in place)
+    rotations: int = 0  # path now names a different file (inode/device changed, or recreated after delete)
+    opens: int = 0
+    long_lines: int = 0  # lines cut at max_line_bytes
+    lost_bytes: int = 0  # bytes known to be lost (e.g. unread tail seen by stat before a truncation)
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    # lseek+read instead of os.pread: we track the offset ourselves, and this also works on Windows.
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.read(fd, size)
+
+
+def _cut_utf8(data: bytes) -> bytes:
+    """Drop an incomplete multi-byte UTF-8 sequence at the end of ``data``."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if byte >= 0xC0:
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            if need > back:
+                return data[:-back]
+        return data
+    return data
+
+
+def _decode(line: bytes | bytearray) -> str:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return line.decode("utf-8", errors="replace")
+
+
+class LogTailer:
+    """Follow one file by path. Synchronous core: all decisions happen in poll(); no threads, no sleeps."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_line_bytes: int = 1 << 20,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
+        if max_line_bytes < 1 or chunk_bytes < 1:
+            raise ValueError("max_line_bytes and chunk_bytes must be positive")
+        self.path = pathlib.Path(path)
+        self.stats = TailerStats()
+        self._max_line = max_line_bytes
+        self._chunk = chunk_bytes
+        self._fd: int | None = None
+        self._ident = (0, 0)  # (st_dev, st_ino) of the open fd
+        self._offset = 0
+        self._head = b""  # first bytes of the file, as we read them
+        self._tail = b""  # last bytes before _offset, as we read them
+        self._seen_size = 0  # largest st_size an fstat has shown for the current content
+        self._partial = bytearray()
+        self._discarding = False  # inside an over-long line, dropping bytes up to the next "\n"
+        self._skip_nul = False  # at the start of a file: skip a copytruncate hole
+        self._error: str | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """A file is currently open."""
+        return self._fd is not None
+
+    @property
+    def last_error(self) -> str | None:
+        """One-line description of the last open/read problem; None when the last poll was fine."""
+        return self._error
+
+    def poll(self, max_bytes: int | None = None) -> list[str]:
+        """Return the complete lines that are new since the last poll (reads at most ~max_bytes)."""
+        budget = self._chunk if max_bytes is None else max(1, max_bytes)
+        out: list[str] = []
+        if self._fd is None:
+            if not self._open():
+                return out
+        else:
+            self._error = None
+        try:
+            self._check_rewritten(out)
+            while True:
+                n, eof = self._read(budget, out)
+                budget -= n
+                if not eof or not self._path_replaced():
+                    break
+                # Catch writes that landed in the old file between our EOF and the rename.
+                n, eof = self._read(budget, out)
+                budget -= n
+                if not eof:
+                    break  # budget spent; switch on a later poll, still from the old file's EOF
+                self._flush_partial(out)
+                self._close_fd()
+                self.stats.rotations += 1
+                if not self._open():
+                    break
+        except OSError as exc:
+            # Keep the fd and our offset: a transient EIO/ESTALE should not make us re-read from 0.
+            self._error = f"cannot read log file {self.path}: {exc.strerror or exc}"
+        self.stats.lines += len(out)
+        return out
+
+    def has_pending(self) -> bool:
+        """True when the open file has bytes beyond our offset, or shrank below it (cheap fstat)."""
+        if self._fd is None:
+            return False
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            return False
+        self._seen_size = max(self._seen_size, size)
+        return size != self._offset
+
+    def close(self) -> None:
+        """Close the file; a later poll() reopens the path from offset 0."""
+        self._close_fd()
+        self._partial.clear()
+        self._discarding = False
+
+    def _open(self) -> bool:
+        path = self.path
+        try:
+            # stat first so a FIFO or device at the path is never opened (that can block or have effects).
+            if not stat.S_ISREG(path.stat().st_mode):
+                self._error = f"log file {path} is not a regular file"
+                return False
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            self._error = f"log file {path} does not exist yet"
+            return False
+        except PermissionError:
+            self._error = f"permission denied opening log file {path}"
+            return False
+        except OSError as exc:
+            self._error = f"cannot open log file {path}: {exc.strerror or exc}"
+            return False
+        try:
+            st = os.fstat(fd)
+        except OSError as exc:
+            os.close(fd)
+            self._error = f"cannot stat log file {path}: {exc.strerror or exc}"
+            return False
+        if not stat.S_ISREG(st.st_mode):  # swapped between stat() and open()
+            os.close(fd)
+            self._error = f"log file {path} is not a regular file"
+            return False
+        self._fd = fd
+        self._ident = (st.st_dev, st.st_ino)
+        self._reset_position()
+        self.stats.opens += 1
+        self._error = None
+        return True
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        self._reset_position()
+
+    def _reset_position(self) -> None:
+        self._offset = 0
+        self._head = b""
+        self._tail = b""
+        self._seen_size = 0
+        self._skip_nul = True
+
+    def _check_rewritten(self, out: list[str]) -> None:
+        """Handle truncation or an in-place rewrite of the open file."""
+        assert self._fd is not None
+        fd, offset = self._fd, self._offset
+        size = os.fstat(fd).st_size
+        rewritten = size < offset
+        if not rewritten and self._head:
+            rewritten = _pread(fd, len(self._head), 0) != self._head
+        if not rewritten and self._tail and offset > len(self._head):
+            rewritten = _pread(fd, len(self._tail), offset - len(self._tail)) != self._tail
+        if rewritten:
+            if self._seen_size > offset:
+                self.stats.lost_bytes += self._seen_size - offset
+            self._flush_partial(out)
+            self._reset_position()
+            self.stats.truncations += 1
+        self._seen_size = max(self._seen_size, size)
+
+    def _path_replaced(self) -> bool:
+        """At EOF: does the path now name a different file than the one we hold?"""
+        try:
+            st = self.path.stat()
+        except OSError:
+            # Deleted or renamed away (or the directory became unreadable): keep the old fd, wait.
+            return False
+        return (st.st_dev, st.st_ino) != self._ident
+
+    def _read(self, limit: int, out: list[str]) -> tuple[int, bool]:
+        """Read up to ``limit`` bytes; return (bytes read, reached EOF)."""
+        assert self._fd is not None
+        total = 0
+        while total < limit:
+            want = min(limit - total, self._chunk)
+            data = _pread(self._fd, want, self._offset)
+            if data:
+                self._consume(data, out)
+                total += len(data)
+            if len(data) < want:  # a short read on a regular file means EOF (for now)
+                return total, True
+        return total, False
+
+    def _consume(self, data: bytes, out: list[str]) -> None:
+        offset = self._offset
+        if offset < _HEAD_BYTES and len(self._head) == offset:
+            self._head += data[: _HEAD_BYTES - offset]
+        self._tail = data[-_TAIL_BYTES:] if len(data) >= _TAIL_BYTES else (self._tail + data)[-_TAIL_BYTES:]
+        self._offset = offset + len(data)
+        self.stats.bytes += len(data)
+        if self._skip_nul:
+            data = data.lstrip(b"\0")
+            if not data:
+                return
+            self._skip_nul = False
+        pieces = data.split(b"\n")
+        for piece in pieces[:-1]:
+            self._append(piece, out)
+            self._end_line(out)
+        self._append(pieces[-1], out)
+
+    def _append(self, piece: bytes, out: list[str]) -> None:
+        if self._discarding or not piece:
+            return
+        room = self._max_line - len(self._partial)
+        if len(piece) <= room:
+            self._partial += piece
+            return
+        self._partial += piece[:room]
+        out.append(_cut_utf8(bytes(self._partial)).decode("utf-8", errors="replace"))
+        self._partial.clear()
+        self._discarding = True
+        self.stats.long_lines += 1
+
+    def _end_line(self, out: list[str]) -> None:
+        if self._discarding:  # the cut line was already returned
+            self._discarding = False
+            return
+        out.append(_decode(self._partial))
+        self._partial.clear()
+
+    def _flush_partial(self, out: list[str]) -> None:
+        """The file this partial line belonged to is gone or rewritten: it will never be completed."""
+        if self._discarding:
+            self._discarding = False
+        elif self._partial:
+            out.append(_decode(self._partial))
+            self._partial.clear()
+
+
+class _WakeHandler(FileSystemEventHandler):
+    """Runs on the watchdog thread: only hands a wake-up to the event loop."""
+
+    def __init__(
+        self, target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: asyncio.Event
+    ) -> None:
+        super().__init__()
+        # The directory itself too: its deletion means the watch must be re-scheduled.
+        self._paths = {os.path.normpath(target), os.path.normpath(directory)}
+        self._loop = loop
+        self._wake = wake
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if any(
+            p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)
+        ):
+            with contextlib.suppress(RuntimeError):  # loop already closed: follow() is gone
+                self._loop.call_soon_threadsafe(self._wake.set)
+
+
+class _ParentWatch:
+    """A watchdog observer on the log's parent directory, re-scheduled when the directory is replaced."""
+
+    def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
+        path = path.absolute()
+        self._dir = path.parent
+        self._handler = _WakeHandler(str(path), str(self._dir), loop, wake)
+        self._observer: BaseObserver | None = None
+        self._watch: ObservedWatch | None = None
+        self._dir_ident: tuple[int, int] | None = None
+        self._disabled = False
+
+    def ensure(self) -> None:
+        """Called on every wake: (re)schedule the watch if the directory appeared or was replaced."""
+        if self._disabled:
+            return
+        try:
+            st = self._dir.stat()
+            ident = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+        except OSError:
+            ident = None
+        if ident == self._dir_ident and (ident is None or self._watch is not None):
+            return
+        self._unschedule()
+        self._dir_ident = ident
+        if ident is None:
+            return  # no directory yet: the timer keeps polling, and we retry on the next wake
+        try:
+            if self._observer is None:
+                self._observer = Observer()
+                self._observer.start()
+            self._watch = self._observer.schedule(
+                self._handler, self._dir, recursive=False, event_filter=_WATCH_EVENTS
+            )
+        except FileNotFoundError:
+            self._dir_ident = None  # removed between stat and schedule; retry later
+        except Exception as exc:  # e.g. OSError(EMFILE/ENOSPC): inotify instance or watch limit
+            logger.warning(
+                "cannot watch %s for changes (%s); falling back to polling the log file", self._dir, exc
+            )
+            self._disabled = True
+            self.close()
+
+    def _unschedule(self) -> None:
+        if self._observer is not None and self._watch is not None:
+            with contextlib.suppress(Exception):
+                self._observer.unschedule(self._watch)
+        self._watch = None
+
+    def close(self) -> None:
+        if self._observer is not None:
+            with contextlib.suppress(Exception):
+                self._observer.stop()
+                self._observer.join(timeout=2.0)
+            self._observer = None
+        self._watch = None
+
+
+def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
+    s = tailer.stats
+    return s.bytes, s.opens, s.rotations, s.truncations
+
+
+async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        before = _progress(tailer)
+        lines = tailer.poll()
+        if lines:
+            on_lines(lines)
+        # Stop on no progress too: a persistent read error must not turn into a busy loop.
+        if _progress(tailer) == before or not tailer.has_pending():
+            return
+        await asyncio.sleep(0)
+
+
+async def follow(
+    tailer: LogTailer,
+    on_lines: Callable[[list[str]], None],
+    *,
+    poll_interval: float = 1.0,
+    use_watchdog: bool = True,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Feed new lines of ``tailer`` to ``on_lines`` until ``stop`` is set (or the task is cancelled)."""
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+    stop_event = stop if stop is not None else asyncio.Event()
+    watch = _ParentWatch(tailer.path, loop, wake) if use_watchdog else None
+    stop_task = asyncio.ensure_future(stop_event.wait())
+    try:
+        while not stop_event.is_set():
+            if watch is not None:
+                watch.ensure()
+            # Clear before draining: an event that arrives mid-drain must cause one more pass.
+            wake.clear()
+            await _drain(tailer, on_lines, stop_event)
+            if stop_event.is_set():
+                break
+            wake_task = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait(
+                    {wake_task, stop_task}, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                wake_task.cancel()
+    finally:
+        stop_task.cancel()
+        if watch is not None:
+            watch.close()

@@ -1,0 +1,331 @@
+"""What the log says about llama-server right now: configuration, slots, KV pool, and event counters.
+
+`ServerState.apply(event)` is the only way in. No I/O, no clock, no prometheus_client: feed it the
+events of a captured log and compare the result with what the log (or the server's own `/slots`)
+says. Slot semantics follow `shared/DESIGN.md`:
+
+- `new prompt … task.n_tokens = C` then `cached n_tokens = N`: the slot keeps N and will grow to ~C;
+  prompt and generation progress lines move the estimate; `stop processing: n_tokens = N` leaves the
+  slot idle but still holding N cells; `clearing prompt` / `purging slot` empty it.
+- A request aborted by a fatal decode error (`send_error` after `Context size has been exceeded`) has
+  its slot cleared by llama-server (b7078+), even when `-lv 3` hides the `clearing prompt` line.
+- With unified KV and `--cache-idle-slots` (default on since b8852), starting a task saves and clears
+  every idle slot; at `-lv 3` that is hidden too, so it is inferred.
+
+Counters live as long as the exporter. They are counted only while `counting` is True: the exporter
+replays the existing log with counting off to rebuild gauges without re-counting the past, so a
+restart of the exporter can never make a counter jump and fire an alert.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from exporter.logs import events as ev
+
+MIB = 1024 * 1024
+# llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
+_CLEARS_ABORTED_SLOTS_SINCE = 7078
+_FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
+
+
+@dataclass
+class SlotState:
+    """One slot, as far as the log tells."""
+
+    n_ctx: int | None = None
+    tokens: int = 0
+    processing: bool = False
+    task: int = -1
+    prompt_tokens: int = 0
+    # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
+    cache_base: int | None = None
+
+
+@dataclass
+class ServerState:
+    """Server configuration, slot occupancy and event counters, built from log events."""
+
+    counting: bool = True
+
+    # Configuration of the running server process (reset at every start).
+    build: int | None = None
+    commit: str | None = None
+    verbosity: int | None = None
+    model: str | None = None
+    ready: bool = False
+    n_slots: int | None = None
+    n_ctx_slot: int | None = None
+    kv_unified: bool | None = None
+    context: dict[str, int] = field(default_factory=dict)
+    kv_cells: int | None = None
+    kv_streams: int | None = None
+    kv_k_bytes: float = 0.0
+    kv_v_bytes: float = 0.0
+    type_k: str | None = None
+    type_v: str | None = None
+    per_slot_cap: ev.PerSlotCap | None = None
+    idle_slots_cleared_on_new_task: bool | None = None
+    slots: dict[int, SlotState] = field(default_factory=dict)
+    in_cascade: bool = False
+
+    # Counters (exporter lifetime; never reset by a server restart).
+    server_starts: int = 0
+    kv_retries: int = 0
+    memory_slot_failures: int = 0
+    cascades: Counter[str] = field(default_factory=Counter)
+    context_exceeded: int = 0
+    decode_failures: Counter[str] = field(default_factory=Counter)
+    requests_aborted: Counter[str] = field(default_factory=Counter)
+    slots_purged: int = 0
+
+    _in_startup: bool = False
+    _kv_section_swa: bool = False
+    _aborted_tasks: set[int] = field(default_factory=set)
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def slot_count(self) -> int | None:
+        """Number of slots: from the start-up lines, else the highest slot id seen."""
+        if self.n_slots is not None:
+            return self.n_slots
+        return max(self.slots) + 1 if self.slots else None
+
+    def slot_context(self, slot: int) -> int | None:
+        """The slot's context limit (`n_ctx_slot`)."""
+        s = self.slots.get(slot)
+        if s is not None and s.n_ctx is not None:
+            return s.n_ctx
+        return self.n_ctx_slot
+
+    def pool_capacity(self) -> tuple[int | None, str]:
+        """KV cells in the pool (all streams) and where the figure came from.
+
+        The `llama_kv_cache: size` line is authoritative; `llama_context: n_ctx` is next; at `-lv 3`
+        (both hidden on b9151+) the b9829+ `initializing … kv_unified` line still gives it, because with
+        unified KV every slot is promised the whole pool, and the `--kv-unified-per-slot` capping line
+        names the pool size it capped.
+        """
+        if self.kv_cells is not None:
+            return self.kv_cells * (self.kv_streams or 1), "log_kv_cache"
+        n_ctx = self.context.get("n_ctx")
+        if n_ctx is not None:
+            unified = self.kv_unified if self.kv_unified is not None else bool(self.context.get("kv_unified", 1))
+            seq, n_seq = self.context.get("n_ctx_seq"), self.context.get("n_seq_max")
+            if not unified and seq and n_seq:
+                return seq * n_seq, "log_context"
+            return n_ctx, "log_context"
+        if self.per_slot_cap is not None and self.kv_unified:
+            return self.per_slot_cap.requested, "log_slots"
+        if self.n_ctx_slot is not None and self.kv_unified is not None:
+            if self.kv_unified:
+                return self.n_ctx_slot, "log_slots"
+            if self.n_slots:
+                return self.n_ctx_slot * self.n_slots, "log_slots"
+        return None, "unknown"
+
+    def pool_used(self) -> int:
+        """Cells held by all slots (log estimate)."""
+        return sum(s.tokens for s in self.slots.values())
+
+    def overcommit_ratio(self) -> float | None:
+        """Slots × per-slot promise / pool capacity; 1.0 means every slot can get its full window."""
+        capacity, _ = self.pool_capacity()
+        n, per_slot = self.slot_count, self.n_ctx_slot
+        if per_slot is None and self.slots:
+            known = [s.n_ctx for s in self.slots.values() if s.n_ctx is not None]
+            per_slot = max(known) if known else None
+        if not capacity or n is None or per_slot is None:
+            return None
+        return n * per_slot / capacity
+
+    # ------------------------------------------------------------------ applying events
+
+    def _slot(self, slot: int) -> SlotState:
+        s = self.slots.get(slot)
+        if s is None:
+            s = self.slots[slot] = SlotState(n_ctx=self.n_ctx_slot)
+        return s
+
+    def _count_start(self) -> None:
+        """A new server process: forget its predecessor's slots and configuration, keep counters."""
+        if self._in_startup:
+            return  # several banner lines belong to one start
+        if self.counting:
+            self.server_starts += 1
+        for name in (
+            "build",
+            "commit",
+            "verbosity",
+            "model",
+            "n_slots",
+            "n_ctx_slot",
+            "kv_unified",
+            "kv_cells",
+            "kv_streams",
+            "type_k",
+            "type_v",
+            "per_slot_cap",
+            "idle_slots_cleared_on_new_task",
+        ):
+            setattr(self, name, None)
+        self.ready = False
+        self.context = {}
+        self.kv_k_bytes = self.kv_v_bytes = 0.0
+        self.slots = {}
+        self.in_cascade = False
+        self._aborted_tasks = set()
+        self._kv_section_swa = False
+        self._in_startup = True
+
+    def _end_cascade(self, outcome: str) -> None:
+        if self.in_cascade:
+            self.in_cascade = False
+            if self.counting:
+                self.cascades[outcome] += 1
+
+    def _progress(self) -> None:
+        """Work got done: the server is past start-up and any retry cascade has recovered."""
+        self._in_startup = False
+        self._end_cascade("recovered")
+
+    def apply(self, e: ev.Event) -> None:  # noqa: C901 - one flat dispatch reads best here
+        """Apply one event."""
+        if isinstance(e, ev.GenerationProgress):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task = True, e.task
+            s.tokens = max(s.tokens, s.prompt_tokens + e.n_decoded)
+        elif isinstance(e, ev.PromptProgress):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task = True, e.task
+            n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
+            s.tokens = max(s.tokens, n)
+        elif isinstance(e, ev.CachedTokens):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task = True, e.task
+            if s.cache_base is None:
+                s.cache_base = e.n_tokens
+                s.tokens = e.n_tokens
+            else:
+                # Long prompts repeat this line per batch with the running total.
+                s.tokens = max(s.tokens, e.n_tokens)
+        elif isinstance(e, ev.SlotReleased):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task, s.cache_base = False, -1, None
+            aborted = e.task in self._aborted_tasks
+            self._aborted_tasks.discard(e.task)
+            clears = self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE
+            s.tokens = 0 if aborted and clears else e.n_tokens
+        elif isinstance(e, (ev.SlotCleared, ev.SlotPurged)):
+            s = self._slot(e.slot)
+            s.tokens = 0
+            if isinstance(e, ev.SlotPurged) and self.counting:
+                self.slots_purged += 1
+            if isinstance(e, ev.SlotPurged) and not self.in_cascade:
+                self.in_cascade = True  # a purge is the first step of a cascade on unified KV
+        elif isinstance(e, ev.TaskStarted):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task, s.cache_base = True, e.task, None
+            if self._clears_idle_slots():
+                for other_id, other in self.slots.items():
+                    if other_id != e.slot and not other.processing:
+                        other.tokens = 0
+        elif isinstance(e, ev.NewPrompt):
+            self._progress()
+            s = self._slot(e.slot)
+            s.processing, s.task, s.cache_base = True, e.task, None
+            s.prompt_tokens = e.n_prompt_tokens
+            s.n_ctx = e.n_ctx_slot
+            if self.n_ctx_slot is None:
+                self.n_ctx_slot = e.n_ctx_slot
+        elif isinstance(e, (ev.KVRetry, ev.MemorySlotFailure)):
+            self.in_cascade = True
+            if self.counting:
+                if isinstance(e, ev.KVRetry):
+                    self.kv_retries += 1
+                else:
+                    self.memory_slot_failures += 1
+        elif isinstance(e, ev.DecodeFatal):
+            if self.counting:
+                self.decode_failures[e.reason] += 1
+                if e.reason == "context_exceeded":
+                    self.context_exceeded += 1
+            self.in_cascade = True
+            self._end_cascade("failed")
+        elif isinstance(e, ev.RequestError):
+            if self.counting:
+                self.requests_aborted[e.reason] += 1
+            if e.reason in _FATAL_REASONS:
+                self._aborted_tasks.add(e.task)
+        elif isinstance(e, ev.DecodeFailed):
+            # b9752+: every in-flight slot was aborted; nothing is processing any more.
+            for s in self.slots.values():
+                s.processing = False
+        elif isinstance(e, ev.AllSlotsIdle):
+            self._progress()
+            for s in self.slots.values():
+                s.processing, s.task = False, -1
+        elif isinstance(e, ev.IdleSlotSaved):
+            pass  # the `clearing prompt` line that follows carries the change
+        elif isinstance(e, ev.ServerStarting):
+            self._count_start()
+        elif isinstance(e, ev.BuildInfo):
+            self._count_start()
+            self.build, self.commit = e.build, e.commit
+        elif isinstance(e, ev.Verbosity):
+            self._count_start()
+            self.verbosity = e.level
+        elif isinstance(e, ev.ModelLoading):
+            self.model = e.model
+        elif isinstance(e, ev.ServerReady):
+            self.ready = True
+            self._in_startup = False
+        elif isinstance(e, ev.SlotsInitialized):
+            self.n_slots = e.n_slots
+            if e.n_ctx_slot is not None:
+                self.n_ctx_slot = e.n_ctx_slot
+            if e.kv_unified is not None:
+                self.kv_unified = e.kv_unified
+            for i in range(e.n_slots):
+                self._slot(i).n_ctx = self.n_ctx_slot
+        elif isinstance(e, ev.SlotCreated):
+            self._slot(e.slot).n_ctx = e.n_ctx
+            if self.n_ctx_slot is None:
+                self.n_ctx_slot = e.n_ctx
+        elif isinstance(e, ev.ContextParam):
+            self.context[e.name] = e.value
+            if e.name == "kv_unified":
+                self.kv_unified = bool(e.value)
+        elif isinstance(e, ev.KVCacheSection):
+            self._kv_section_swa = e.swa
+        elif isinstance(e, ev.KVCacheSize):
+            self.kv_k_bytes += e.k_mib * MIB
+            self.kv_v_bytes += e.v_mib * MIB
+            self.type_k, self.type_v = e.type_k, e.type_v
+            if not self._kv_section_swa and e.cells is not None:
+                self.kv_cells = e.cells
+                self.kv_streams = e.streams
+                if e.streams is not None and e.seqs is not None and self.kv_unified is None:
+                    self.kv_unified = e.streams == 1 and e.seqs > 1
+        elif isinstance(e, ev.PerSlotCap):
+            self.per_slot_cap = e
+            self.n_ctx_slot = e.cap
+        elif isinstance(e, ev.IdleSlotPolicy):
+            self.idle_slots_cleared_on_new_task = e.clear_on_new_task
+
+    def _clears_idle_slots(self) -> bool:
+        """Whether starting a task clears the other idle slots (unified KV + `--cache-idle-slots`)."""
+        if self.kv_unified is not True:
+            return False
+        if self.idle_slots_cleared_on_new_task is not None:
+            return self.idle_slots_cleared_on_new_task
+        # At -lv 3 on b9829+ the policy line is hidden; the feature is on by default since b8852.
+        # At -lv 4 and above its absence means it is off (`--no-cache-idle-slots`).
+        return self.verbosity is not None and self.verbosity <= 3 and (self.build or 9829) >= 8852

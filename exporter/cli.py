@@ -75,8 +75,12 @@ async def serve(config: Config) -> int:
         for task in background:
             task.cancel()
         return 1
-    log.info("llamacpp-exporter %s serving on http://%s:%d/metrics", __version__, config.listen_host or "0.0.0.0",
-             config.listen_port)
+    log.info(
+        "llamacpp-exporter %s serving on http://%s:%d/metrics",
+        __version__,
+        config.listen_host or "0.0.0.0",
+        config.listen_port,
+    )
 
     background.append(
         asyncio.create_task(

@@ -79,18 +79,15 @@ class ServerLogCollector(Collector):
             },
         )
         yield info
-        ready = GaugeMetricFamily(
-            "llamacpp_server_ready_log", "1 once the log says the server listens (model loaded), 0 while starting."
-        )
-        ready.add_metric([], 1 if st.ready else 0)
-        yield ready
 
     def _slots(self, st: ServerState) -> Iterator[Metric]:
         count = st.slot_count
         if count is None:
             return
         yield GaugeMetricFamily("llamacpp_slots", "Number of slots (parallel sequences, -np).", value=count)
-        ctx = GaugeMetricFamily("llamacpp_slot_context_tokens", "The slot's context limit (n_ctx_slot).", labels=["slot"])
+        ctx = GaugeMetricFamily(
+            "llamacpp_slot_context_tokens", "The slot's context limit (n_ctx_slot).", labels=["slot"]
+        )
         tokens = GaugeMetricFamily(
             "llamacpp_slot_tokens", "KV cells the slot holds now (log estimate).", labels=["slot"]
         )
@@ -111,7 +108,9 @@ class ServerLogCollector(Collector):
         capacity, _ = st.pool_capacity()
         used = st.pool_used()
         yield GaugeMetricFamily(
-            "llamacpp_kv_pool_used_tokens", "KV cells held by all slots (sum of llamacpp_slot_tokens).", value=used
+            "llamacpp_kv_pool_used_tokens",
+            "KV cells held by all slots (sum of llamacpp_slot_tokens).",
+            value=used,
         )
         if capacity:
             yield GaugeMetricFamily(
@@ -131,7 +130,9 @@ class ServerLogCollector(Collector):
             )
         if st.kv_k_bytes or st.kv_v_bytes:
             kv = GaugeMetricFamily(
-                "llamacpp_kv_cache_bytes", "KV cache memory from the llama_kv_cache size line.", labels=["kind"]
+                "llamacpp_kv_cache_bytes",
+                "KV cache memory from the llama_kv_cache size line.",
+                labels=["kind"],
             )
             kv.add_metric(["k"], st.kv_k_bytes)
             kv.add_metric(["v"], st.kv_v_bytes)
@@ -143,11 +144,11 @@ class ServerLogCollector(Collector):
         yield active
 
     def _counters(self, st: ServerState) -> Iterator[Metric]:
+        yield _counter("llamacpp_server_starts", "llama-server starts seen (new banner in the log).", st.server_starts)
         yield _counter(
-            "llamacpp_server_starts", "llama-server starts seen (new banner in the log).", st.server_starts
-        )
-        yield _counter(
-            "llamacpp_kv_retries", "'retrying with smaller batch size' lines: the KV pool had no room.", st.kv_retries
+            "llamacpp_kv_retries",
+            "'retrying with smaller batch size' lines: the KV pool had no room.",
+            st.kv_retries,
         )
         yield _counter(
             "llamacpp_kv_memory_slot_failures",
@@ -247,10 +248,14 @@ class ExporterCollector(Collector):
             value=log.replayed_lines,
         )
         yield _counter(
-            "llamacpp_exporter_log_truncations", "Times the log file shrank or was rewritten in place.", log.truncations
+            "llamacpp_exporter_log_truncations",
+            "Times the log file shrank or was rewritten in place.",
+            log.truncations,
         )
         yield _counter(
-            "llamacpp_exporter_log_rotations", "Times the log path named a new file (rotation, re-creation).", log.rotations
+            "llamacpp_exporter_log_rotations",
+            "Times the log path named a new file (rotation, re-creation).",
+            log.rotations,
         )
         yield _counter(
             "llamacpp_exporter_log_lost_bytes",
@@ -258,7 +263,9 @@ class ExporterCollector(Collector):
             log.lost_bytes,
         )
         yield _counter(
-            "llamacpp_exporter_log_long_lines", "Lines cut because they exceeded the maximum line length.", log.long_lines
+            "llamacpp_exporter_log_long_lines",
+            "Lines cut because they exceeded the maximum line length.",
+            log.long_lines,
         )
         info = InfoMetricFamily("llamacpp_exporter_build", "Version of llamacpp-exporter.")
         info.add_metric([], {"version": __version__})

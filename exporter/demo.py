@@ -10,6 +10,7 @@ cascade aborts all four requests, and a pool that recovers by purging an idle sl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from importlib import resources
@@ -25,7 +26,7 @@ PAUSE_BETWEEN_RUNS = 5.0
 
 def recorded_lines(name: str) -> list[tuple[float, str]]:
     """The lines of a bundled log with their recorded time in seconds (continuation lines inherit it)."""
-    text = resources.files("exporter").joinpath("data", name).read_text(encoding="utf-8")
+    text = resources.files("exporter").joinpath("data").joinpath(name).read_text(encoding="utf-8")
     out: list[tuple[float, str]] = []
     t = 0.0
     for line in text.splitlines(keepends=True):
@@ -59,7 +60,5 @@ async def replay_forever(path: Path, *, speed: float = 1.0, stop: asyncio.Event 
                         pass
                 f.write(line)
             f.flush()
-        try:
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=PAUSE_BETWEEN_RUNS / speed)
-        except asyncio.TimeoutError:
-            pass

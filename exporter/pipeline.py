@@ -75,13 +75,15 @@ class LogPipeline:
         self.state.counting = False
         try:
             while True:
+                before = self.tailer.stats.bytes
                 lines = self.tailer.poll()
                 for line in lines:
                     event = parse_line(line)
                     if event is not None:
                         self.state.apply(event)
                 self.replayed_lines += len(lines)
-                if not lines and not self.tailer.has_pending():
+                # Stop at the end, and on a poll that made no progress (a persistent read error must not spin).
+                if not self.tailer.has_pending() or (not lines and self.tailer.stats.bytes == before):
                     break
         finally:
             self.state.counting = True

@@ -191,7 +191,7 @@ class ServerState:
         self._in_startup = False
         self._end_cascade("recovered")
 
-    def apply(self, e: ev.Event) -> None:  # noqa: C901 - one flat dispatch reads best here
+    def apply(self, e: ev.Event) -> None:
         """Apply one event."""
         if isinstance(e, ev.GenerationProgress):
             self._progress()

@@ -15,7 +15,10 @@ from exporter.logs.parse import normalize, parse_line
 CASES: list[tuple[str, ev.Event]] = [
     # --- start-up and configuration
     ("0.00.003.960 I srv  llama_server: initializing ...", ev.ServerStarting()),
-    ("build: 4747 (c392e509) with cc (Ubuntu 13.3.0) 13.3.0 for x86_64-linux-gnu", ev.BuildInfo(4747, "c392e509")),
+    (
+        "build: 4747 (c392e509) with cc (Ubuntu 13.3.0) 13.3.0 for x86_64-linux-gnu",
+        ev.BuildInfo(4747, "c392e509"),
+    ),
     ("main: build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     ("build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     (
@@ -72,13 +75,19 @@ CASES: list[tuple[str, ev.Event]] = [
         ev.PerSlotCap(16384, 4096),
     ),
     ("srv    load_model: loading model 'models/tiny-llama.gguf'", ev.ModelLoading("models/tiny-llama.gguf")),
-    ("main: server is listening on 127.0.0.1:8080 - starting the main loop", ev.ServerReady("127.0.0.1:8080")),
+    (
+        "main: server is listening on 127.0.0.1:8080 - starting the main loop",
+        ev.ServerReady("127.0.0.1:8080"),
+    ),
     (
         "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
         ev.ServerReady("http://127.0.0.1:8080"),
     ),
     ("srv  llama_server: server is listening on http://0.0.0.0:8080", ev.ServerReady("http://0.0.0.0:8080")),
-    ("0.00.014.488 I srv  llama_server: listening on http://127.0.0.1:18080", ev.ServerReady("http://127.0.0.1:18080")),
+    (
+        "0.00.014.488 I srv  llama_server: listening on http://127.0.0.1:18080",
+        ev.ServerReady("http://127.0.0.1:18080"),
+    ),
     # --- slot lifecycle, every era
     ("slot launch_slot_: id  0 | task 42 | processing task", ev.TaskStarted(0, 42)),
     ("slot launch_slot_: id  3 | task 2 | processing task, is_child = 0", ev.TaskStarted(3, 2)),
@@ -96,8 +105,14 @@ CASES: list[tuple[str, ev.Event]] = [
     ),
     ("slot update_slots: id  0 | task 42 | kv cache rm [17, end)", ev.CachedTokens(0, 42, 17)),
     ("slot update_slots: id  0 | task 42 | n_past = 17, memory_seq_rm [17, end)", ev.CachedTokens(0, 42, 17)),
-    ("slot update_slots: id  0 | task 42 | n_tokens = 17, memory_seq_rm [17, end)", ev.CachedTokens(0, 42, 17)),
-    ("slot   pre_decode: id  1 | task 7 | cached n_tokens = 33, memory_seq_rm [33, end)", ev.CachedTokens(1, 7, 33)),
+    (
+        "slot update_slots: id  0 | task 42 | n_tokens = 17, memory_seq_rm [17, end)",
+        ev.CachedTokens(0, 42, 17),
+    ),
+    (
+        "slot   pre_decode: id  1 | task 7 | cached n_tokens = 33, memory_seq_rm [33, end)",
+        ev.CachedTokens(1, 7, 33),
+    ),
     (
         "slot update_slots: id  0 | task 42 | prompt processing progress, n_past = 2048, n_tokens = 2048, progress = 0.5",
         ev.PromptProgress(0, 42, 2048, absolute=True),
@@ -107,7 +122,10 @@ CASES: list[tuple[str, ev.Event]] = [
         "progress = 0.500000",
         ev.PromptProgress(0, 42, 2048, absolute=True),
     ),
-    ("slot update_slots: id  0 | task 42 | prompt done, n_past = 4096, n_tokens = 12", ev.PromptProgress(0, 42, 4096, True)),
+    (
+        "slot update_slots: id  0 | task 42 | prompt done, n_past = 4096, n_tokens = 12",
+        ev.PromptProgress(0, 42, 4096, True),
+    ),
     (
         "slot update_slots: id  0 | task 42 | prompt processing done, n_tokens = 4096, batch.n_tokens = 12",
         ev.PromptProgress(0, 42, 4096, absolute=True),
@@ -121,13 +139,22 @@ CASES: list[tuple[str, ev.Event]] = [
         "slot print_timing: id  0 | task 42 | n_decoded =    300, tg =  41.23 t/s, tg_3s =  40.87 t/s",
         ev.GenerationProgress(0, 42, 300),
     ),
-    ("slot print_timing: id  0 | task 42 | n_decoded =    300, tg =  41.23 t/s", ev.GenerationProgress(0, 42, 300)),
+    (
+        "slot print_timing: id  0 | task 42 | n_decoded =    300, tg =  41.23 t/s",
+        ev.GenerationProgress(0, 42, 300),
+    ),
     (
         "0.03.195.497 I slot print_timing: id  2 | task 20 | n_gen =   2714, tg = 904.33 t/s, tg_3s = 904.66 t/s",
         ev.GenerationProgress(2, 20, 2714),
     ),
-    ("slot      release: id  0 | task 42 | stop processing: n_past = 275, truncated = 0", ev.SlotReleased(0, 42, 275)),
-    ("slot      release: id  0 | task 42 | stop processing: n_tokens = 275, truncated = 1", ev.SlotReleased(0, 42, 275)),
+    (
+        "slot      release: id  0 | task 42 | stop processing: n_past = 275, truncated = 0",
+        ev.SlotReleased(0, 42, 275),
+    ),
+    (
+        "slot      release: id  0 | task 42 | stop processing: n_tokens = 275, truncated = 1",
+        ev.SlotReleased(0, 42, 275),
+    ),
     ("slot   clear_slot: id  2 | task 17 | clearing slot with 3000 tokens", ev.SlotCleared(2, 3000)),
     ("slot prompt_clear: id  2 | task -1 | clearing prompt with 129 tokens", ev.SlotCleared(2, 129)),
     ("slot process_sing: id  1 | task -1 | saving idle slot to prompt cache", ev.IdleSlotSaved(1)),
@@ -166,10 +193,19 @@ CASES: list[tuple[str, ev.Event]] = [
         "srv  update_slots: Context size has been exceeded., i = 0, n_batch = 1, ret = 1",
         ev.DecodeFatal("context_exceeded"),
     ),
-    ("srv  update_slots: Context size has been exceeded. i = 0, n_batch = 1, ret = 1", ev.DecodeFatal("context_exceeded")),
-    ("E srv        decode: Context size has been exceeded. off = 3, n_batch = 1, ret = 1", ev.DecodeFatal("context_exceeded")),
+    (
+        "srv  update_slots: Context size has been exceeded. i = 0, n_batch = 1, ret = 1",
+        ev.DecodeFatal("context_exceeded"),
+    ),
+    (
+        "E srv        decode: Context size has been exceeded. off = 3, n_batch = 1, ret = 1",
+        ev.DecodeFatal("context_exceeded"),
+    ),
     ("srv  update_slots: Compute error. i = 0, n_batch = 512, ret = -3", ev.DecodeFatal("compute_error")),
-    ("srv  update_slots: Invalid input batch. i = 0, n_batch = 512, ret = -1", ev.DecodeFatal("invalid_batch")),
+    (
+        "srv  update_slots: Invalid input batch. i = 0, n_batch = 512, ret = -1",
+        ev.DecodeFatal("invalid_batch"),
+    ),
     (
         "E srv  update_slots: decode() failed: Context size has been exceeded.",
         ev.DecodeFailed("Context size has been exceeded."),

@@ -120,7 +120,11 @@ def test_exhaust_counts_are_the_line_counts() -> None:
         event = parse_message(normalize(line))
         if event is not None:
             state.apply(event)
-    assert (state.kv_retries, state.context_exceeded, state.requests_aborted["context_exceeded"]) == (26, 1, 4)
+    assert (state.kv_retries, state.context_exceeded, state.requests_aborted["context_exceeded"]) == (
+        26,
+        1,
+        4,
+    )
     assert state.type_k == state.type_v == "f16"
     assert state.kv_k_bytes == pytest.approx(0.06 * 1024 * 1024)
 

@@ -7,7 +7,7 @@ them. Field names follow llama-server's own wording. Slot ids are ints, task ids
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +48,10 @@ class ServerReady:
 
 @dataclass(frozen=True, slots=True)
 class SlotsInitialized:
-    """`initializing, n_slots = 4, n_ctx_slot = 512, kv_unified = 'true'` (b9829+) or `initializing slots, n_slots = 4`."""
+    """`initializing, n_slots = 4, n_ctx_slot = 512, kv_unified = 'true'` (b9829+).
+
+    Older builds: `initializing slots, n_slots = 4`.
+    """
 
     n_slots: int
     n_ctx_slot: int | None = None
@@ -239,32 +242,32 @@ class AllSlotsIdle:
     """`all slots are idle`."""
 
 
-Event = Union[
-    ServerStarting,
-    BuildInfo,
-    Verbosity,
-    ModelLoading,
-    ServerReady,
-    SlotsInitialized,
-    SlotCreated,
-    ContextParam,
-    KVCacheSize,
-    KVCacheSection,
-    PerSlotCap,
-    IdleSlotPolicy,
-    TaskStarted,
-    NewPrompt,
-    CachedTokens,
-    PromptProgress,
-    GenerationProgress,
-    SlotReleased,
-    SlotCleared,
-    SlotPurged,
-    IdleSlotSaved,
-    MemorySlotFailure,
-    KVRetry,
-    DecodeFatal,
-    DecodeFailed,
-    RequestError,
-    AllSlotsIdle,
-]
+Event: TypeAlias = (
+    ServerStarting
+    | BuildInfo
+    | Verbosity
+    | ModelLoading
+    | ServerReady
+    | SlotsInitialized
+    | SlotCreated
+    | ContextParam
+    | KVCacheSize
+    | KVCacheSection
+    | PerSlotCap
+    | IdleSlotPolicy
+    | TaskStarted
+    | NewPrompt
+    | CachedTokens
+    | PromptProgress
+    | GenerationProgress
+    | SlotReleased
+    | SlotCleared
+    | SlotPurged
+    | IdleSlotSaved
+    | MemorySlotFailure
+    | KVRetry
+    | DecodeFatal
+    | DecodeFailed
+    | RequestError
+    | AllSlotsIdle
+)

@@ -121,7 +121,11 @@ _SLOT_RULES: list[_SlotRule] = [
         re.compile(r"prompt (?:processing )?done, (?:n_past|n_tokens) = (\d+)"),
         lambda s, t, m: ev.PromptProgress(s, t, int(m[1]), absolute=True),
     ),
-    ("saving idle slot", re.compile(r"saving idle slot to prompt cache"), lambda s, t, m: ev.IdleSlotSaved(s)),
+    (
+        "saving idle slot",
+        re.compile(r"saving idle slot to prompt cache"),
+        lambda s, t, m: ev.IdleSlotSaved(s),
+    ),
     (
         "new slot",
         re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)"),
@@ -200,9 +204,7 @@ _TEXT_RULES: list[_TextRule] = [
     ),
     (
         "KV self size",
-        re.compile(
-            r"KV self size += +([\d.]+) MiB, K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"
-        ),
+        re.compile(r"KV self size += +([\d.]+) MiB, K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"),
         lambda m: ev.KVCacheSize(float(m[1]), None, None, None, m[2], float(m[3]), m[4], float(m[5])),
     ),
     (
@@ -212,12 +214,8 @@ _TEXT_RULES: list[_TextRule] = [
     ),
     (
         "initializing",
-        re.compile(
-            r"^initializing(?: slots)?, n_slots = (\d+)(?:, n_ctx_slot = (\d+), kv_unified = '(true|false)')?"
-        ),
-        lambda m: ev.SlotsInitialized(
-            int(m[1]), int(m[2]) if m[2] else None, (m[3] == "true") if m[3] else None
-        ),
+        re.compile(r"^initializing(?: slots)?, n_slots = (\d+)(?:, n_ctx_slot = (\d+), kv_unified = '(true|false)')?"),
+        lambda m: ev.SlotsInitialized(int(m[1]), int(m[2]) if m[2] else None, (m[3] == "true") if m[3] else None),
     ),
     ("initializing ...", re.compile(r"^initializing \.\.\.$"), lambda m: ev.ServerStarting()),
     (
@@ -270,8 +268,8 @@ def parse_message(msg: str) -> ev.Event | None:
     elif msg.startswith(("cmn ", "que ", "spec ")):
         # b9829+ tags common-library lines `cmn  fn: `; keep the text after the tag's function field.
         _, _, msg = msg.partition(": ")
-    for keyword, rx, build_text in _TEXT_RULES:
-        if (keyword in msg) if isinstance(keyword, str) else any(k in msg for k in keyword):
+    for kw, rx, build_text in _TEXT_RULES:
+        if (kw in msg) if isinstance(kw, str) else any(k in msg for k in kw):
             m = rx.search(msg)
             if m is not None:
                 return build_text(m)

@@ -19,7 +19,8 @@ We hold one file descriptor and track our own ``offset`` into it. A poll does, i
 4. Only when the fd is at EOF: ``stat`` the *path* and compare ``(st_dev, st_ino)`` with the open
    fd. If the path now names a different file, read the old fd to EOF once more (the writer may
    have appended between step 3 and the rename), emit a pending partial line from the old file as
-   a line, close it and continue with the new file from offset 0 in the same poll.
+   a line, close it and continue with the new file from offset 0 in the same poll (at most one
+   switch per poll, so a path that never matches its fd cannot hang a poll).
 
 Rename-and-create rotation (logrotate's default, ``mv log log.1 && touch log``)
     The renamed file keeps its inode, so our fd keeps reading it; a writer that still has it open
@@ -195,7 +196,7 @@ class LogTailer:
         self._max_line = max_line_bytes
         self._chunk = chunk_bytes
         self._fd: int | None = None
-        self._ident = (0, 0)  # (st_dev, st_ino) of the open fd
+        self._ident = (0, 0)  # (st_dev, st_ino) of the open file, as stat(path) shows it
         self._offset = 0
         self._head = b""  # first bytes of the file, as we read them
         self._tail = b""  # last bytes before _offset, as we read them
@@ -226,21 +227,20 @@ class LogTailer:
             self._error = None
         try:
             self._check_rewritten(out)
-            while True:
-                n, eof = self._read(budget, out)
-                budget -= n
-                if not eof or not self._path_replaced():
-                    break
+            n, eof = self._read(budget, out)
+            budget -= n
+            if eof and self._path_replaced():
                 # Catch writes that landed in the old file between our EOF and the rename.
                 n, eof = self._read(budget, out)
                 budget -= n
-                if not eof:
-                    break  # budget spent; switch on a later poll, still from the old file's EOF
-                self._flush_partial(out)
-                self._close_fd()
-                self.stats.rotations += 1
-                if not self._open():
-                    break
+                # If the budget ran out, switch on a later poll, still from the old file's EOF.
+                # At most one switch per poll: a path that never matches its fd must not hang us.
+                if eof:
+                    self._flush_partial(out)
+                    self._close_fd()
+                    self.stats.rotations += 1
+                    if self._open():
+                        self._read(budget, out)
         except OSError as exc:
             # Keep the fd and our offset: a transient EIO/ESTALE should not make us re-read from 0.
             self._error = f"cannot read log file {self.path}: {exc.strerror or exc}"
@@ -268,7 +268,8 @@ class LogTailer:
         path = self.path
         try:
             # stat first so a FIFO or device at the path is never opened (that can block or have effects).
-            if not stat.S_ISREG(path.stat().st_mode):
+            before = path.stat()
+            if not stat.S_ISREG(before.st_mode):
                 self._error = f"log file {path} is not a regular file"
                 return False
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -292,11 +293,26 @@ class LogTailer:
             self._error = f"log file {path} is not a regular file"
             return False
         self._fd = fd
-        self._ident = (st.st_dev, st.st_ino)
+        self._ident = self._identity(before, st)
         self._reset_position()
         self.stats.opens += 1
         self._error = None
         return True
+
+    def _identity(self, before: os.stat_result, opened: os.stat_result) -> tuple[int, int]:
+        """The (st_dev, st_ino) that later stat(path) calls will show while the path names our file.
+
+        Normally fstat(fd) and stat(path) agree. Some filesystems (overlayfs before Linux 4.19, where
+        open() returned the underlying file) disagree, and comparing the two would see a rotation
+        at every poll. So if the path did not change while we opened it, take the path's view.
+        """
+        try:
+            after = self.path.stat()
+        except OSError:
+            return (opened.st_dev, opened.st_ino)
+        if (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
+            return (after.st_dev, after.st_ino)
+        return (opened.st_dev, opened.st_ino)  # rotated while we opened: fd's view is the truth
 
     def _close_fd(self) -> None:
         if self._fd is not None:
@@ -403,9 +419,7 @@ class LogTailer:
 class _WakeHandler(FileSystemEventHandler):
     """Runs on the watchdog thread: only hands a wake-up to the event loop."""
 
-    def __init__(
-        self, target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: asyncio.Event
-    ) -> None:
+    def __init__(self, target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: asyncio.Event) -> None:
         super().__init__()
         # The directory itself too: its deletion means the watch must be re-scheduled.
         self._paths = {os.path.normpath(target), os.path.normpath(directory)}
@@ -413,9 +427,7 @@ class _WakeHandler(FileSystemEventHandler):
         self._wake = wake
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if any(
-            p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)
-        ):
+        if any(p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)):
             with contextlib.suppress(RuntimeError):  # loop already closed: follow() is gone
                 self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -451,15 +463,11 @@ class _ParentWatch:
             if self._observer is None:
                 self._observer = Observer()
                 self._observer.start()
-            self._watch = self._observer.schedule(
-                self._handler, self._dir, recursive=False, event_filter=_WATCH_EVENTS
-            )
+            self._watch = self._observer.schedule(self._handler, self._dir, recursive=False, event_filter=_WATCH_EVENTS)
         except FileNotFoundError:
             self._dir_ident = None  # removed between stat and schedule; retry later
         except Exception as exc:  # e.g. OSError(EMFILE/ENOSPC): inotify instance or watch limit
-            logger.warning(
-                "cannot watch %s for changes (%s); falling back to polling the log file", self._dir, exc
-            )
+            logger.warning("cannot watch %s for changes (%s); falling back to polling the log file", self._dir, exc)
             self._disabled = True
             self.close()
 
@@ -484,13 +492,17 @@ def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
 
 
 async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+    switches = tailer.stats.rotations + tailer.stats.truncations
     while not stop.is_set():
         before = _progress(tailer)
         lines = tailer.poll()
         if lines:
             on_lines(lines)
-        # Stop on no progress too: a persistent read error must not turn into a busy loop.
-        if _progress(tailer) == before or not tailer.has_pending():
+        # Poll until a poll makes no progress rather than until has_pending() is False: a read that
+        # ended exactly at EOF on the byte budget has not checked the path for rotation yet. Judging
+        # by progress (not lines) also keeps a persistent read error from becoming a busy loop, and
+        # so does leaving a path that switches files over and over to the next wake.
+        if _progress(tailer) == before or tailer.stats.rotations + tailer.stats.truncations > switches + 1:
             return
         await asyncio.sleep(0)
 
@@ -520,9 +532,7 @@ async def follow(
                 break
             wake_task = asyncio.ensure_future(wake.wait())
             try:
-                await asyncio.wait(
-                    {wake_task, stop_task}, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED
-                )
+                await asyncio.wait({wake_task, stop_task}, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 wake_task.cancel()
     finally:

@@ -1,0 +1,67 @@
+"""Shared fixtures: the real llama-server and promtool binaries, and tiny GGUF models.
+
+A missing binary skips the tests that need it on a developer machine, but fails them under CI
+(env ``CI`` set), where scripts/test.sh has just installed both: a skip there would hide a
+broken install behind a green run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+# Make the helper modules next to this file importable as plain modules (`import llama_harness`),
+# whatever rootdir/import mode pytest runs with.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llama_harness import find_llama_server
+from tiny_gguf import write_tiny_gemma2, write_tiny_llama
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _missing(what: str, hint: str) -> NoReturn:
+    """Fail under CI, skip elsewhere; never returns."""
+    if _in_ci():
+        pytest.fail(f"{what} not found under CI: {hint}", pytrace=False)
+    pytest.skip(f"{what} not found: {hint}")
+
+
+@pytest.fixture(scope="session")
+def llama_server_bin() -> Path:
+    """Path of the real llama-server (b11434); see ``llama_harness.find_llama_server``."""
+    found = find_llama_server()
+    if found is None:
+        _missing(
+            "llama-server",
+            "run scripts/install-llama-server.sh (≈5 min build) or set LLAMA_SERVER_BIN",
+        )
+    return found
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> Path:
+    """Path of promtool: ``$PROMTOOL_BIN``, then ``$PATH``."""
+    found = shutil.which(os.environ.get("PROMTOOL_BIN") or "promtool")  # which() also checks +x
+    if not found:
+        _missing("promtool", "run scripts/install-prometheus-tools.sh or set PROMTOOL_BIN")
+    return Path(found)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~0.5 MB random-weight llama GGUF (n_ctx_train 131072)."""
+    return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~0.4 MB random-weight gemma2 GGUF with a 32-token sliding window (checkpoint lines)."""
+    return write_tiny_gemma2(tmp_path_factory.mktemp("models") / "tiny-gemma2.gguf")

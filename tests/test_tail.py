@@ -1,0 +1,680 @@
+"""Tests for exporter.logs.tail.
+
+Sync tests drive LogTailer.poll() directly with sequence-numbered lines and no sleeps; the async
+tests run follow() with a real watchdog observer and wait on "the follower has seen seq N"
+conditions with a bounded timeout, never on a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import random
+import re
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from watchdog.observers.api import BaseObserver
+
+from exporter.logs import tail as tail_mod
+from exporter.logs.tail import LogTailer, follow
+
+SEQ_RE = re.compile(r"seq=(\d{6})")
+
+
+def line(i: int) -> str:
+    return f"seq={i:06d} slot print_timing: id 0 | task {i} | prompt eval time = {i * 7 % 1000} ms"
+
+
+def lines_bytes(start: int, stop: int) -> bytes:
+    return "".join(line(i) + "\n" for i in range(start, stop)).encode()
+
+
+def append(path: Path, start: int, stop: int) -> int:
+    data = lines_bytes(start, stop)
+    with path.open("ab") as f:
+        f.write(data)
+    return len(data)
+
+
+def seqs(lines: list[str]) -> list[int]:
+    out = []
+    for text in lines:
+        m = SEQ_RE.match(text)
+        assert m, f"line without a sequence number: {text!r}"
+        out.append(int(m.group(1)))
+    return out
+
+
+def drain(t: LogTailer, max_bytes: int | None = None) -> list[str]:
+    """Poll until a poll makes no progress, as follow() does on each wake."""
+    out: list[str] = []
+    for _ in range(100_000):
+        s = t.stats
+        before = (s.bytes, s.opens, s.rotations, s.truncations)
+        out += t.poll(max_bytes)
+        if (s.bytes, s.opens, s.rotations, s.truncations) == before:
+            return out
+    raise AssertionError("poll() never went quiet")
+
+
+BUDGETS = [None, 7, 4096]
+
+
+# --- basics -----------------------------------------------------------------------------------------
+
+
+def test_reads_existing_file_from_beginning(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    size = append(p, 0, 10)
+    t = LogTailer(p)
+    got = t.poll()
+    assert got == [line(i) for i in range(10)]
+    assert t.is_open and t.last_error is None
+    assert t.stats.lines == 10 and t.stats.bytes == size and t.stats.opens == 1
+    assert t.poll() == [] and not t.has_pending()
+    t.close()
+    assert not t.is_open
+
+
+def test_missing_file_then_created(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    assert t.poll() == []
+    assert not t.is_open
+    assert t.last_error is not None and "does not exist" in t.last_error and str(p) in t.last_error
+    assert t.poll() == []  # still missing: no exception, same answer
+    append(p, 0, 5)
+    assert seqs(t.poll()) == [0, 1, 2, 3, 4]
+    assert t.last_error is None
+    assert (t.stats.opens, t.stats.rotations, t.stats.truncations) == (1, 0, 0)
+
+
+def test_directory_at_path_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    p.mkdir()
+    t = LogTailer(p)
+    assert t.poll() == []
+    assert not t.is_open and t.last_error is not None and "not a regular file" in t.last_error
+    p.rmdir()
+    append(p, 0, 3)
+    assert seqs(t.poll()) == [0, 1, 2]
+    assert t.last_error is None
+
+
+def test_path_replaced_by_directory_while_open(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 3)
+    t = LogTailer(p)
+    assert seqs(drain(t)) == [0, 1, 2]
+    p.rename(tmp_path / "server.log.1")
+    p.mkdir()
+    assert drain(t) == []
+    assert not t.is_open and t.last_error is not None and t.stats.rotations == 1
+
+
+def test_permission_denied_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests run as root, where chmod 000 does not stop reads; fake the open() failure instead.
+    p = tmp_path / "server.log"
+    append(p, 0, 2)
+    t = LogTailer(p)
+
+    def denied(*args: Any, **kwargs: Any) -> int:
+        raise PermissionError(errno.EACCES, "Permission denied", str(p))
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", denied)
+        assert t.poll() == []
+    assert t.last_error is not None and "permission denied" in t.last_error
+    assert seqs(t.poll()) == [0, 1]
+    assert t.last_error is None
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can read mode-000 files")
+def test_permission_denied_real_chmod(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 2)
+    p.chmod(0)
+    t = LogTailer(p)
+    assert t.poll() == []
+    assert t.last_error is not None and "permission denied" in t.last_error
+
+
+def test_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError):
+        LogTailer("x", max_line_bytes=0)
+    with pytest.raises(ValueError):
+        LogTailer("x", chunk_bytes=0)
+
+
+# --- rotation, truncation, deletion -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_rename_and_create_rotation(tmp_path: Path, budget: int | None) -> None:
+    p = tmp_path / "server.log"
+    old = tmp_path / "server.log.1"
+    append(p, 0, 10)
+    t = LogTailer(p)
+    assert seqs(drain(t, budget)) == list(range(10))
+
+    with p.open("ab") as writer:  # the server keeps its fd across the rename
+        writer.write(lines_bytes(10, 15))
+        p.rename(old)
+        writer.write(lines_bytes(15, 19))
+        writer.write(line(19).encode()[:30])  # never completed: flushed as a line at rotation
+    append(p, 20, 30)
+
+    got = drain(t, budget)
+    assert seqs(got) == list(range(10, 30))
+    assert got[9] == line(19)[:30]
+    assert t.stats.rotations == 1 and t.stats.truncations == 0 and t.stats.opens == 2
+    assert t.stats.lost_bytes == 0
+
+
+def test_rotation_drains_writes_that_race_the_stat(tmp_path: Path) -> None:
+    """Lines appended to the old file after our EOF read but before the rename are still read."""
+    p = tmp_path / "server.log"
+    old = tmp_path / "server.log.1"
+
+    class Racy(LogTailer):
+        def _path_replaced(self) -> bool:
+            if not old.exists():
+                append(p, 10, 15)  # lands in the old file, after the read that hit EOF
+                p.rename(old)
+                append(p, 15, 20)
+            return super()._path_replaced()
+
+    append(p, 0, 10)
+    t = Racy(p)
+    assert seqs(drain(t)) == list(range(20))
+    assert t.stats.rotations == 1
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_truncation_then_rewrite(tmp_path: Path, budget: int | None) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 50)
+    t = LogTailer(p)
+    got = drain(t, budget)
+
+    # llama-server restart: fopen("w") truncates, then the new run writes less than we had read.
+    p.open("wb").close()
+    assert drain(t, budget) == []
+    assert t.stats.truncations == 1
+    append(p, 50, 60)
+    got += drain(t, budget)
+
+    # Restart again, and the new run outgrows our offset before we poll: size alone looks fine.
+    offset = p.stat().st_size
+    with p.open("wb") as f:
+        f.write(lines_bytes(60, 200))
+    assert p.stat().st_size > offset
+    got += drain(t, budget)
+
+    assert seqs(got) == list(range(200))
+    assert t.stats.truncations == 2 and t.stats.rotations == 0 and t.stats.lost_bytes == 0
+
+
+def test_restart_with_identical_banner_is_caught_by_tail_check(tmp_path: Path) -> None:
+    # llama-server's first lines are the same on every start, so the head fingerprint matches.
+    banner = (
+        "build: 4589 (0f2bbe65) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu\n"
+        "system info: n_threads = 16, n_threads_batch = 16, total_threads = 32\n"
+    )
+    p = tmp_path / "server.log"
+    p.write_text(banner + lines_bytes(0, 20).decode())
+    t = LogTailer(p)
+    first = drain(t)
+    p.write_text(banner + lines_bytes(100, 300).decode())
+    second = drain(t)
+    assert first[:2] == second[:2] == banner.splitlines()
+    assert seqs(first[2:]) == list(range(20))
+    assert seqs(second[2:]) == list(range(100, 300))
+    assert t.stats.truncations == 1
+
+
+def test_rewrite_with_identical_tail_window_is_caught_by_head_check(tmp_path: Path) -> None:
+    # Same length, same bytes just before our offset, different first line (e.g. a new start time).
+    p = tmp_path / "server.log"
+    p.write_text("seq=000000 started at 10:00:00\n" + lines_bytes(1, 20).decode())
+    t = LogTailer(p)
+    first = drain(t)
+    p.write_text("seq=000000 started at 11:11:11\n" + lines_bytes(1, 30).decode())
+    second = drain(t)
+    assert seqs(first) == list(range(20)) and seqs(second) == list(range(30))
+    assert second[0].endswith("11:11:11")
+    assert t.stats.truncations == 1
+
+
+def test_stat_and_fstat_disagreeing_is_not_a_rotation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Old overlayfs: fstat(fd) reports the underlying file's st_dev, stat(path) the overlay's."""
+    real_fstat = os.fstat
+
+    def skewed_fstat(fd: int) -> os.stat_result:
+        fields = list(real_fstat(fd)[:10])
+        fields[2] += 1  # st_dev
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(os, "fstat", skewed_fstat)
+    p = tmp_path / "server.log"
+    append(p, 0, 10)
+    t = LogTailer(p)
+    got = drain(t)
+    append(p, 10, 20)
+    got += drain(t)
+    assert t.stats.rotations == 0
+    p.rename(tmp_path / "server.log.1")
+    append(p, 20, 30)
+    got += drain(t)
+    assert seqs(got) == list(range(30))
+    assert t.stats.rotations == 1 and t.stats.opens == 2
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_delete_and_recreate(tmp_path: Path, budget: int | None) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 10)
+    t = LogTailer(p)
+    got = drain(t, budget)
+
+    with p.open("ab") as writer:
+        p.unlink()
+        writer.write(lines_bytes(10, 20))  # the server still writes into the deleted file
+        writer.flush()
+        got += drain(t, budget)
+        assert seqs(got) == list(range(20))
+        assert t.is_open and t.last_error is None and t.stats.rotations == 0
+        writer.write(lines_bytes(20, 25))  # unread when the path comes back
+
+    # Recreated with more bytes than our old offset: must not be mistaken for a continuation.
+    old_offset = t.stats.bytes
+    append(p, 25, 300)
+    assert p.stat().st_size > old_offset
+    got += drain(t, budget)
+    assert seqs(got) == list(range(300))
+    assert t.stats.rotations == 1 and t.stats.truncations == 0 and t.stats.lost_bytes == 0
+
+
+def test_moved_away_and_back_is_not_a_rotation(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 5)
+    t = LogTailer(p)
+    drain(t)
+    p.rename(tmp_path / "elsewhere")
+    assert drain(t) == []
+    (tmp_path / "elsewhere").rename(p)
+    append(p, 5, 10)
+    assert seqs(drain(t)) == [5, 6, 7, 8, 9]
+    assert t.stats.rotations == 0 and t.stats.truncations == 0
+
+
+def test_copytruncate_loss_is_exact_and_counted(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 100)
+    t = LogTailer(p)
+    got = drain(t)
+    assert seqs(got) == list(range(100))
+
+    seen_bytes = append(p, 100, 120)
+    assert t.has_pending()  # this fstat makes the loss of 100..119 knowable
+    append(p, 120, 130)  # appended after the last stat: lost, and nobody can know how much
+    shutil.copy(p, tmp_path / "server.log.1")
+    os.truncate(p, 0)
+    append(p, 130, 150)
+
+    got += drain(t)
+    got_seqs = seqs(got)
+    assert got_seqs == sorted(set(got_seqs))  # in order, no duplicates
+    assert set(range(150)) - set(got_seqs) == set(range(100, 130))
+    assert t.stats.truncations == 1 and t.stats.rotations == 0
+    assert t.stats.lost_bytes == seen_bytes
+    # The lines are not gone, they are only in the copy.
+    assert seqs((tmp_path / "server.log.1").read_text().splitlines()) == list(range(130))
+
+
+@pytest.mark.parametrize("poll_between", [False, True])
+def test_copytruncate_without_o_append_skips_nul_hole(tmp_path: Path, poll_between: bool) -> None:
+    # llama-server's fopen("w") has no O_APPEND: after copytruncate it writes at its old offset,
+    # leaving a sparse hole of NULs at the start, and the file is never smaller than our offset.
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    with p.open("wb") as writer:
+        writer.write(lines_bytes(0, 50))
+        writer.flush()
+        got = drain(t)
+        shutil.copy(p, tmp_path / "server.log.1")
+        os.truncate(p, 0)
+        if poll_between:
+            got += drain(t)
+        writer.write(lines_bytes(50, 60))
+    assert p.read_bytes().startswith(b"\0" * 64)
+    got += drain(t)
+    assert seqs(got) == list(range(60))
+    assert not any("\0" in text for text in got)
+    assert t.stats.truncations == 1 and t.stats.lost_bytes == 0
+
+
+def test_randomized_no_line_lost_or_repeated(tmp_path: Path) -> None:
+    """Appends, rotations, restarts and delete-and-recreate, polling between events like follow()."""
+    rng = random.Random(1234)
+    p = tmp_path / "server.log"
+    t = LogTailer(p, max_line_bytes=4096, chunk_bytes=512)
+    got: list[str] = []
+    seq = 0
+    rotations = truncations = 0
+    for step in range(300):
+        op = rng.choice(["append"] * 6 + ["split", "rotate", "restart", "recreate"])
+        n = rng.randint(1, 40)
+        if op == "append" or not p.exists():
+            append(p, seq, seq + n)
+        elif op == "split":
+            data = lines_bytes(seq, seq + n)
+            cut = rng.randint(1, len(data) - 1)
+            with p.open("ab") as f:
+                f.write(data[:cut])
+            got += drain(t, rng.choice([None, 1, 13, 100]))
+            with p.open("ab") as f:
+                f.write(data[cut:])
+        elif op == "rotate":
+            p.rename(tmp_path / f"server.log.{step}")
+            append(p, seq, seq + n)
+            rotations += 1
+        elif op == "restart":
+            with p.open("wb") as f:
+                f.write(lines_bytes(seq, seq + n))
+            truncations += 1
+        else:
+            p.unlink()
+            append(p, seq, seq + n)
+            rotations += 1
+        seq += n
+        got += drain(t, rng.choice([None, 13, 100, 1000]))
+    assert seqs(got) == list(range(seq))
+    assert (t.stats.rotations, t.stats.truncations, t.stats.lost_bytes) == (rotations, truncations, 0)
+    assert t.stats.lines == len(got)
+
+
+# --- line splitting -------------------------------------------------------------------------------
+
+
+def test_lines_written_in_pieces(tmp_path: Path) -> None:
+    text = "seq=000000 héllo wörld ✓ 日本語 🦙\nseq=000001 plain\nseq=000002 ✓✓\n"
+    data = text.encode()
+    p = tmp_path / "server.log"
+    p.write_bytes(b"")
+    t = LogTailer(p)
+    got: list[str] = []
+    for i in range(len(data)):  # every split point, including inside multi-byte characters
+        with p.open("ab") as f:
+            f.write(data[i : i + 1])
+        got += t.poll()
+        complete = data[: i + 1].count(b"\n")
+        assert len(got) == complete
+    assert got == text.splitlines()
+    assert not any("\ufffd" in s for s in got)
+
+
+def test_very_long_line_is_cut_and_memory_bounded(tmp_path: Path) -> None:
+    limit = 100  # above len(line(i)), so only the two long lines are cut
+    p = tmp_path / "server.log"
+    long_ascii = line(1) + " " + "x" * 5000
+    long_utf8 = "seq=000003 " + "é" * 200  # 11 + 2k bytes: the cut lands inside a character
+    exact = ("seq=000005 " + "y" * limit)[:limit]
+    p.write_text("\n".join([line(0), long_ascii, line(2), long_utf8, line(4), exact, line(6)]) + "\n")
+    t = LogTailer(p, max_line_bytes=limit, chunk_bytes=16)
+    got: list[str] = []
+    while True:
+        batch = t.poll(max_bytes=16)
+        assert len(t._partial) <= limit
+        got += batch
+        if not t.has_pending() and not batch:
+            break
+    assert seqs(got) == list(range(7))
+    assert got[1] == long_ascii[:limit]
+    assert got[3].encode() == long_utf8.encode()[: limit - 1]  # backed off to a character boundary
+    assert "\ufffd" not in got[3]
+    assert got[5] == exact  # exactly max_line_bytes is not "long"
+    assert t.stats.long_lines == 2
+    assert t.stats.bytes == p.stat().st_size
+
+
+def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    p.write_bytes(b"seq=000000 ok\nseq=000001 bad \xff\xfe \xc3( end\nseq=000002 ok\n")
+    got = LogTailer(p).poll()
+    assert seqs(got) == [0, 1, 2]
+    assert got[1].startswith("seq=000001 bad \ufffd") and got[1].endswith(" end")
+
+
+def test_crlf_is_stripped(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    p.write_bytes(b"seq=000000 a\r\nseq=000001 b\rc\r\n\r\nseq=000002 d\n")
+    assert LogTailer(p).poll() == ["seq=000000 a", "seq=000001 b\rc", "", "seq=000002 d"]
+
+
+def test_large_file_is_read_in_steps(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 5000)
+    t = LogTailer(p)
+    first = t.poll(max_bytes=1000)
+    assert 0 < len(first) < 5000 and t.stats.bytes <= 1000
+    assert t.has_pending()
+    got = first + drain(t, 1000)
+    assert seqs(got) == list(range(5000))
+    assert not t.has_pending()
+
+
+# --- follow() -------------------------------------------------------------------------------------
+
+
+async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 3.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.002)
+
+
+def live_observers() -> list[threading.Thread]:
+    return [th for th in threading.enumerate() if isinstance(th, BaseObserver) and th.is_alive()]
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.batches = 0
+
+    def __call__(self, batch: list[str]) -> None:
+        assert batch, "on_lines called with an empty batch"
+        self.lines += batch
+        self.batches += 1
+
+    def has(self, i: int) -> bool:
+        return bool(self.lines) and seqs(self.lines[-1:])[0] >= i
+
+
+async def test_follow_watchdog_rotation_and_truncation(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    # A 60 s timer: anything picked up within the test's timeouts came from a watchdog event.
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
+    await wait_until(lambda: t.last_error is not None, "the first (missing-file) poll")
+
+    async def write(f: Any, start: int, stop_: int) -> None:
+        for i in range(start, stop_, 50):
+            f.write(lines_bytes(i, min(i + 50, stop_)))
+            f.flush()
+            await asyncio.sleep(0)
+
+    with p.open("ab") as f:
+        await write(f, 0, 700)
+        await wait_until(lambda: seen.has(699), "seq 699")
+        p.rename(tmp_path / "server.log.1")
+    with p.open("ab") as f:
+        await write(f, 700, 1400)
+        await wait_until(lambda: seen.has(1399), "seq 1399")
+    with p.open("wb") as f:  # llama-server restart
+        await write(f, 1400, 2000)
+        await wait_until(lambda: seen.has(1999), "seq 1999")
+
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(2000))
+    assert (t.stats.rotations, t.stats.truncations, t.stats.lost_bytes) == (1, 1, 0)
+    assert not live_observers()
+
+
+async def test_follow_reads_a_backlog_in_chunks_on_one_wake(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p, chunk_bytes=1024)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
+    await wait_until(lambda: t.last_error is not None, "the first poll")
+    observed: list[int] = []
+
+    async def ticker() -> None:
+        while True:
+            observed.append(seen.batches)
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    p.write_bytes(lines_bytes(0, 3000))  # one write, a handful of events, ~270 KB
+    await wait_until(lambda: seen.has(2999), "seq 2999")
+    ticking.cancel()
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(3000))
+    assert seen.batches > 100  # delivered chunk by chunk...
+    assert any(0 < n < seen.batches for n in observed)  # ...yielding to other tasks in between
+
+
+async def test_follow_is_idle_when_nothing_happens(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 3)
+    t = LogTailer(p)
+    polls = 0
+    real_poll = t.poll
+
+    def counting_poll(max_bytes: int | None = None) -> list[str]:
+        nonlocal polls
+        polls += 1
+        return real_poll(max_bytes)
+
+    t.poll = counting_poll  # type: ignore[method-assign]
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
+    await wait_until(lambda: seen.has(2), "seq 2")
+    for i in (3, 4):
+        # Absence of activity needs a window: our own open/read of the file must not wake us up,
+        # and a handled event must not leave us spinning.
+        await asyncio.sleep(0.05)
+        settled = polls
+        await asyncio.sleep(0.05)
+        assert polls == settled <= 6 * (i - 2)
+        append(p, i, i + 1)
+        await wait_until(lambda: seen.has(i), f"seq {i}")  # noqa: B023 (awaited right here)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+
+
+async def test_follow_poll_only_uses_stat_fallback(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=0.01, use_watchdog=False, stop=stop))
+    await wait_until(lambda: t.last_error is not None, "the first poll")
+    assert not live_observers()
+    append(p, 0, 100)
+    await wait_until(lambda: seen.has(99), "seq 99")
+    p.rename(tmp_path / "server.log.1")
+    append(p, 100, 200)
+    await wait_until(lambda: seen.has(199), "seq 199")
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(200))
+    assert t.stats.rotations == 1
+
+
+async def test_follow_returns_promptly_on_stop(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 3)
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
+    await wait_until(lambda: seen.has(2), "seq 2")
+    assert live_observers()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert loop.time() - started < 0.5
+    assert not live_observers()
+
+
+async def test_follow_cancellation_stops_observer(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    task = asyncio.create_task(follow(t, Seen(), poll_interval=60))
+    await wait_until(lambda: t.last_error is not None, "the first poll")
+    assert live_observers()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not live_observers()
+
+
+async def test_follow_parent_directory_created_later(tmp_path: Path) -> None:
+    d = tmp_path / "logs"
+    p = d / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
+    await wait_until(lambda: t.last_error is not None, "the first poll")
+    assert not live_observers()  # nothing to watch yet
+    d.mkdir()
+    append(p, 0, 10)
+    await wait_until(lambda: seen.has(9), "seq 9")
+    await wait_until(lambda: bool(live_observers()), "the watch to be scheduled")
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(10))
+
+
+async def test_follow_falls_back_to_polling_when_watchdog_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class BrokenObserver:
+        def start(self) -> None:
+            raise OSError(errno.EMFILE, "inotify instance limit reached")
+
+    monkeypatch.setattr(tail_mod, "Observer", BrokenObserver)
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.tail"):
+        task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
+        append(p, 0, 10)
+        await wait_until(lambda: seen.has(9), "seq 9")
+        append(p, 10, 20)
+        await wait_until(lambda: seen.has(19), "seq 19")
+        stop.set()
+        await asyncio.wait_for(task, timeout=1.0)
+    warnings = [r for r in caplog.records if r.name == "exporter.logs.tail"]
+    assert len(warnings) == 1 and "falling back to polling" in warnings[0].getMessage()
+    assert seqs(seen.lines) == list(range(20))

@@ -1,0 +1,185 @@
+"""Tiny random-weight GGUF models that a real llama-server loads on CPU in milliseconds.
+
+No downloads: the PyPI ``gguf`` writer plus numpy. The models are useless as language models but
+exercise every code path the exporter cares about (slots, the shared KV pool, the retry cascade,
+context checkpoints).
+
+Tokenizer: SentencePiece-style (``llama``) vocabulary: ``<unk>``, ``<s>``, ``</s>``, 256 byte-fallback
+tokens, ``▁``, printable ASCII and ``▁``-prefixed lower-case letters (380 tokens). English text is about
+one token per character, so a prompt of N characters is about N tokens; that makes it trivial to size
+prompts against ``n_ctx``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import numpy.typing as npt
+
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+N_FF = 128
+N_LAYER = 2
+#: Metadata only. llama-server caps ``n_ctx_slot`` at ``n_ctx_train``, so a large value lets tests use
+#: any ``-c`` without the ``n_ctx_seq > n_ctx_train`` warning.
+CTX_TRAIN = 131072
+#: Gemma2 sliding window: small enough that SWA bites at ``-c 512`` and the server creates, restores
+#: and erases context checkpoints.
+GEMMA2_SLIDING_WINDOW = 32
+#: llama-server arguments that make :func:`write_slow_loading_model` models load slowly: read the
+#: weights into memory instead of mmapping them (b11434 has no ``--no-mmap``; it has ``-lm``).
+SLOW_LOAD_SERVER_ARGS = ("-lm", "none")
+
+
+def _vocab() -> tuple[list[str], list[float], list[int]]:
+    """SentencePiece vocabulary with byte fallback, so any input text tokenizes."""
+    toks: list[str] = []
+    scores: list[float] = []
+    types: list[int] = []
+
+    def add(text: str, score: float, kind: gguf.TokenType) -> None:
+        toks.append(text)
+        scores.append(score)
+        types.append(int(kind))
+
+    tt = gguf.TokenType
+    add("<unk>", 0.0, tt.UNKNOWN)
+    add("<s>", 0.0, tt.CONTROL)
+    add("</s>", 0.0, tt.CONTROL)
+    for b in range(256):
+        add(f"<0x{b:02X}>", 0.0, tt.BYTE)
+    add("\u2581", -1.0, tt.NORMAL)  # '▁', SentencePiece's space
+    for c in range(33, 127):  # printable ASCII except space
+        add(chr(c), -2.0, tt.NORMAL)
+    for letter in "abcdefghijklmnopqrstuvwxyz":
+        add("\u2581" + letter, -1.5, tt.NORMAL)
+    return toks, scores, types
+
+
+def _write(
+    path: Path,
+    arch: str,
+    *,
+    ctx_train: int,
+    n_ff: int = N_FF,
+    sliding_window: int | None = None,
+    zero_ffn: bool = False,
+) -> Path:
+    rng = np.random.default_rng(0)  # fixed seed: identical bytes on every run
+    toks, scores, types = _vocab()
+    head_dim = N_EMBD // N_HEAD
+    n_embd_kv = head_dim * N_HEAD_KV
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-random")
+    w.add_context_length(ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(N_LAYER)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if sliding_window is not None:
+        w.add_sliding_window(sliding_window)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    def tensor(name: str, *shape: int, ones: bool = False, zeros: bool = False) -> None:
+        # numpy shape is (rows=out, cols=in); GGUF/ggml reverse it, which the writer handles.
+        arr: npt.NDArray[np.float32]
+        if ones:
+            arr = np.ones(shape, np.float32)
+        elif zeros:
+            # Big padding tensors: calloc'd zeros cost no RAM or RNG time until written.
+            arr = np.zeros(shape, np.float32)
+        else:
+            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        w.add_tensor(name, arr)
+
+    tensor("token_embd.weight", len(toks), N_EMBD)
+    tensor("output_norm.weight", N_EMBD, ones=True)
+    if arch == "llama":  # gemma2 ties the output projection to token_embd
+        tensor("output.weight", len(toks), N_EMBD)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        tensor(p + "attn_norm.weight", N_EMBD, ones=True)
+        tensor(p + "attn_q.weight", N_HEAD * head_dim, N_EMBD)
+        tensor(p + "attn_k.weight", n_embd_kv, N_EMBD)
+        tensor(p + "attn_v.weight", n_embd_kv, N_EMBD)
+        tensor(p + "attn_output.weight", N_EMBD, N_HEAD * head_dim)
+        tensor(p + "ffn_norm.weight", N_EMBD, ones=True)
+        tensor(p + "ffn_gate.weight", n_ff, N_EMBD, zeros=zero_ffn)
+        tensor(p + "ffn_up.weight", n_ff, N_EMBD, zeros=zero_ffn)
+        tensor(p + "ffn_down.weight", N_EMBD, n_ff, zeros=zero_ffn)
+        if arch == "gemma2":
+            tensor(p + "post_attention_norm.weight", N_EMBD, ones=True)
+            tensor(p + "post_ffw_norm.weight", N_EMBD, ones=True)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_llama(path: Path, *, ctx_train: int = CTX_TRAIN) -> Path:
+    """Write a 2-layer, 64-wide llama (full attention, plain unified KV cache), about 0.5 MB.
+
+    It loads in ~25 ms and generates ~18k tokens/s on 2 CPU cores. Returns ``path``.
+    """
+    return _write(path, "llama", ctx_train=ctx_train)
+
+
+def write_tiny_gemma2(path: Path, *, ctx_train: int = CTX_TRAIN, sliding_window: int = GEMMA2_SLIDING_WINDOW) -> Path:
+    """Write a tiny gemma2 (sliding-window attention, so an iSWA KV cache), about 0.5 MB.
+
+    With ``-c 4096 -np 2 -kvu -ctxcp 3 -cms 64 -b 128 -ub 128 -lv 4`` the server logs context
+    checkpoints being created, restored and erased. Returns ``path``.
+    """
+    return _write(path, "gemma2", ctx_train=ctx_train, sliding_window=sliding_window)
+
+
+def write_slow_loading_model(path: Path, size_mib: int = 1536) -> Path:
+    """Write a tiny llama padded with all-zero feed-forward weights to about ``size_mib`` MiB.
+
+    Used to watch ``/health`` answer 503 ``Loading model`` before it turns 200. Start the server
+    with :data:`SLOW_LOAD_SERVER_ARGS` (``-lm none``): by default b11434 mmaps the file, and a
+    model that is already in the page cache (it was just written) then loads almost at once.
+
+    Measured with llama-server b11434 on 2 CPU cores, file in the page cache, time from spawn to
+    ``/health`` 200 (503 ``Loading model`` from ~20 ms after spawn until then):
+
+    ========  ==========  ===========  =========
+    size      ``-lm none``  default mmap  write time
+    ========  ==========  ===========  =========
+    1024 MiB  1.3-1.7 s   0.5-0.8 s    ~1 s
+    1536 MiB  1.7-2.2 s   ~0.8 s       ~1 s
+    2048 MiB  ~5 s        ~1 s         ~1.2 s
+    ========  ==========  ===========  =========
+
+    The tiny 0.5 MB model is healthy ~20 ms after spawn, too soon to observe the 503 reliably.
+    Returns ``path``.
+    """
+    head_dim = N_EMBD // N_HEAD
+    small = 2 * 380 * N_EMBD + N_LAYER * (2 * N_EMBD * head_dim * N_HEAD + 2 * N_EMBD * head_dim * N_HEAD_KV)
+    per_ff_row = N_LAYER * 3 * N_EMBD  # float32 elements added per unit of n_ff
+    n_ff = max(N_FF, (size_mib * 2**20 // 4 - small) // per_ff_row)
+    n_ff -= n_ff % 32  # keep rows a multiple of the ggml block size
+    return _write(path, "llama", ctx_train=CTX_TRAIN, n_ff=n_ff, zero_ffn=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.collector import ExporterCollector, ServerLogCollector
+from exporter.collector import CheckpointCacheCollector, ExporterCollector, ServerLogCollector
 from exporter.config import Config, parse_config
 from exporter.demo import replay_forever
 from exporter.logs.tail import LogTailer
@@ -29,6 +29,7 @@ def build_registry(state: ServerState, pipeline: LogPipeline) -> CollectorRegist
     """A registry with the exporter's collectors (and its own process metrics)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(ServerLogCollector(lambda: state))
+    registry.register(CheckpointCacheCollector(lambda: state))
     registry.register(ExporterCollector(pipeline))
     ProcessCollector(registry=registry)
     return registry

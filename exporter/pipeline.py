@@ -30,6 +30,7 @@ class LogPipeline:
         self.replayed_lines = 0
         self._stdin_open = tailer is None
         self._reported_error: str | None = None
+        self._warned_hidden = False
 
     # -- LogSourceStatus (read by the collector) -----------------------------------------------
     @property
@@ -67,6 +68,7 @@ class LogPipeline:
                 apply(event)
         self.lines += n
         self._report_tailer_error()
+        self._report_hidden_lines()
 
     def replay_existing(self) -> int:
         """Read the log as it is now, rebuilding gauges without counting events. Returns lines read."""
@@ -88,7 +90,19 @@ class LogPipeline:
         finally:
             self.state.counting = True
         self._report_tailer_error()
+        self._report_hidden_lines()
         return self.replayed_lines
+
+    def _report_hidden_lines(self) -> None:
+        """Say once per server start when the log's verbosity hides checkpoint and prompt-cache lines."""
+        visible = self.state.checkpoint_lines_visible()
+        if visible is False and not self._warned_hidden:
+            log.warning(
+                "llama-server logs at -lv %s: checkpoint and prompt-cache lines are hidden (trace level on b9829+); "
+                "their metrics are left out (llamacpp_checkpoint_lines_visible 0). Run llama-server with -lv 4.",
+                self.state.verbosity,
+            )
+        self._warned_hidden = visible is False
 
     def _report_tailer_error(self) -> None:
         """Log a tailer problem once when it appears and once when it clears, not on every poll."""

@@ -30,6 +30,37 @@ _CLEARS_ABORTED_SLOTS_SINCE = 7078
 _FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
 
 
+# Seconds; from a cached few-token prompt (ms) to a full re-processing of a long context (minutes).
+PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One context checkpoint: the positions it covers and its size in host RAM."""
+
+    pos_min: int
+    pos_max: int
+    size_bytes: float
+
+
 @dataclass
 class SlotState:
     """One slot, as far as the log tells."""
@@ -41,6 +72,18 @@ class SlotState:
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None
+    # Live context checkpoints in host RAM, oldest first (llama-server keeps them in a list per slot).
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+
+    @property
+    def checkpoint_bytes(self) -> float:
+        """Host RAM held by this slot's live checkpoints."""
+        return sum(c.size_bytes for c in self.checkpoints)
+
+    def clear(self) -> None:
+        """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""
+        self.tokens = 0
+        self.checkpoints = []
 
 
 @dataclass
@@ -69,6 +112,10 @@ class ServerState:
     idle_slots_cleared_on_new_task: bool | None = None
     slots: dict[int, SlotState] = field(default_factory=dict)
     in_cascade: bool = False
+    checkpoint_limit: int | None = None
+    prompt_cache_bytes: float | None = None
+    prompt_cache_prompts: int | None = None
+    prompt_cache_limit_bytes: float | None = None  # inf = no limit, 0 = disabled
 
     # Counters (exporter lifetime; never reset by a server restart).
     server_starts: int = 0
@@ -79,10 +126,21 @@ class ServerState:
     decode_failures: Counter[str] = field(default_factory=Counter)
     requests_aborted: Counter[str] = field(default_factory=Counter)
     slots_purged: int = 0
+    checkpoint_events: Counter[str] = field(default_factory=Counter)
+    full_reprocess: int = 0
+    prompt_eval_buckets: list[int] = field(default_factory=lambda: [0] * len(PROMPT_EVAL_BUCKETS))
+    prompt_eval_seconds_sum: float = 0.0
+    prompt_eval_count: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
 
     _in_startup: bool = False
     _kv_section_swa: bool = False
     _aborted_tasks: set[int] = field(default_factory=set)
+    _selected_slot: int | None = None
+    # Prompt-cache entries by prompt length, with the checkpoints they carry (moved back into a slot on load).
+    _cache_entries: dict[int, list[Checkpoint]] = field(default_factory=dict)
+    _cache_candidates: list[ev.PromptCacheCandidate] = field(default_factory=list)
 
     # ------------------------------------------------------------------ derived values
 
@@ -169,8 +227,15 @@ class ServerState:
             "type_v",
             "per_slot_cap",
             "idle_slots_cleared_on_new_task",
+            "checkpoint_limit",
+            "prompt_cache_bytes",
+            "prompt_cache_prompts",
+            "prompt_cache_limit_bytes",
+            "_selected_slot",
         ):
             setattr(self, name, None)
+        self._cache_entries = {}
+        self._cache_candidates = []
         self.ready = False
         self.context = {}
         self.kv_k_bytes = self.kv_v_bytes = 0.0
@@ -220,11 +285,13 @@ class ServerState:
             s.processing, s.task, s.cache_base = False, -1, None
             aborted = e.task in self._aborted_tasks
             self._aborted_tasks.discard(e.task)
-            clears = self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE
-            s.tokens = 0 if aborted and clears else e.n_tokens
+            if aborted and (self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE):
+                s.clear()
+            else:
+                s.tokens = e.n_tokens
         elif isinstance(e, (ev.SlotCleared, ev.SlotPurged)):
             s = self._slot(e.slot)
-            s.tokens = 0
+            s.clear()
             if isinstance(e, ev.SlotPurged) and self.counting:
                 self.slots_purged += 1
             if isinstance(e, ev.SlotPurged) and not self.in_cascade:
@@ -236,7 +303,7 @@ class ServerState:
             if self._clears_idle_slots():
                 for other_id, other in self.slots.items():
                     if other_id != e.slot and not other.processing:
-                        other.tokens = 0
+                        other.clear()
         elif isinstance(e, ev.NewPrompt):
             self._progress()
             s = self._slot(e.slot)
@@ -272,6 +339,34 @@ class ServerState:
             self._progress()
             for s in self.slots.values():
                 s.processing, s.task = False, -1
+        elif isinstance(e, (ev.PromptEvalTiming, ev.GenerationTiming)):
+            self._apply_timing(e)
+        elif isinstance(
+            e,
+            (
+                ev.CheckpointConfig,
+                ev.CheckpointCreated,
+                ev.CheckpointRemoved,
+                ev.CheckpointSuperseded,
+                ev.CheckpointRestored,
+                ev.CheckpointRestoreFailed,
+                ev.FullReprocess,
+            ),
+        ):
+            self._apply_checkpoint(e)
+        elif isinstance(
+            e,
+            (
+                ev.PromptCacheLimit,
+                ev.PromptCacheState,
+                ev.PromptSaved,
+                ev.PromptCacheCandidate,
+                ev.PromptLoaded,
+                ev.PromptCacheRemoved,
+                ev.SlotSelected,
+            ),
+        ):
+            self._apply_prompt_cache(e)
         elif isinstance(e, ev.IdleSlotSaved):
             pass  # the `clearing prompt` line that follows carries the change
         elif isinstance(e, ev.ServerStarting):
@@ -320,6 +415,107 @@ class ServerState:
         elif isinstance(e, ev.IdleSlotPolicy):
             self.idle_slots_cleared_on_new_task = e.clear_on_new_task
 
+    def _apply_timing(self, e: ev.PromptEvalTiming | ev.GenerationTiming) -> None:
+        if not self.counting:
+            return
+        if isinstance(e, ev.GenerationTiming):
+            self.generated_tokens += e.tokens
+            return
+        seconds = e.ms / 1000.0
+        self.prompt_eval_count += 1
+        self.prompt_eval_seconds_sum += seconds
+        self.prompt_tokens += e.tokens
+        for i, bound in enumerate(PROMPT_EVAL_BUCKETS):
+            if seconds <= bound:
+                self.prompt_eval_buckets[i] += 1
+                break
+
+    def _count_checkpoint(self, event: str) -> None:
+        if self.counting:
+            self.checkpoint_events[event] += 1
+
+    def _apply_checkpoint(
+        self,
+        e: ev.CheckpointConfig
+        | ev.CheckpointCreated
+        | ev.CheckpointRemoved
+        | ev.CheckpointSuperseded
+        | ev.CheckpointRestored
+        | ev.CheckpointRestoreFailed
+        | ev.FullReprocess,
+    ) -> None:
+        if isinstance(e, ev.CheckpointConfig):
+            self.checkpoint_limit = e.max_per_slot
+            return
+        s = self._slot(e.slot)
+        if isinstance(e, ev.CheckpointCreated):
+            s.checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
+            # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
+            while len(s.checkpoints) > e.index > 0:
+                s.checkpoints.pop(0)
+            if e.max_per_slot:
+                self.checkpoint_limit = e.max_per_slot
+            self._count_checkpoint("created")
+        elif isinstance(e, ev.CheckpointRemoved):
+            _remove_checkpoint(s.checkpoints, e.pos_min, e.pos_max, e.size_mib * MIB)
+            self._count_checkpoint(e.reason)
+        elif isinstance(e, ev.CheckpointSuperseded):
+            _remove_checkpoint(s.checkpoints, None, e.n_tokens - 1, None)
+        elif isinstance(e, ev.CheckpointRestored):
+            self._count_checkpoint("restored")
+        elif isinstance(e, ev.CheckpointRestoreFailed):
+            self._count_checkpoint("failed_restore")
+        elif isinstance(e, ev.FullReprocess) and self.counting:
+            self.full_reprocess += 1
+
+    def _apply_prompt_cache(
+        self,
+        e: ev.PromptCacheLimit
+        | ev.PromptCacheState
+        | ev.PromptSaved
+        | ev.PromptCacheCandidate
+        | ev.PromptLoaded
+        | ev.PromptCacheRemoved
+        | ev.SlotSelected,
+    ) -> None:
+        if isinstance(e, ev.SlotSelected):
+            self._selected_slot = e.slot
+            self._cache_candidates = []
+        elif isinstance(e, ev.PromptCacheLimit):
+            self.prompt_cache_limit_bytes = float("inf") if e.limit_mib is None else e.limit_mib * MIB
+            if self.prompt_cache_bytes is None:  # announced at start-up: the cache starts empty
+                self.prompt_cache_bytes, self.prompt_cache_prompts = 0.0, 0
+        elif isinstance(e, ev.PromptCacheState):
+            self.prompt_cache_prompts = e.prompts
+            self.prompt_cache_bytes = e.size_mib * MIB
+            if self.prompt_cache_limit_bytes is None or self.prompt_cache_limit_bytes not in (0.0, float("inf")):
+                self.prompt_cache_limit_bytes = e.limit_mib * MIB
+            if e.prompts == 0:
+                self._cache_entries = {}
+        elif isinstance(e, ev.PromptSaved):
+            if self._selected_slot is not None:
+                # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
+                self._cache_entries[e.length] = list(self._slot(self._selected_slot).checkpoints)
+        elif isinstance(e, ev.PromptCacheCandidate):
+            self._cache_candidates.append(e)
+        elif isinstance(e, ev.PromptLoaded):
+            chosen = next((c for c in self._cache_candidates if (c.f_keep, c.f_sim) == (e.f_keep, e.f_sim)), None)
+            if chosen is not None and self._selected_slot is not None:
+                # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
+                self._slot(self._selected_slot).checkpoints = self._cache_entries.pop(chosen.length, [])
+            self._cache_candidates = []
+        elif isinstance(e, ev.PromptCacheRemoved):
+            if e.length is not None:
+                self._cache_entries.pop(e.length, None)
+            elif self._cache_entries:
+                del self._cache_entries[next(iter(self._cache_entries))]
+
+    def checkpoint_lines_visible(self) -> bool | None:
+        """Whether the log shows checkpoint and prompt-cache lines (TRC on b9829+: only at -lv 4)."""
+        if self.verbosity is None:
+            return None
+        return self.verbosity >= 4 or (self.build is not None and self.build < 9829)
+
     def _clears_idle_slots(self) -> bool:
         """Whether starting a task clears the other idle slots (unified KV + `--cache-idle-slots`)."""
         if self.kv_unified is not True:
@@ -329,3 +525,15 @@ class ServerState:
         # At -lv 3 on b9829+ the policy line is hidden; the feature is on by default since b8852.
         # At -lv 4 and above its absence means it is off (`--no-cache-idle-slots`).
         return self.verbosity is not None and self.verbosity <= 3 and (self.build or 9829) >= 8852
+
+
+def _remove_checkpoint(
+    checkpoints: list[Checkpoint], pos_min: int | None, pos_max: int, size_bytes: float | None
+) -> None:
+    """Remove the checkpoint the log line names; fall back to the oldest if we never saw it created."""
+    for i, c in enumerate(checkpoints):
+        if c.pos_max == pos_max and (pos_min is None or c.pos_min == pos_min):
+            del checkpoints[i]
+            return
+    if size_bytes is not None and checkpoints:
+        checkpoints.pop(0)

@@ -224,6 +224,111 @@ CASES: list[tuple[str, ev.Event]] = [
         ev.RequestError(9, "prompt_too_long"),
     ),
     ("srv    send_error: task id = 9, error: something new upstream", ev.RequestError(9, "other")),
+    # --- timings: b9230+ one tagged line each; before that untagged continuation lines
+    (
+        "slot print_timing: id  3 | task 2 | prompt eval time =       0.67 ms /    34 tokens (    0.02 ms per token, 51051.05 tokens per second)",
+        ev.PromptEvalTiming(0.67, 34),
+    ),
+    (
+        "slot print_timing: id  3 | task 2 |        eval time =       0.83 ms /    16 tokens (    0.06 ms per token, 17985.61 tokens per second)",
+        ev.GenerationTiming(0.83, 16),
+    ),
+    (
+        "prompt eval time =     300.11 ms /    20 tokens (   15.01 ms per token,    66.64 tokens per second)",
+        ev.PromptEvalTiming(300.11, 20),
+    ),
+    (
+        "       eval time =    2296.72 ms /   256 tokens (    8.97 ms per token,   111.46 tokens per second)",
+        ev.GenerationTiming(2296.72, 256),
+    ),
+    # --- checkpoints, b6160 → b11434
+    (
+        "slot create_check: id  0 | task 42 | created context checkpoint 3 of 32 (pos_min = 0, pos_max = 16383, n_tokens = 16384, size = 62.813 MiB)",
+        ev.CheckpointCreated(0, 3, 32, 0, 16383, 62.813),
+    ),
+    (
+        "slot update_slots: id  0 | task 42 | created context checkpoint 2 of 8 (pos_min = 0, pos_max = 4095, size = 250.125 MiB)",
+        ev.CheckpointCreated(0, 2, 8, 0, 4095, 250.125),
+    ),
+    (
+        "slot update_slots: id  1 | task 42 | saved context checkpoint 1 of 3 (pos_min = 0, pos_max = 4095, size = 250.125 MiB)",
+        ev.CheckpointCreated(1, 1, 3, 0, 4095, 250.125),
+    ),
+    (
+        "slot update_slots: id  0 | task 42 | SWA checkpoint create, pos_min = 0, pos_max = 511, size = 1.500 MiB, total = 2/3 (3.000 MiB)",
+        ev.CheckpointCreated(0, 2, 3, 0, 511, 1.5),
+    ),
+    (
+        "W slot create_check: id  0 | task 14 | erasing old context checkpoint (pos_min = 0, pos_max = 111, n_tokens = 112, size = 0.004 MiB)",
+        ev.CheckpointRemoved(0, "evicted", 0, 111, 0.004),
+    ),
+    (
+        "slot update_slots: id  0 | task 14 | erasing old context checkpoint (pos_min = 0, pos_max = 111, size = 0.004 MiB)",
+        ev.CheckpointRemoved(0, "evicted", 0, 111, 0.004),
+    ),
+    (
+        "slot create_check: id  0 | task 25 | erasing context checkpoint too close to an earlier one (pos_min = 0, pos_max = 239, n_tokens = 240, size = 0.004 MiB)",
+        ev.CheckpointRemoved(0, "evicted", 0, 239, 0.004),
+    ),
+    (
+        "slot   operator(): id  0 | task 35 | erased invalidated context checkpoint (pos_min = 0, pos_max = 235, n_tokens = 236, n_swa = 32, pos_next = 121, size = 0.004 MiB)",
+        ev.CheckpointRemoved(0, "invalidated", 0, 235, 0.004),
+    ),
+    (
+        "slot update_slots: id  0 | task 35 | erased invalidated context checkpoint (pos_min = 0, pos_max = 235, n_swa = 32, size = 0.004 MiB)",
+        ev.CheckpointRemoved(0, "invalidated", 0, 235, 0.004),
+    ),
+    (
+        "slot update_slots: id  0 | task 1 | SWA checkpoint erase, pos_min = 0, pos_max = 511, size = 1.500 MiB",
+        ev.CheckpointRemoved(0, "evicted", 0, 511, 1.5),
+    ),
+    (
+        "slot   operator(): id  0 | task 46 | restored context checkpoint (pos_min = 15, pos_max = 120, n_tokens = 121, n_past = 120, size = 0.004 MiB)",
+        ev.CheckpointRestored(0),
+    ),
+    (
+        "slot update_slots: id  0 | task 4 | SWA checkpoint restore, pos_min = 0, pos_max = 511, size = 1.500 MiB",
+        ev.CheckpointRestored(0),
+    ),
+    (
+        "E slot update_slots: id  1 | task 4 | failed to restore context checkpoint (pos_min = 0, pos_max = 511, size = 1.500 MiB)",
+        ev.CheckpointRestoreFailed(1),
+    ),
+    (
+        "slot create_check: id  1 | task 4 | superseding context checkpoint at n_tokens = 512",
+        ev.CheckpointSuperseded(1, 512),
+    ),
+    (
+        "slot   pre_decode: id  0 | task 42 | forcing full prompt re-processing due to lack of cache data (likely due to SWA or hybrid/recurrent memory, see https://github.com/ggml-org/llama.cpp/pull/13194#issuecomment-2868343055)",
+        ev.FullReprocess(0),
+    ),
+    ("srv    load_model: context checkpoints enabled, max = 32, min spacing = 8192", ev.CheckpointConfig(32)),
+    ("srv    load_model: context checkpoints disabled", ev.CheckpointConfig(0)),
+    # --- prompt cache
+    ("srv    load_model: prompt cache is enabled, size limit: 8192 MiB", ev.PromptCacheLimit(8192.0)),
+    ("srv    load_model: prompt cache is enabled, size limit: no limit", ev.PromptCacheLimit(None)),
+    ("srv    load_model: prompt cache is disabled - use `--cache-ram N` to enable it", ev.PromptCacheLimit(0.0)),
+    ("W srv         alloc:  - cache size limit reduced to 2048.000 MiB", ev.PromptCacheLimit(2048.0)),
+    (
+        "srv        update:  - cache state: 1 prompts, 0.049 MiB (limits: 8192.000 MiB, 4096 tokens, 45117300 est)",
+        ev.PromptCacheState(1, 0.049, 8192.0),
+    ),
+    (
+        "srv   prompt_save:  - saving prompt with length 271, total state size = 0.041 MiB (draft: 0.000 MiB)",
+        ev.PromptSaved(271, 0.041),
+    ),
+    ("srv   prompt_save:  - saving prompt with length 271, total state size = 0.041 MiB", ev.PromptSaved(271, 0.041)),
+    (
+        "srv          load:    - prompt with length     271, lcp =     121, f_keep = 0.446, f_sim = 0.538",
+        ev.PromptCacheCandidate(271, "0.446", "0.538"),
+    ),
+    ("srv          load:  - found better prompt with f_keep = 0.694, f_sim = 1.000", ev.PromptLoaded("0.694", "1.000")),
+    ("srv         alloc:  - removing obsolete cached prompt with length 49", ev.PromptCacheRemoved(49)),
+    (
+        "W srv         alloc:  - making room for prompt cache entry, removing oldest entry (size = 250.000 MiB)",
+        ev.PromptCacheRemoved(None),
+    ),
+    ("slot get_availabl: id  3 | task -1 | selected slot by LRU, t_last = -1", ev.SlotSelected(3)),
 ]
 
 
@@ -264,7 +369,6 @@ def test_normalize_keeps_the_message() -> None:
         "",
         "   ",
         "\tdry_multiplier = 0.000, dry_base = 1.750, dry_allowed_length = 2",
-        "prompt eval time =     300.11 ms /    20 tokens",
         "{not json",
         '{"type":"log","msg":42}',
         "\x00\x01\x02\xff garbage",

@@ -61,6 +61,15 @@ def _reason(message: str) -> str:
     return "other"
 
 
+_TIMING = re.compile(r"(?:^|\s)(prompt )?eval time = +([\d.]+) ms / +(\d+) tokens")
+
+
+def _timing(m: re.Match[str]) -> ev.Event:
+    if m[1]:
+        return ev.PromptEvalTiming(float(m[2]), int(m[3]))
+    return ev.GenerationTiming(float(m[2]), int(m[3]))
+
+
 _SlotRule = tuple[str, re.Pattern[str], Callable[[int, int, re.Match[str]], ev.Event]]
 # A tuple of keywords means "any of these".
 _TextRule = tuple[str | tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], ev.Event]]
@@ -77,6 +86,63 @@ _SLOT_RULES: list[_SlotRule] = [
         re.compile(r"\bn_decoded = +(\d+), tg ="),
         lambda s, t, m: ev.GenerationProgress(s, t, int(m[1])),
     ),
+    (
+        "eval time =",
+        _TIMING,
+        lambda s, t, m: _timing(m),
+    ),
+    (
+        "context checkpoint",
+        re.compile(
+            r"(?:created|saved) context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), pos_max = (-?\d+)"
+            r"(?:, n_tokens = \d+)?, size = ([\d.]+) MiB"
+        ),
+        lambda s, t, m: ev.CheckpointCreated(s, int(m[1]), int(m[2]), int(m[3]), int(m[4]), float(m[5])),
+    ),
+    (
+        "context checkpoint",
+        re.compile(
+            r"(erasing old|erasing context checkpoint too close|erased invalidated) .*?\(pos_min = (-?\d+), "
+            r"pos_max = (-?\d+),.*?size = ([\d.]+) MiB"
+        ),
+        lambda s, t, m: ev.CheckpointRemoved(
+            s, "invalidated" if m[1] == "erased invalidated" else "evicted", int(m[2]), int(m[3]), float(m[4])
+        ),
+    ),
+    (
+        "restored context checkpoint",
+        re.compile(r"^restored context checkpoint"),
+        lambda s, t, m: ev.CheckpointRestored(s),
+    ),
+    (
+        "failed to restore context checkpoint",
+        re.compile(r"failed to restore context checkpoint"),
+        lambda s, t, m: ev.CheckpointRestoreFailed(s),
+    ),
+    (
+        "superseding context checkpoint",
+        re.compile(r"superseding context checkpoint at n_tokens = (\d+)"),
+        lambda s, t, m: ev.CheckpointSuperseded(s, int(m[1])),
+    ),
+    (
+        "SWA checkpoint",
+        re.compile(
+            r"SWA checkpoint create, pos_min = (-?\d+), pos_max = (-?\d+), size = ([\d.]+) MiB, total = (\d+)/(\d+)"
+        ),
+        lambda s, t, m: ev.CheckpointCreated(s, int(m[4]), int(m[5]), int(m[1]), int(m[2]), float(m[3])),
+    ),
+    (
+        "SWA checkpoint",
+        re.compile(r"SWA checkpoint erase, pos_min = (-?\d+), pos_max = (-?\d+), size = ([\d.]+) MiB"),
+        lambda s, t, m: ev.CheckpointRemoved(s, "evicted", int(m[1]), int(m[2]), float(m[3])),
+    ),
+    ("SWA checkpoint restore", re.compile(r"SWA checkpoint restore"), lambda s, t, m: ev.CheckpointRestored(s)),
+    (
+        "forcing full prompt re-processing",
+        re.compile(r"forcing full prompt re-processing"),
+        lambda s, t, m: ev.FullReprocess(s),
+    ),
+    ("selected slot by", re.compile(r"^selected slot by"), lambda s, t, m: ev.SlotSelected(s)),
     (
         "stop processing",
         re.compile(r"stop processing: (?:n_past|n_tokens) = (\d+)"),
@@ -244,6 +310,48 @@ _TEXT_RULES: list[_TextRule] = [
         "verbosity = ",
         re.compile(r"verbosity = (\d+) \(adjust with"),
         lambda m: ev.Verbosity(int(m[1])),
+    ),
+    ("eval time =", _TIMING, _timing),  # pre-b9230 timings are continuation lines without a slot tag
+    (
+        "cache state:",
+        re.compile(r"cache state: (\d+) prompts, ([\d.]+) MiB \(limits: ([\d.]+) MiB"),
+        lambda m: ev.PromptCacheState(int(m[1]), float(m[2]), float(m[3])),
+    ),
+    (
+        "prompt with length",
+        re.compile(r"- prompt with length +(\d+), lcp = +-?\d+, f_keep = ([-\d.]+), f_sim = ([-\d.]+)"),
+        lambda m: ev.PromptCacheCandidate(int(m[1]), m[2], m[3]),
+    ),
+    (
+        "found better prompt",
+        re.compile(r"found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)"),
+        lambda m: ev.PromptLoaded(m[1], m[2]),
+    ),
+    (
+        "saving prompt with length",
+        re.compile(r"saving prompt with length (\d+), total state size = ([\d.]+) MiB"),
+        lambda m: ev.PromptSaved(int(m[1]), float(m[2])),
+    ),
+    (
+        "removing obsolete cached prompt",
+        re.compile(r"removing obsolete cached prompt with length (\d+)"),
+        lambda m: ev.PromptCacheRemoved(int(m[1])),
+    ),
+    ("removing oldest entry", re.compile(r"removing oldest entry"), lambda m: ev.PromptCacheRemoved(None)),
+    (
+        "prompt cache is",
+        re.compile(r"prompt cache is (?:enabled, size limit: (?:(\d+) MiB|(no limit))|(disabled))"),
+        lambda m: ev.PromptCacheLimit(float(m[1]) if m[1] else (None if m[2] else 0.0)),
+    ),
+    (
+        "cache size limit reduced",
+        re.compile(r"cache size limit reduced to ([\d.]+) MiB"),
+        lambda m: ev.PromptCacheLimit(float(m[1])),
+    ),
+    (
+        "context checkpoints",
+        re.compile(r"context checkpoints (?:enabled, max = (\d+)|(disabled))"),
+        lambda m: ev.CheckpointConfig(int(m[1]) if m[1] else 0),
     ),
 ]
 

@@ -7,8 +7,8 @@ The request sequence is pinned to slot 0 and built so that the server creates, e
 from __future__ import annotations
 
 import re
-from functools import partial
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest

@@ -1,0 +1,147 @@
+"""The command line as an operator meets it: flags, environment, bad input, a log that is not there yet."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from llama_harness import ExporterProcess, free_port, wait_for
+
+from exporter.config import DEFAULT_PORT, parse_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--log-file", "x.log", "--listen-address", "nonsense"], "--listen-address"),
+        (["--log-file", "x.log", "--listen-address", "127.0.0.1:99999"], "--listen-address"),
+        (["--log-file", "x.log", "--server-url", "ftp://x"], "--server-url"),
+        (["--log-file", "x.log", "--log-poll-interval", "-1"], "--log-poll-interval"),
+        (["--log-file", "x.log", "--no-such-flag"], "--no-such-flag"),
+        ([], "--log-file"),
+    ],
+)
+def test_bad_flag_is_one_line_naming_it(args: list[str], names: str) -> None:
+    result = _run(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert names in lines[0] and "Traceback" not in result.stderr
+
+
+def test_bad_environment_value_is_one_line_naming_it() -> None:
+    result = _run("--log-file", "x.log", env={"LLAMACPP_EXPORTER_LOG_POLL_INTERVAL": "soon"})
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "--log-poll-interval" in result.stderr
+
+
+def test_help_documents_every_flag_with_its_environment_variable() -> None:
+    result = _run("--help")
+    assert result.returncode == 0
+    for flag in ("--log-file", "--listen-address", "--server-url", "--log-poll-interval", "--demo"):
+        assert flag in result.stdout
+        env = "LLAMACPP_EXPORTER_" + flag.lstrip("-").upper().replace("-", "_")
+        assert env in result.stdout, env
+    assert str(DEFAULT_PORT) in result.stdout
+
+
+def test_environment_sets_flags_and_flags_win() -> None:
+    env = {"LLAMACPP_EXPORTER_LOG_FILE": "/var/log/a.log", "LLAMACPP_EXPORTER_LISTEN_ADDRESS": "127.0.0.1:1234"}
+    cfg = parse_config([], env)
+    assert (cfg.log_file, cfg.listen_host, cfg.listen_port) == ("/var/log/a.log", "127.0.0.1", 1234)
+    cfg = parse_config(["--listen-address", ":4321"], env)
+    assert (cfg.listen_host, cfg.listen_port) == ("", 4321)
+    assert parse_config(["--log-file", "x"], {}).listen_port == DEFAULT_PORT
+
+
+def test_missing_log_is_waited_for_while_metrics_serve(tmp_path: Path) -> None:
+    """No log yet: /metrics answers with source_up 0; once llama-server writes it, lines are counted."""
+    log_file = tmp_path / "not-yet" / "llama-server.log"
+    with ExporterProcess(log_file, ["--log-poll-interval", "0.2"], output_file=tmp_path / "exporter.out") as exporter:
+        assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
+        assert exporter.sample("llamacpp_kv_retries_total") == 0
+        log_file.parent.mkdir()
+        log_file.write_text(
+            "0.00.003.960 I srv  llama_server: initializing ...\n"
+            "0.00.063.012 W srv        decode: failed to find free space in the KV cache, retrying with smaller "
+            "batch size, off = 0, n_batch = 64, ret = 1\n"
+        )
+        wait_for(lambda: exporter.sample("llamacpp_kv_retries_total") == 1, timeout=15, what="retry counted")
+        assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        assert exporter.sample("llamacpp_server_starts_total") == 1
+    output = exporter.output_file.read_text()
+    assert output.count("does not exist yet") == 1, output  # said once, not once per poll
+
+
+def test_unreadable_log_path_keeps_serving(tmp_path: Path) -> None:
+    """A directory where the log should be: one clear line, source_up 0, no crash."""
+    (tmp_path / "llama-server.log").mkdir()
+    with ExporterProcess(tmp_path / "llama-server.log") as exporter:
+        assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
+        assert exporter.scrape()
+    assert "Traceback" not in exporter.output_file.read_text()
+
+
+def test_port_in_use_is_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    with ExporterProcess(tmp_path / "a.log", port=port):
+        result = _run("--log-file", str(tmp_path / "b.log"), "--listen-address", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert "--listen-address" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_stops_promptly(tmp_path: Path) -> None:
+    exporter = ExporterProcess(tmp_path / "a.log").start()
+    proc = exporter._proc
+    assert proc is not None
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    # Not a timing goal: a hung shutdown would sit until the harness's kill after 10 s.
+    assert time.monotonic() - started < 9
+
+
+def test_demo_runs_and_moves_metrics(tmp_path: Path) -> None:
+    """`--demo` (the README's first command) exports a replayed real log with no llama-server around."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--demo", "--demo-speed", "20", "--listen-address", f"127.0.0.1:{port}"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        scraper = ExporterProcess(tmp_path / "unused.log", port=port)  # used only to scrape the demo
+
+        def retries() -> float:
+            try:
+                return scraper.sample("llamacpp_kv_retries_total") or 0
+            except OSError:  # not listening yet
+                return 0
+
+        wait_for(lambda: retries() > 0, timeout=60, what="demo cascade")
+        assert scraper.sample("llamacpp_kv_pool_capacity_tokens") in (32768, 1024)
+        assert (scraper.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) or 0) >= 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -105,7 +105,12 @@ async def serve(config: Config) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script `llamacpp-exporter`."""
-    config = parse_config(argv)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["diagnose"]:
+        from exporter.diagnose import main as diagnose_main
+
+        return diagnose_main(args[1:])
+    config = parse_config(args)
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -17,22 +17,73 @@ from exporter import __version__
 from exporter.collector import CheckpointCacheCollector, ExporterCollector, ServerLogCollector
 from exporter.config import Config, parse_config
 from exporter.demo import replay_forever
+from exporter.logs.journald import JournaldSource
+from exporter.logs.source import LineSource
+from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
 from exporter.pipeline import LogPipeline
+from exporter.sources.live import LiveSources
+from exporter.sources.nvml import NvmlReader
+from exporter.sources.procfs import ProcReader
+from exporter.sources.server_http import ServerHttpReader
 from exporter.state import ServerState
 from exporter.web import make_app, start_server
 
 log = logging.getLogger("llamacpp_exporter")
 
 
-def build_registry(state: ServerState, pipeline: LogPipeline) -> CollectorRegistry:
-    """A registry with the exporter's collectors (and its own process metrics)."""
+def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources | None = None) -> CollectorRegistry:
+    """A registry with the exporter's collectors (and its own process metrics).
+
+    With `live`, the log collectors render `live.view()`: the state with `/slots` and the other live
+    reads merged in.
+    """
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(ServerLogCollector(lambda: state))
-    registry.register(CheckpointCacheCollector(lambda: state))
-    registry.register(ExporterCollector(pipeline))
+    view: Callable[[], ServerState] = live.view if live is not None else (lambda: state)
+    registry.register(ServerLogCollector(view))
+    registry.register(CheckpointCacheCollector(view))
+    registry.register(ExporterCollector(pipeline, live.statuses if live is not None else None))
+    for collector in live.collectors() if live is not None else []:
+        registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
+
+
+def build_live_sources(config: Config, state: ServerState, log_file: str | None) -> LiveSources:
+    """The live sources the flags ask for. `log_file` (None when not a file) lets /proc find llama-server."""
+    state.capacity_override = config.kv_pool_capacity
+    # The demo replays a recorded log: no real llama-server process or endpoint belongs to it.
+    proc = config.proc and not config.demo
+    http = config.http and not config.demo
+    return LiveSources(
+        state,
+        nvml=NvmlReader() if config.nvml else None,
+        proc=ProcReader(
+            config.proc_root,
+            pid=config.pid,
+            pid_file=config.pid_file,
+            log_file=log_file,
+            stdin_fd=0 if config.log_source == "stdin" else None,  # the server writes into our stdin pipe
+        )
+        if proc
+        else None,
+        http=ServerHttpReader(config.server_url, api_key=config.api_key, timeout=config.server_timeout)
+        if http
+        else None,
+        timeout=config.server_timeout,
+    )
+
+
+def line_source(config: Config) -> LineSource | None:
+    """The log source other than a file (`--log-source stdin|journald`), or None for the file tailer."""
+    if config.log_source == "journald":
+        assert config.journal_unit is not None  # parse_config checks it
+        return JournaldSource(
+            config.journal_unit, namespace=config.journal_namespace, directory=config.journal_directory
+        )
+    if config.log_source == "stdin":
+        return StdinSource()
+    return None
 
 
 async def serve(config: Config) -> int:
@@ -51,21 +102,31 @@ async def serve(config: Config) -> int:
         demo_path = Path(demo_dir.name) / "llama-server.log"
         log_file = str(demo_path)
         background.append(asyncio.create_task(replay_forever(demo_path, speed=config.demo_speed, stop=stop)))
-    assert log_file is not None  # parse_config guarantees --log-file or --demo
-
     state = ServerState()
-    tailer = None if log_file == "-" else LogTailer(log_file)
-    pipeline = LogPipeline(state, tailer)
+    source = None if config.demo else line_source(config)
+    tailer = None
+    if source is None:
+        assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
+        tailer = LogTailer(log_file)
+    pipeline = LogPipeline(state, tailer, source)
+    log_description = source.description if source is not None else str(log_file)
     replayed = pipeline.replay_existing()
-    if tailer is not None:
-        log.info("following %s (replayed %d existing lines without counting them)", log_file, replayed)
+    log.info("following %s (replayed %d existing lines without counting them)", log_description, replayed)
 
-    registry = build_registry(state, pipeline)
+    live = build_live_sources(config, state, log_file if tailer is not None else None)
+    await live.refresh()  # says once, at start, which live sources work and why the others do not
+    registry = build_registry(state, pipeline, live)
 
     def health() -> dict[str, object]:
-        return {"status": "ok", "version": __version__, "log": {"path": log_file, "up": pipeline.up}}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "log": {"path": log_description, "up": pipeline.up},
+            "sources": {name: {"up": st.up, "error": st.error} for name, st in live.statuses.items()},
+            "server_pid": live.pid,
+        }
 
-    app = make_app(registry, log_description="standard input" if log_file == "-" else log_file, health=health)
+    app = make_app(registry, log_description=log_description, health=health, before_scrape=live.refresh)
     try:
         runner = await start_server(app, config.listen_host, config.listen_port)
     except OSError as exc:
@@ -75,6 +136,7 @@ async def serve(config: Config) -> int:
         )
         for task in background:
             task.cancel()
+        await live.close()
         return 1
     log.info(
         "llamacpp-exporter %s serving on http://%s:%d/metrics",
@@ -96,6 +158,7 @@ async def serve(config: Config) -> int:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         await runner.cleanup()
+        await live.close()
         if tailer is not None:
             tailer.close()
         if demo_dir is not None:

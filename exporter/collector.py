@@ -95,7 +95,10 @@ class ServerLogCollector(Collector):
             "llamacpp_slot_context_tokens", "The slot's context limit (n_ctx_slot).", labels=["slot"]
         )
         tokens = GaugeMetricFamily(
-            "llamacpp_slot_tokens", "KV cells the slot holds now (log estimate).", labels=["slot"]
+            "llamacpp_slot_tokens",
+            "KV cells the slot holds now (/slots n_prompt_tokens when available, else the log estimate; "
+            "see llamacpp_slot_tokens_source).",
+            labels=["slot"],
         )
         busy = GaugeMetricFamily("llamacpp_slot_processing", "1 while the slot has a task.", labels=["slot"])
         for i in range(count):
@@ -150,7 +153,11 @@ class ServerLogCollector(Collector):
         yield active
 
     def _counters(self, st: ServerState) -> Iterator[Metric]:
-        yield _counter("llamacpp_server_starts", "llama-server starts seen (new banner in the log).", st.server_starts)
+        yield _counter(
+            "llamacpp_server_starts",
+            "llama-server starts seen (a new banner in the log or a new process in /proc, each start counted once).",
+            st.server_starts,
+        )
         yield _counter(
             "llamacpp_kv_retries",
             "'retrying with smaller batch size' lines: the KV pool had no room.",
@@ -312,7 +319,23 @@ class CheckpointCacheCollector(Collector):
         if visible is not False:
             yield from self._checkpoints(st)
             yield from self._prompt_cache(st)
+        yield from self._limits(st)
         yield from self._timings(st)
+
+    def _limits(self, st: ServerState) -> Iterator[Metric]:
+        """Configuration, from start-up lines or the command line: true whatever the verbosity."""
+        if st.checkpoint_limit is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_checkpoint_limit",
+                "Maximum context checkpoints per slot (--ctx-checkpoints; 0 = disabled).",
+                value=st.checkpoint_limit,
+            )
+        if st.prompt_cache_limit_bytes is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_prompt_cache_limit_bytes",
+                "Prompt cache size limit (--cache-ram); +Inf = no limit, 0 = disabled.",
+                value=st.prompt_cache_limit_bytes,
+            )
 
     def _checkpoints(self, st: ServerState) -> Iterator[Metric]:
         count = st.slot_count
@@ -327,12 +350,6 @@ class CheckpointCacheCollector(Collector):
                 size.add_metric([str(i)], s.checkpoint_bytes if s else 0.0)
             yield n
             yield size
-        if st.checkpoint_limit is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_checkpoint_limit",
-                "Maximum context checkpoints per slot (--ctx-checkpoints; 0 = disabled).",
-                value=st.checkpoint_limit,
-            )
         yield _labelled_counter(
             "llamacpp_checkpoint_events",
             "Context checkpoint events: created, restored, invalidated, evicted, failed_restore.",
@@ -356,12 +373,6 @@ class CheckpointCacheCollector(Collector):
         if st.prompt_cache_prompts is not None:
             yield GaugeMetricFamily(
                 "llamacpp_prompt_cache_prompts", "Prompts held in the prompt cache.", value=st.prompt_cache_prompts
-            )
-        if st.prompt_cache_limit_bytes is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_prompt_cache_limit_bytes",
-                "Prompt cache size limit (--cache-ram); +Inf = no limit, 0 = disabled.",
-                value=st.prompt_cache_limit_bytes,
             )
 
     def _timings(self, st: ServerState) -> Iterator[Metric]:

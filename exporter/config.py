@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
 from exporter import __version__
 
+LOG_SOURCES = ("file", "stdin", "journald")
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
 
@@ -31,6 +33,21 @@ class Config:
     demo: bool
     demo_speed: float
     log_level: str
+    # Where log lines come from: "file" (--log-file PATH), "stdin" (--log-file -), "journald" (--journal-unit).
+    log_source: str = "file"
+    journal_unit: str | None = None
+    journal_namespace: str | None = None
+    journal_directory: str | None = None
+    # Live sources (exporter/sources): NVML, /proc, llama-server's HTTP endpoints.
+    nvml: bool = True
+    proc: bool = True
+    http: bool = True
+    pid: int | None = None
+    pid_file: str | None = None
+    proc_root: str = "/proc"
+    server_timeout: float = 2.0
+    api_key: str | None = field(default=None, repr=False)  # never printed
+    kv_pool_capacity: int | None = None
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -62,6 +79,44 @@ def _positive_float(value: str) -> float:
     if not f > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
     return f
+
+
+def _timeout(value: str) -> float:
+    f = _positive_float(value)
+    if f > 30:
+        raise argparse.ArgumentTypeError(
+            f"must be at most 30 seconds (a scrape must finish within Prometheus' scrape timeout), got {value!r}"
+        )
+    return f
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
+    return n
+
+
+def _directory(value: str) -> str:
+    if not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {value!r}")
+    return value
+
+
+def read_api_key_file(path: str) -> str:
+    """The first key in an API key file (llama-server's format: one key per line, `#` starts a comment)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    for line in text.splitlines():
+        key = line.strip()
+        if key and not key.startswith("#"):
+            return key
+    raise argparse.ArgumentTypeError(f"no key in {path!r} (one key per line; lines starting with # are comments)")
 
 
 def _bool(value: str) -> bool:
@@ -98,6 +153,36 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         f"exist yet. [{env_name('log-file')}]",
     )
     p.add_argument(
+        "--log-source",
+        choices=LOG_SOURCES,
+        default=env.get(env_name("log-source")) or None,
+        help="where the log lines come from: file (--log-file PATH, the default), stdin (same as --log-file -), "
+        "or journald (the systemd journal of --journal-unit). "
+        f"[{env_name('log-source')}]",
+    )
+    p.add_argument(
+        "--journal-unit",
+        default=env.get(env_name("journal-unit")),
+        metavar="UNIT",
+        help="with --log-source journald: the unit whose journal to follow, e.g. llama-server.service "
+        "(implies --log-source journald). Needs read access to the journal (group systemd-journal). "
+        f"[{env_name('journal-unit')}]",
+    )
+    p.add_argument(
+        "--journal-namespace",
+        default=env.get(env_name("journal-namespace")),
+        metavar="NAME",
+        help="with --log-source journald: the journal namespace of a unit with LogNamespace=NAME. "
+        f"[{env_name('journal-namespace')}]",
+    )
+    p.add_argument(
+        "--journal-directory",
+        default=env.get(env_name("journal-directory")),
+        metavar="DIR",
+        help="with --log-source journald: read the journal files in DIR (e.g. the host's /var/log/journal "
+        f"mounted into a container) instead of the local journal. [{env_name('journal-directory')}]",
+    )
+    p.add_argument(
         "--listen-address",
         type=_listen_address,
         default=default("listen-address", f"0.0.0.0:{DEFAULT_PORT}"),
@@ -110,7 +195,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("server-url", "http://127.0.0.1:8080"),
         metavar="URL",
         help="llama-server's HTTP address; shown on the landing page and used by the live HTTP source "
-        f"(/health, /slots) (default http://127.0.0.1:8080). [{env_name('server-url')}]",
+        f"(/health, /slots, /props) (default http://127.0.0.1:8080). [{env_name('server-url')}]",
     )
     p.add_argument(
         "--log-poll-interval",
@@ -148,8 +233,156 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("log-level", "info").lower(),
         help=f"the exporter's own log level (default info). [{env_name('log-level')}]",
     )
+    _add_live_source_flags(p, default, env_name, env)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
+
+
+def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:
+    """Work out (and check) --log-source from --log-file and --journal-unit."""
+    source: str | None = ns.log_source
+    if source is not None and source not in LOG_SOURCES:  # from the environment (argparse checks flags)
+        parser.error(f"argument --log-source: invalid choice {source!r} (choose from {', '.join(LOG_SOURCES)})")
+    for flag in ("journal_unit", "journal_namespace", "journal_directory"):
+        value = getattr(ns, flag)
+        if value is not None and not value.strip():
+            parser.error(f"--{flag.replace('_', '-')}: empty value")
+    if source is None:
+        source = "journald" if ns.journal_unit else "stdin" if ns.log_file == "-" else "file"
+    if demo:
+        return "file"
+    if source == "journald":
+        if not ns.journal_unit:
+            parser.error("--log-source journald needs --journal-unit UNIT (e.g. llama-server.service)")
+        if ns.log_file:
+            parser.error("--log-file and --log-source journald exclude each other: choose one source")
+    elif ns.journal_unit:
+        parser.error(f"--journal-unit needs --log-source journald (not {source})")
+    elif source == "stdin":
+        if ns.log_file not in (None, "-"):
+            parser.error("--log-source stdin reads standard input: leave out --log-file (or use --log-file -)")
+    elif not ns.log_file:
+        parser.error("--log-file is required (or --log-source journald --journal-unit UNIT, or --demo)")
+    elif ns.log_file == "-":
+        parser.error("--log-file - is standard input: use --log-source stdin (or leave out --log-source)")
+    return source
+
+
+def _add_live_source_flags(
+    p: argparse.ArgumentParser,
+    default: Callable[[str, str], str],
+    env_name: Callable[[str], str],
+    env: Mapping[str, str],
+) -> None:
+    """Flags of the live sources (NVML, /proc, llama-server's HTTP endpoints)."""
+    live = p.add_argument_group(
+        "live sources",
+        "read at scrape time next to the log; a source that fails reports llamacpp_exporter_source_up{source} 0 "
+        "and never fails the scrape",
+    )
+    live.add_argument(
+        "--nvml",
+        type=_bool,
+        default=default("nvml", "on"),
+        metavar="on|off",
+        help="GPU memory per GPU and llama-server's own VRAM from NVML (nvidia-ml-py); without a GPU or driver "
+        f"the source reports down (default on). [{env_name('nvml')}]",
+    )
+    live.add_argument(
+        "--proc",
+        type=_bool,
+        default=default("proc", "on"),
+        metavar="on|off",
+        help="llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc "
+        f"(default on). [{env_name('proc')}]",
+    )
+    live.add_argument(
+        "--proc-root",
+        type=_directory,
+        default=default("proc-root", "/proc"),
+        metavar="PATH",
+        help=f"where /proc is mounted, e.g. /host/proc in a container (default /proc). [{env_name('proc-root')}]",
+    )
+    live.add_argument(
+        "--pid",
+        type=_positive_int,
+        default=env.get(env_name("pid")),
+        metavar="PID",
+        help="llama-server's pid (default: found automatically: the llama-server process that writes or names "
+        "--log-file or writes into standard input, else the only llama-server not known to write another log). "
+        f"[{env_name('pid')}]",
+    )
+    live.add_argument(
+        "--pid-file",
+        default=env.get(env_name("pid-file")),
+        metavar="PATH",
+        help=f"file holding llama-server's pid, read at every scrape. [{env_name('pid-file')}]",
+    )
+    live.add_argument(
+        "--http",
+        type=_bool,
+        default=default("http", "on"),
+        metavar="on|off",
+        help=f"read llama-server's /health, /slots and /props at --server-url (default on). [{env_name('http')}]",
+    )
+    live.add_argument(
+        "--server-timeout",
+        type=_timeout,
+        default=default("server-timeout", "2.0"),
+        metavar="SECONDS",
+        help="time limit for each scrape's live reads (HTTP, /proc, NVML), at most 30 (default 2.0). "
+        f"[{env_name('server-timeout')}]",
+    )
+    live.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="llama-server's API key, sent as a Bearer token (/slots and /props need it when the server has "
+        "one). Prefer --api-key-file or the environment: a flag shows in ps. "
+        f"[{env_name('api-key')}, else LLAMA_API_KEY]",
+    )
+    live.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="file with the API key: its first line that is neither empty nor a # comment, like llama-server's "
+        f"--api-key-file. [{env_name('api-key-file')}]",
+    )
+    live.add_argument(
+        "--kv-pool-capacity",
+        type=_positive_int,
+        default=env.get(env_name("kv-pool-capacity")),
+        metavar="TOKENS",
+        help="KV pool size to assume when neither the log nor llama-server's command line gives it "
+        f"(capacity_source=flag). [{env_name('kv-pool-capacity')}]",
+    )
+
+
+def _api_key(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """The key from --api-key, --api-key-file, their environment variables, then llama-server's LLAMA_API_KEY."""
+    if ns.api_key is not None and ns.api_key_file is not None:
+        parser.error("--api-key and --api-key-file: give one of them")
+    candidates: list[tuple[str, str | None, bool]] = [  # (where, value, is a file)
+        ("--api-key", ns.api_key, False),
+        ("--api-key-file", ns.api_key_file, True),
+        (ENV_PREFIX + "API_KEY", env.get(ENV_PREFIX + "API_KEY"), False),
+        (ENV_PREFIX + "API_KEY_FILE", env.get(ENV_PREFIX + "API_KEY_FILE"), True),
+        # llama-server's own variable: a comma-separated list of keys; any one of them works.
+        ("LLAMA_API_KEY", (env.get("LLAMA_API_KEY") or "").split(",")[0], False),
+    ]
+    for where, value, is_file in candidates:
+        if not value:
+            continue
+        if is_file:
+            try:
+                return read_api_key_file(value)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{where}: {exc}")
+        key = value.strip()
+        if key:
+            return key
+        parser.error(f"{where}: empty key")
+    return None
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -167,8 +400,12 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         demo = ns.demo if isinstance(ns.demo, bool) else _bool(ns.demo)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"{ENV_PREFIX}DEMO: {exc}")
-    if not demo and not ns.log_file:
-        parser.error("--log-file is required (or --demo to replay a recorded log)")
+    log_source = _log_source(parser, ns, demo)
+    if ns.pid is not None and ns.pid_file is not None:
+        parser.error("--pid and --pid-file: give one of them")
+    if ns.pid_file is not None and not ns.pid_file.strip():
+        parser.error("--pid-file: empty path")
+    api_key = _api_key(parser, ns, environ)
     host, port = ns.listen_address
     return Config(
         log_file=ns.log_file,
@@ -180,4 +417,17 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         demo=demo,
         demo_speed=ns.demo_speed,
         log_level=ns.log_level,
+        log_source=log_source,
+        journal_unit=ns.journal_unit,
+        journal_namespace=ns.journal_namespace,
+        journal_directory=ns.journal_directory,
+        nvml=ns.nvml,
+        proc=ns.proc,
+        http=ns.http,
+        pid=ns.pid,
+        pid_file=ns.pid_file,
+        proc_root=ns.proc_root,
+        server_timeout=ns.server_timeout,
+        api_key=api_key,
+        kv_pool_capacity=ns.kv_pool_capacity,
     )

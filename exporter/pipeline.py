@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from exporter.logs.parse import parse_line
+from exporter.logs.parse import parse_lines
+from exporter.logs.source import LineSource
+from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer, follow
 from exporter.state import ServerState
 
@@ -21,14 +22,17 @@ log = logging.getLogger(__name__)
 
 
 class LogPipeline:
-    """Feeds lines from a `LogTailer` (or standard input) into a `ServerState`."""
+    """Feeds lines from a `LogTailer`, or another `LineSource` (standard input, the journal), into a `ServerState`.
 
-    def __init__(self, state: ServerState, tailer: LogTailer | None) -> None:
+    Without a tailer and without a source, the source is standard input.
+    """
+
+    def __init__(self, state: ServerState, tailer: LogTailer | None, source: LineSource | None = None) -> None:
         self.state = state
         self.tailer = tailer
+        self.source: LineSource | None = source if source is not None or tailer is not None else StdinSource()
         self.lines = 0
         self.replayed_lines = 0
-        self._stdin_open = tailer is None
         self._reported_error: str | None = None
         self._warned_hidden = False
 
@@ -37,7 +41,7 @@ class LogPipeline:
     def up(self) -> bool:
         """True while the log is open and readable."""
         if self.tailer is None:
-            return self._stdin_open
+            return self.source is not None and self.source.up
         return self.tailer.is_open and self.tailer.last_error is None
 
     @property
@@ -59,30 +63,22 @@ class LogPipeline:
     # -- feeding -------------------------------------------------------------------------------
     def feed(self, lines: Iterable[str]) -> None:
         """Parse and apply live lines (counted)."""
-        apply = self.state.apply
-        n = 0
-        for line in lines:
-            n += 1
-            event = parse_line(line)
-            if event is not None:
-                apply(event)
-        self.lines += n
+        batch = lines if isinstance(lines, Sequence) else list(lines)
+        self._apply(batch)
+        self.lines += len(batch)
         self._report_tailer_error()
         self._report_hidden_lines()
 
     def replay_existing(self) -> int:
         """Read the log as it is now, rebuilding gauges without counting events. Returns lines read."""
         if self.tailer is None:
-            return 0
+            return self._replay_source()
         self.state.counting = False
         try:
             while True:
                 before = self.tailer.stats.bytes
                 lines = self.tailer.poll()
-                for line in lines:
-                    event = parse_line(line)
-                    if event is not None:
-                        self.state.apply(event)
+                self._apply(lines)
                 self.replayed_lines += len(lines)
                 # Stop at the end, and on a poll that made no progress (a persistent read error must not spin).
                 if not self.tailer.has_pending() or (not lines and self.tailer.stats.bytes == before):
@@ -92,6 +88,24 @@ class LogPipeline:
         self._report_tailer_error()
         self._report_hidden_lines()
         return self.replayed_lines
+
+    def _replay_source(self) -> int:
+        """The non-file sources' equivalent of the replay: their history, applied without counting."""
+        lines = self.source.history() if self.source is not None else []
+        self.state.counting = False
+        try:
+            self._apply(lines)
+        finally:
+            self.state.counting = True
+        self.replayed_lines += len(lines)
+        self._report_hidden_lines()
+        return self.replayed_lines
+
+    def _apply(self, lines: Sequence[str]) -> None:
+        """Parse a batch of lines (one regex scan, see `parse_lines`) and apply their events in order."""
+        apply = self.state.apply
+        for event in parse_lines(lines):
+            apply(event)
 
     def _report_hidden_lines(self) -> None:
         """Say once per server start when the log's verbosity hides checkpoint and prompt-cache lines."""
@@ -117,22 +131,7 @@ class LogPipeline:
     async def run(self, *, poll_interval: float, use_watchdog: bool, stop: asyncio.Event) -> None:
         """Follow the log until `stop` is set."""
         if self.tailer is None:
-            await self._run_stdin(stop)
+            if self.source is not None:
+                await self.source.run(self.feed, stop)
             return
         await follow(self.tailer, self.feed, poll_interval=poll_interval, use_watchdog=use_watchdog, stop=stop)
-
-    async def _run_stdin(self, stop: asyncio.Event) -> None:
-        """Read lines from standard input (`llama-server … 2>&1 | llamacpp-exporter --log-file -`)."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=1 << 20)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        while not stop.is_set():
-            try:
-                raw = await reader.readline()
-            except ValueError:  # line longer than the limit: skip it, keep going
-                continue
-            if not raw:
-                self._stdin_open = False
-                log.warning("standard input closed; serving the last known state")
-                return
-            self.feed([raw.decode("utf-8", errors="replace").rstrip("\r\n")])

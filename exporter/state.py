@@ -20,9 +20,12 @@ restart of the exporter can never make a counter jump and fire an alert.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.logs import events as ev
+from exporter.sources.server_cmdline import ServerCommandLine
 
 MIB = 1024 * 1024
 # llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
@@ -141,6 +144,12 @@ class ServerState:
     # Prompt-cache entries by prompt length, with the checkpoints they carry (moved back into a slot on load).
     _cache_entries: dict[int, list[Checkpoint]] = field(default_factory=dict)
     _cache_candidates: list[ev.PromptCacheCandidate] = field(default_factory=list)
+    # Live sources (set at scrape time by exporter.sources; still no I/O here).
+    command_line: ServerCommandLine | None = None
+    capacity_override: int | None = None  # --kv-pool-capacity
+    _process: tuple[int, int] | None = None  # (pid, start time in clock ticks) last seen
+    _unmatched_log_starts: int = 0
+    _unmatched_process_starts: int = 0
 
     # ------------------------------------------------------------------ derived values
 
@@ -175,6 +184,13 @@ class ServerState:
             if not unified and seq and n_seq:
                 return seq * n_seq, "log_context"
             return n_ctx, "log_context"
+        # Below: no log line states the pool. The command line computes it exactly; the flag is the
+        # operator's word; the n_ctx_slot inference is wrong when the slot was capped at n_ctx_train.
+        cmdline = self.command_line.pool_capacity() if self.command_line is not None else None
+        if cmdline is not None:
+            return cmdline, "command_line"
+        if self.capacity_override is not None:
+            return self.capacity_override, "flag"
         if self.per_slot_cap is not None and self.kv_unified:
             return self.per_slot_cap.requested, "log_slots"
         if self.n_ctx_slot is not None and self.kv_unified is not None:
@@ -212,7 +228,7 @@ class ServerState:
         if self._in_startup:
             return  # several banner lines belong to one start
         if self.counting:
-            self.server_starts += 1
+            self._count_log_start()
         for name in (
             "build",
             "commit",
@@ -257,163 +273,163 @@ class ServerState:
         self._end_cascade("recovered")
 
     def apply(self, e: ev.Event) -> None:
-        """Apply one event."""
-        if isinstance(e, ev.GenerationProgress):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task = True, e.task
-            s.tokens = max(s.tokens, s.prompt_tokens + e.n_decoded)
-        elif isinstance(e, ev.PromptProgress):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task = True, e.task
-            n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
-            s.tokens = max(s.tokens, n)
-        elif isinstance(e, ev.CachedTokens):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task = True, e.task
-            if s.cache_base is None:
-                s.cache_base = e.n_tokens
-                s.tokens = e.n_tokens
-            else:
-                # Long prompts repeat this line per batch with the running total.
-                s.tokens = max(s.tokens, e.n_tokens)
-        elif isinstance(e, ev.SlotReleased):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task, s.cache_base = False, -1, None
-            aborted = e.task in self._aborted_tasks
-            self._aborted_tasks.discard(e.task)
-            if aborted and (self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE):
-                s.clear()
-            else:
-                s.tokens = e.n_tokens
-        elif isinstance(e, (ev.SlotCleared, ev.SlotPurged)):
-            s = self._slot(e.slot)
+        """Apply one event (a dict lookup by the event's type, not a chain of isinstance checks)."""
+        handler = _HANDLERS.get(type(e))
+        if handler is not None:
+            handler(self, e)
+
+    def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task = True, e.task
+        s.tokens = max(s.tokens, s.prompt_tokens + e.n_decoded)
+
+    def _on_prompt_progress(self, e: ev.PromptProgress) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task = True, e.task
+        n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
+        s.tokens = max(s.tokens, n)
+
+    def _on_cached_tokens(self, e: ev.CachedTokens) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task = True, e.task
+        if s.cache_base is None:
+            s.cache_base = e.n_tokens
+            s.tokens = e.n_tokens
+        else:
+            # Long prompts repeat this line per batch with the running total.
+            s.tokens = max(s.tokens, e.n_tokens)
+
+    def _on_slot_released(self, e: ev.SlotReleased) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task, s.cache_base = False, -1, None
+        aborted = e.task in self._aborted_tasks
+        self._aborted_tasks.discard(e.task)
+        if aborted and (self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE):
             s.clear()
-            if isinstance(e, ev.SlotPurged) and self.counting:
-                self.slots_purged += 1
-            if isinstance(e, ev.SlotPurged) and not self.in_cascade:
-                self.in_cascade = True  # a purge is the first step of a cascade on unified KV
-        elif isinstance(e, ev.TaskStarted):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task, s.cache_base = True, e.task, None
-            if self._clears_idle_slots():
-                for other_id, other in self.slots.items():
-                    if other_id != e.slot and not other.processing:
-                        other.clear()
-        elif isinstance(e, ev.NewPrompt):
-            self._progress()
-            s = self._slot(e.slot)
-            s.processing, s.task, s.cache_base = True, e.task, None
-            s.prompt_tokens = e.n_prompt_tokens
-            s.n_ctx = e.n_ctx_slot
-            if self.n_ctx_slot is None:
-                self.n_ctx_slot = e.n_ctx_slot
-        elif isinstance(e, (ev.KVRetry, ev.MemorySlotFailure)):
-            self.in_cascade = True
-            if self.counting:
-                if isinstance(e, ev.KVRetry):
-                    self.kv_retries += 1
-                else:
-                    self.memory_slot_failures += 1
-        elif isinstance(e, ev.DecodeFatal):
-            if self.counting:
-                self.decode_failures[e.reason] += 1
-                if e.reason == "context_exceeded":
-                    self.context_exceeded += 1
-            self.in_cascade = True
-            self._end_cascade("failed")
-        elif isinstance(e, ev.RequestError):
-            if self.counting:
-                self.requests_aborted[e.reason] += 1
-            if e.reason in _FATAL_REASONS:
-                self._aborted_tasks.add(e.task)
-        elif isinstance(e, ev.DecodeFailed):
-            # b9752+: every in-flight slot was aborted; nothing is processing any more.
-            for s in self.slots.values():
-                s.processing = False
-        elif isinstance(e, ev.AllSlotsIdle):
-            self._progress()
-            for s in self.slots.values():
-                s.processing, s.task = False, -1
-        elif isinstance(e, (ev.PromptEvalTiming, ev.GenerationTiming)):
-            self._apply_timing(e)
-        elif isinstance(
-            e,
-            (
-                ev.CheckpointConfig,
-                ev.CheckpointCreated,
-                ev.CheckpointRemoved,
-                ev.CheckpointSuperseded,
-                ev.CheckpointRestored,
-                ev.CheckpointRestoreFailed,
-                ev.FullReprocess,
-            ),
-        ):
-            self._apply_checkpoint(e)
-        elif isinstance(
-            e,
-            (
-                ev.PromptCacheLimit,
-                ev.PromptCacheState,
-                ev.PromptSaved,
-                ev.PromptCacheCandidate,
-                ev.PromptLoaded,
-                ev.PromptCacheRemoved,
-                ev.SlotSelected,
-            ),
-        ):
-            self._apply_prompt_cache(e)
-        elif isinstance(e, ev.IdleSlotSaved):
-            pass  # the `clearing prompt` line that follows carries the change
-        elif isinstance(e, ev.ServerStarting):
-            self._count_start()
-        elif isinstance(e, ev.BuildInfo):
-            self._count_start()
-            self.build, self.commit = e.build, e.commit
-        elif isinstance(e, ev.Verbosity):
-            self._count_start()
-            self.verbosity = e.level
-        elif isinstance(e, ev.ModelLoading):
-            self.model = e.model
-        elif isinstance(e, ev.ServerReady):
-            self.ready = True
-            self._in_startup = False
-        elif isinstance(e, ev.SlotsInitialized):
-            self.n_slots = e.n_slots
-            if e.n_ctx_slot is not None:
-                self.n_ctx_slot = e.n_ctx_slot
-            if e.kv_unified is not None:
-                self.kv_unified = e.kv_unified
-            for i in range(e.n_slots):
-                self._slot(i).n_ctx = self.n_ctx_slot
-        elif isinstance(e, ev.SlotCreated):
-            self._slot(e.slot).n_ctx = e.n_ctx
-            if self.n_ctx_slot is None:
-                self.n_ctx_slot = e.n_ctx
-        elif isinstance(e, ev.ContextParam):
-            self.context[e.name] = e.value
-            if e.name == "kv_unified":
-                self.kv_unified = bool(e.value)
-        elif isinstance(e, ev.KVCacheSection):
-            self._kv_section_swa = e.swa
-        elif isinstance(e, ev.KVCacheSize):
-            self.kv_k_bytes += e.k_mib * MIB
-            self.kv_v_bytes += e.v_mib * MIB
-            self.type_k, self.type_v = e.type_k, e.type_v
-            if not self._kv_section_swa and e.cells is not None:
-                self.kv_cells = e.cells
-                self.kv_streams = e.streams
-                if e.streams is not None and e.seqs is not None and self.kv_unified is None:
-                    self.kv_unified = e.streams == 1 and e.seqs > 1
-        elif isinstance(e, ev.PerSlotCap):
-            self.per_slot_cap = e
-            self.n_ctx_slot = e.cap
-        elif isinstance(e, ev.IdleSlotPolicy):
-            self.idle_slots_cleared_on_new_task = e.clear_on_new_task
+        else:
+            s.tokens = e.n_tokens
+
+    def _on_slot_cleared_or_purged(self, e: ev.SlotCleared | ev.SlotPurged) -> None:
+        s = self._slot(e.slot)
+        s.clear()
+        if isinstance(e, ev.SlotPurged) and self.counting:
+            self.slots_purged += 1
+        if isinstance(e, ev.SlotPurged) and not self.in_cascade:
+            self.in_cascade = True  # a purge is the first step of a cascade on unified KV
+
+    def _on_task_started(self, e: ev.TaskStarted) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task, s.cache_base = True, e.task, None
+        if self._clears_idle_slots():
+            for other_id, other in self.slots.items():
+                if other_id != e.slot and not other.processing:
+                    other.clear()
+
+    def _on_new_prompt(self, e: ev.NewPrompt) -> None:
+        self._progress()
+        s = self._slot(e.slot)
+        s.processing, s.task, s.cache_base = True, e.task, None
+        s.prompt_tokens = e.n_prompt_tokens
+        s.n_ctx = e.n_ctx_slot
+        if self.n_ctx_slot is None:
+            self.n_ctx_slot = e.n_ctx_slot
+
+    def _on_kv_retry_or_memory_slot_failure(self, e: ev.KVRetry | ev.MemorySlotFailure) -> None:
+        self.in_cascade = True
+        if self.counting:
+            if isinstance(e, ev.KVRetry):
+                self.kv_retries += 1
+            else:
+                self.memory_slot_failures += 1
+
+    def _on_decode_fatal(self, e: ev.DecodeFatal) -> None:
+        if self.counting:
+            self.decode_failures[e.reason] += 1
+            if e.reason == "context_exceeded":
+                self.context_exceeded += 1
+        self.in_cascade = True
+        self._end_cascade("failed")
+
+    def _on_request_error(self, e: ev.RequestError) -> None:
+        if self.counting:
+            self.requests_aborted[e.reason] += 1
+        if e.reason in _FATAL_REASONS:
+            self._aborted_tasks.add(e.task)
+
+    def _on_decode_failed(self, e: ev.DecodeFailed) -> None:
+        # b9752+: every in-flight slot was aborted; nothing is processing any more.
+        for s in self.slots.values():
+            s.processing = False
+
+    def _on_all_slots_idle(self, e: ev.AllSlotsIdle) -> None:
+        self._progress()
+        for s in self.slots.values():
+            s.processing, s.task = False, -1
+
+    def _on_idle_slot_saved(self, e: ev.IdleSlotSaved) -> None:
+        pass  # the `clearing prompt` line that follows carries the change
+
+    def _on_server_starting(self, e: ev.ServerStarting) -> None:
+        self._count_start()
+
+    def _on_build_info(self, e: ev.BuildInfo) -> None:
+        self._count_start()
+        self.build, self.commit = e.build, e.commit
+
+    def _on_verbosity(self, e: ev.Verbosity) -> None:
+        self._count_start()
+        self.verbosity = e.level
+
+    def _on_model_loading(self, e: ev.ModelLoading) -> None:
+        self.model = e.model
+
+    def _on_server_ready(self, e: ev.ServerReady) -> None:
+        self.ready = True
+        self._in_startup = False
+
+    def _on_slots_initialized(self, e: ev.SlotsInitialized) -> None:
+        self.n_slots = e.n_slots
+        if e.n_ctx_slot is not None:
+            self.n_ctx_slot = e.n_ctx_slot
+        if e.kv_unified is not None:
+            self.kv_unified = e.kv_unified
+        for i in range(e.n_slots):
+            self._slot(i).n_ctx = self.n_ctx_slot
+
+    def _on_slot_created(self, e: ev.SlotCreated) -> None:
+        self._slot(e.slot).n_ctx = e.n_ctx
+        if self.n_ctx_slot is None:
+            self.n_ctx_slot = e.n_ctx
+
+    def _on_context_param(self, e: ev.ContextParam) -> None:
+        self.context[e.name] = e.value
+        if e.name == "kv_unified":
+            self.kv_unified = bool(e.value)
+
+    def _on_kv_cache_section(self, e: ev.KVCacheSection) -> None:
+        self._kv_section_swa = e.swa
+
+    def _on_kv_cache_size(self, e: ev.KVCacheSize) -> None:
+        self.kv_k_bytes += e.k_mib * MIB
+        self.kv_v_bytes += e.v_mib * MIB
+        self.type_k, self.type_v = e.type_k, e.type_v
+        if not self._kv_section_swa and e.cells is not None:
+            self.kv_cells = e.cells
+            self.kv_streams = e.streams
+            if e.streams is not None and e.seqs is not None and self.kv_unified is None:
+                self.kv_unified = e.streams == 1 and e.seqs > 1
+
+    def _on_per_slot_cap(self, e: ev.PerSlotCap) -> None:
+        self.per_slot_cap = e
+        self.n_ctx_slot = e.cap
+
+    def _on_idle_slot_policy(self, e: ev.IdleSlotPolicy) -> None:
+        self.idle_slots_cleared_on_new_task = e.clear_on_new_task
 
     def _apply_timing(self, e: ev.PromptEvalTiming | ev.GenerationTiming) -> None:
         if not self.counting:
@@ -490,8 +506,9 @@ class ServerState:
             self.prompt_cache_bytes = e.size_mib * MIB
             if self.prompt_cache_limit_bytes is None or self.prompt_cache_limit_bytes not in (0.0, float("inf")):
                 self.prompt_cache_limit_bytes = e.limit_mib * MIB
-            if e.prompts == 0:
-                self._cache_entries = {}
+            # Bounded by the cache's own entry count, even if removal lines were missed.
+            while len(self._cache_entries) > e.prompts:
+                del self._cache_entries[next(iter(self._cache_entries))]
         elif isinstance(e, ev.PromptSaved):
             if self._selected_slot is not None:
                 # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
@@ -525,6 +542,99 @@ class ServerState:
         # At -lv 3 on b9829+ the policy line is hidden; the feature is on by default since b8852.
         # At -lv 4 and above its absence means it is off (`--no-cache-idle-slots`).
         return self.verbosity is not None and self.verbosity <= 3 and (self.build or 9829) >= 8852
+
+    # ------------------------------------------------------------------ live sources (exporter.sources)
+
+    def apply_command_line(self, cfg: ServerCommandLine | None) -> None:
+        """The running server's argv/environment (from /proc): a pool-capacity fallback when the log hides it."""
+        self.command_line = cfg
+
+    def observe_process(self, pid: int, start_ticks: int) -> None:
+        """llama-server's process as /proc shows it now; a new process is a server start.
+
+        The log reports the same start with its banner, in either order. Each start is counted once:
+        a new process that the log already announced (or the other way round) matches it instead of
+        counting again, so the counter follows whichever source sees a start first. The first process
+        seen is the one already running when the exporter started: remembered, not counted.
+        """
+        ident = (pid, start_ticks)
+        if ident == self._process:
+            return
+        first, self._process = self._process is None, ident
+        if first:
+            self._unmatched_log_starts = 0  # the banner(s) seen so far belong to this process or older ones
+            return
+        if self._unmatched_log_starts:
+            self._unmatched_log_starts -= 1
+            return
+        if self.counting:
+            self.server_starts += 1
+            self._unmatched_process_starts += 1
+        # The new process has empty slots; its banner (when it comes) resets again and matches this start.
+        counting, self.counting = self.counting, False
+        self._in_startup = False
+        try:
+            self._count_start()
+        finally:
+            self.counting = counting
+            self._in_startup = False
+
+    def _count_log_start(self) -> None:
+        """A start banner in the log: count it unless a new process already counted this start."""
+        if self._unmatched_process_starts:
+            self._unmatched_process_starts -= 1
+            return
+        self.server_starts += 1
+        if self._process is not None:
+            self._unmatched_log_starts += 1
+
+
+# Which method of ServerState applies which event.
+_HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
+    ev.GenerationProgress: ServerState._on_generation_progress,
+    ev.PromptProgress: ServerState._on_prompt_progress,
+    ev.CachedTokens: ServerState._on_cached_tokens,
+    ev.SlotReleased: ServerState._on_slot_released,
+    ev.SlotCleared: ServerState._on_slot_cleared_or_purged,
+    ev.SlotPurged: ServerState._on_slot_cleared_or_purged,
+    ev.TaskStarted: ServerState._on_task_started,
+    ev.NewPrompt: ServerState._on_new_prompt,
+    ev.KVRetry: ServerState._on_kv_retry_or_memory_slot_failure,
+    ev.MemorySlotFailure: ServerState._on_kv_retry_or_memory_slot_failure,
+    ev.DecodeFatal: ServerState._on_decode_fatal,
+    ev.RequestError: ServerState._on_request_error,
+    ev.DecodeFailed: ServerState._on_decode_failed,
+    ev.AllSlotsIdle: ServerState._on_all_slots_idle,
+    ev.PromptEvalTiming: ServerState._apply_timing,
+    ev.GenerationTiming: ServerState._apply_timing,
+    ev.CheckpointConfig: ServerState._apply_checkpoint,
+    ev.CheckpointCreated: ServerState._apply_checkpoint,
+    ev.CheckpointRemoved: ServerState._apply_checkpoint,
+    ev.CheckpointSuperseded: ServerState._apply_checkpoint,
+    ev.CheckpointRestored: ServerState._apply_checkpoint,
+    ev.CheckpointRestoreFailed: ServerState._apply_checkpoint,
+    ev.FullReprocess: ServerState._apply_checkpoint,
+    ev.PromptCacheLimit: ServerState._apply_prompt_cache,
+    ev.PromptCacheState: ServerState._apply_prompt_cache,
+    ev.PromptSaved: ServerState._apply_prompt_cache,
+    ev.PromptCacheCandidate: ServerState._apply_prompt_cache,
+    ev.PromptLoaded: ServerState._apply_prompt_cache,
+    ev.PromptCacheRemoved: ServerState._apply_prompt_cache,
+    ev.SlotSelected: ServerState._apply_prompt_cache,
+    ev.IdleSlotSaved: ServerState._on_idle_slot_saved,
+    ev.ServerStarting: ServerState._on_server_starting,
+    ev.BuildInfo: ServerState._on_build_info,
+    ev.Verbosity: ServerState._on_verbosity,
+    ev.ModelLoading: ServerState._on_model_loading,
+    ev.ServerReady: ServerState._on_server_ready,
+    ev.SlotsInitialized: ServerState._on_slots_initialized,
+    ev.SlotCreated: ServerState._on_slot_created,
+    ev.ContextParam: ServerState._on_context_param,
+    ev.KVCacheSection: ServerState._on_kv_cache_section,
+    ev.KVCacheSize: ServerState._on_kv_cache_size,
+    ev.PerSlotCap: ServerState._on_per_slot_cap,
+    ev.IdleSlotPolicy: ServerState._on_idle_slot_policy,
+}
 
 
 def _remove_checkpoint(

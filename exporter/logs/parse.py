@@ -1,4 +1,4 @@
-"""Parse one llama-server log line into at most one event. Pure: no I/O, no state, no clock.
+"""Parse llama-server log lines into events. Pure: no I/O, no state, no clock.
 
 A line is first normalised (`normalize`): JSONL wrapping (`--log-jsonl`), ANSI colour codes, the
 router's `[ port] ` prefix, the `min.ss.mmm.uuu` elapsed timestamp and the `I/W/E/D` level letter are
@@ -6,7 +6,14 @@ removed. Then the message text is matched, never the 12-character function field
 whenever upstream moves code. Every wording in `shared/reference/llama-server-logs.md` that feeds a
 metric is accepted, from b3761 (`n_past`, `i =`) to b11434 (`n_tokens`, `off =`, `n_gen`).
 
-Unknown lines return None: most of a log is not interesting and that is not an error.
+Each rule is a regex for the start of a message: the text after `slot … | task N | ` for slot rules;
+for the others the text after the `srv  function: ` tag (or the first `: ` of a b9829+ `cmn`/`que`/
+`spec` line), where a ` - ` bullet and a library line's `function: ` may come first. All rules are
+alternatives of one regex, and `parse_lines` runs it once over a whole batch of lines: the regex
+engine skips the lines that carry no metric without any Python code running for them, and a match
+names its rule (`Match.lastgroup`), so building the event is one call. That is what lets the exporter
+read a large log several times faster than mtail. `parse_line` is the same scan on one line.
+Unknown lines give no event: most of a log is not interesting and that is not an error.
 
     >>> parse_line("0.00.064.202 E srv    send_error: task id = 24, error: Context size has been exceeded.")
     RequestError(task=24, reason='context_exceeded')
@@ -16,18 +23,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 
 from exporter.logs import events as ev
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_LEAD = re.compile(r"^(?:\[\s*\d+\] )?(?:\d+\.\d{2}\.\d{3}\.\d{3} )?(?:[IWEDT] )?")
-_SLOT = re.compile(r"^slot\s{0,12}\S{1,12}: id\s+(\d+) \| task (-?\d+) \| ?(.*)$")
-_SRV = re.compile(r"^srv\s+\S{1,12}: (.*)$")
+# Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
+# (`(?:x|)` rather than `(?:x)?`, and ASCII classes: the same matches, found faster by Python's regex engine.)
+_LEAD = r"(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
+_LEAD_RX = re.compile(_LEAD, re.ASCII)
 
 
-def normalize(line: str) -> str:
-    """Return the bare message of a log line: no JSONL wrapper, colours, router prefix, timestamp or level."""
+def _unwrap(line: str) -> str:
+    """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
     if line.startswith("{") and '"msg"' in line:
         try:
             obj = json.loads(line)
@@ -39,8 +48,12 @@ def normalize(line: str) -> str:
                 line = obj["msg"].split("\n", 1)[0]
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    line = line.rstrip("\r\n")
-    return _LEAD.sub("", line, count=1)
+    return line.rstrip("\r\n")
+
+
+def normalize(line: str) -> str:
+    """Return the bare message of a log line: no JSONL wrapper, colours, router prefix, timestamp or level."""
+    return _LEAD_RX.sub("", _unwrap(line), count=1)
 
 
 def _reason(message: str) -> str:
@@ -61,329 +74,355 @@ def _reason(message: str) -> str:
     return "other"
 
 
-_TIMING = re.compile(r"(?:^|\s)(prompt )?eval time = +([\d.]+) ms / +(\d+) tokens")
+def _timing(prompt: str | None, ms: str, tokens: str) -> ev.Event:
+    if prompt:
+        return ev.PromptEvalTiming(float(ms), int(tokens))
+    return ev.GenerationTiming(float(ms), int(tokens))
 
 
-def _timing(m: re.Match[str]) -> ev.Event:
-    if m[1]:
-        return ev.PromptEvalTiming(float(m[2]), int(m[3]))
-    return ev.GenerationTiming(float(m[2]), int(m[3]))
-
-
-_SlotRule = tuple[str, re.Pattern[str], Callable[[int, int, re.Match[str]], ev.Event]]
-# A tuple of keywords means "any of these".
-_TextRule = tuple[str | tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], ev.Event]]
-
-# Ordered by frequency in real logs; the keyword is a cheap substring check before the regex.
-_SLOT_RULES: list[_SlotRule] = [
-    (
-        "n_gen",
-        re.compile(r"\bn_gen = +(\d+), tg ="),
-        lambda s, t, m: ev.GenerationProgress(s, t, int(m[1])),
-    ),
+_M = re.Match[str]
+# (leading words, regex, build): a rule is tried on messages that start with one of its words.
+# Group names must be unique over all rules: they share one regex.
+# Slot rules: the regex matches the text after `| task N | `; build gets the slot id, the task id and the match.
+_SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
+    ("n_gen", r"n_gen = +(?P<n_gen>\d+), tg =", lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]))),
     (
         "n_decoded",
-        re.compile(r"\bn_decoded = +(\d+), tg ="),
-        lambda s, t, m: ev.GenerationProgress(s, t, int(m[1])),
+        r"n_decoded = +(?P<n_decoded>\d+), tg =",
+        lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_decoded"])),
     ),
     (
-        "eval time =",
-        _TIMING,
-        lambda s, t, m: _timing(m),
+        "prompt eval",
+        r"(?P<slot_prompt>prompt )?eval time = +(?P<slot_ms>[\d.]+) ms / +(?P<slot_tokens>\d+) tokens",
+        lambda s, t, m: _timing(m["slot_prompt"], m["slot_ms"], m["slot_tokens"]),
     ),
     (
-        "context checkpoint",
-        re.compile(
-            r"(?:created|saved) context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), pos_max = (-?\d+)"
-            r"(?:, n_tokens = \d+)?, size = ([\d.]+) MiB"
+        "created saved",
+        r"(?:created|saved) context checkpoint (?P<ck_index>\d+) of (?P<ck_max>\d+) \(pos_min = (?P<ck_min>-?\d+), "
+        r"pos_max = (?P<ck_pos_max>-?\d+)(?:, n_tokens = \d+)?, size = (?P<ck_mib>[\d.]+) MiB",
+        lambda s, t, m: ev.CheckpointCreated(
+            s, int(m["ck_index"]), int(m["ck_max"]), int(m["ck_min"]), int(m["ck_pos_max"]), float(m["ck_mib"])
         ),
-        lambda s, t, m: ev.CheckpointCreated(s, int(m[1]), int(m[2]), int(m[3]), int(m[4]), float(m[5])),
     ),
     (
-        "context checkpoint",
-        re.compile(
-            r"(erasing old|erasing context checkpoint too close|erased invalidated) .*?\(pos_min = (-?\d+), "
-            r"pos_max = (-?\d+),.*?size = ([\d.]+) MiB"
-        ),
+        "erasing erased",
+        r"(?P<erased>erasing old|erasing context checkpoint too close|erased invalidated) .*?\(pos_min = "
+        r"(?P<erased_min>-?\d+), pos_max = (?P<erased_max>-?\d+),.*?size = (?P<erased_mib>[\d.]+) MiB",
         lambda s, t, m: ev.CheckpointRemoved(
-            s, "invalidated" if m[1] == "erased invalidated" else "evicted", int(m[2]), int(m[3]), float(m[4])
+            s,
+            "invalidated" if m["erased"] == "erased invalidated" else "evicted",
+            int(m["erased_min"]),
+            int(m["erased_max"]),
+            float(m["erased_mib"]),
+        ),
+    ),
+    ("restored", r"restored context checkpoint", lambda s, t, m: ev.CheckpointRestored(s)),
+    ("failed", r"failed to restore context checkpoint", lambda s, t, m: ev.CheckpointRestoreFailed(s)),
+    (
+        "superseding",
+        r"superseding context checkpoint at n_tokens = (?P<superseded>\d+)",
+        lambda s, t, m: ev.CheckpointSuperseded(s, int(m["superseded"])),
+    ),
+    (
+        "SWA",
+        r"SWA checkpoint create, pos_min = (?P<swa_min>-?\d+), pos_max = (?P<swa_max>-?\d+), "
+        r"size = (?P<swa_mib>[\d.]+) MiB, total = (?P<swa_index>\d+)/(?P<swa_total>\d+)",
+        lambda s, t, m: ev.CheckpointCreated(
+            s, int(m["swa_index"]), int(m["swa_total"]), int(m["swa_min"]), int(m["swa_max"]), float(m["swa_mib"])
         ),
     ),
     (
-        "restored context checkpoint",
-        re.compile(r"^restored context checkpoint"),
-        lambda s, t, m: ev.CheckpointRestored(s),
+        "SWA",
+        r"SWA checkpoint erase, pos_min = (?P<swe_min>-?\d+), pos_max = (?P<swe_max>-?\d+), "
+        r"size = (?P<swe_mib>[\d.]+) MiB",
+        lambda s, t, m: ev.CheckpointRemoved(s, "evicted", int(m["swe_min"]), int(m["swe_max"]), float(m["swe_mib"])),
+    ),
+    ("SWA", r"SWA checkpoint restore", lambda s, t, m: ev.CheckpointRestored(s)),
+    ("forcing", r"forcing full prompt re-processing", lambda s, t, m: ev.FullReprocess(s)),
+    ("selected", r"selected slot by", lambda s, t, m: ev.SlotSelected(s)),
+    (
+        "stop",
+        r"stop processing: (?:n_past|n_tokens) = (?P<released>\d+)",
+        lambda s, t, m: ev.SlotReleased(s, t, int(m["released"])),
     ),
     (
-        "failed to restore context checkpoint",
-        re.compile(r"failed to restore context checkpoint"),
-        lambda s, t, m: ev.CheckpointRestoreFailed(s),
+        "clearing",
+        r"clearing (?:prompt|slot) with (?P<cleared>\d+) tokens",
+        lambda s, t, m: ev.SlotCleared(s, int(m["cleared"])),
+    ),
+    ("processing", r"processing task\b", lambda s, t, m: ev.TaskStarted(s, t)),
+    (
+        "new prompt",
+        r"(?:new prompt|prompt tokenized), n_ctx_slot = (?P<prompt_ctx>\d+), n_keep = -?\d+, "
+        r"(?:task\.n_tokens|n_prompt_tokens) = (?P<prompt_tokens>\d+)",
+        lambda s, t, m: ev.NewPrompt(s, t, int(m["prompt_ctx"]), int(m["prompt_tokens"])),
     ),
     (
-        "superseding context checkpoint",
-        re.compile(r"superseding context checkpoint at n_tokens = (\d+)"),
-        lambda s, t, m: ev.CheckpointSuperseded(s, int(m[1])),
+        "cached n_past n_tokens",
+        r"(?:cached )?(?:n_past|n_tokens) = (?P<cached>\d+), memory_seq_rm \[",
+        lambda s, t, m: ev.CachedTokens(s, t, int(m["cached"])),
+    ),
+    ("kv", r"kv cache rm \[(?P<kv_rm>\d+), end\)", lambda s, t, m: ev.CachedTokens(s, t, int(m["kv_rm"]))),
+    (
+        "prompt",
+        r"prompt processing, n_tokens = +(?P<processed>\d+), progress",
+        lambda s, t, m: ev.PromptProgress(s, t, int(m["processed"]), absolute=False),
     ),
     (
-        "SWA checkpoint",
-        re.compile(
-            r"SWA checkpoint create, pos_min = (-?\d+), pos_max = (-?\d+), size = ([\d.]+) MiB, total = (\d+)/(\d+)"
-        ),
-        lambda s, t, m: ev.CheckpointCreated(s, int(m[4]), int(m[5]), int(m[1]), int(m[2]), float(m[3])),
+        "prompt",
+        r"prompt processing progress, (?:n_past|n_tokens) = (?P<progress>\d+),",
+        lambda s, t, m: ev.PromptProgress(s, t, int(m["progress"]), absolute=True),
     ),
     (
-        "SWA checkpoint",
-        re.compile(r"SWA checkpoint erase, pos_min = (-?\d+), pos_max = (-?\d+), size = ([\d.]+) MiB"),
-        lambda s, t, m: ev.CheckpointRemoved(s, "evicted", int(m[1]), int(m[2]), float(m[3])),
+        "prompt",
+        r"prompt (?:processing )?done, (?:n_past|n_tokens) = (?P<done>\d+)",
+        lambda s, t, m: ev.PromptProgress(s, t, int(m["done"]), absolute=True),
     ),
-    ("SWA checkpoint restore", re.compile(r"SWA checkpoint restore"), lambda s, t, m: ev.CheckpointRestored(s)),
-    (
-        "forcing full prompt re-processing",
-        re.compile(r"forcing full prompt re-processing"),
-        lambda s, t, m: ev.FullReprocess(s),
-    ),
-    ("selected slot by", re.compile(r"^selected slot by"), lambda s, t, m: ev.SlotSelected(s)),
-    (
-        "stop processing",
-        re.compile(r"stop processing: (?:n_past|n_tokens) = (\d+)"),
-        lambda s, t, m: ev.SlotReleased(s, t, int(m[1])),
-    ),
-    (
-        "clearing ",
-        re.compile(r"clearing (?:prompt|slot) with (\d+) tokens"),
-        lambda s, t, m: ev.SlotCleared(s, int(m[1])),
-    ),
-    ("processing task", re.compile(r"^processing task\b"), lambda s, t, m: ev.TaskStarted(s, t)),
-    (
-        "n_ctx_slot",
-        re.compile(
-            r"(?:new prompt|prompt tokenized), n_ctx_slot = (\d+), n_keep = -?\d+, "
-            r"(?:task\.n_tokens|n_prompt_tokens) = (\d+)"
-        ),
-        lambda s, t, m: ev.NewPrompt(s, t, int(m[1]), int(m[2])),
-    ),
-    (
-        "memory_seq_rm",
-        re.compile(r"(?:n_past|n_tokens) = (\d+), memory_seq_rm \["),
-        lambda s, t, m: ev.CachedTokens(s, t, int(m[1])),
-    ),
-    (
-        "kv cache rm",
-        re.compile(r"kv cache rm \[(\d+), end\)"),
-        lambda s, t, m: ev.CachedTokens(s, t, int(m[1])),
-    ),
-    (
-        "prompt processing,",
-        re.compile(r"^prompt processing, n_tokens = +(\d+), progress"),
-        lambda s, t, m: ev.PromptProgress(s, t, int(m[1]), absolute=False),
-    ),
-    (
-        "prompt processing progress",
-        re.compile(r"prompt processing progress, (?:n_past|n_tokens) = (\d+),"),
-        lambda s, t, m: ev.PromptProgress(s, t, int(m[1]), absolute=True),
-    ),
-    (
-        "done, n_",
-        re.compile(r"prompt (?:processing )?done, (?:n_past|n_tokens) = (\d+)"),
-        lambda s, t, m: ev.PromptProgress(s, t, int(m[1]), absolute=True),
-    ),
-    (
-        "saving idle slot",
-        re.compile(r"saving idle slot to prompt cache"),
-        lambda s, t, m: ev.IdleSlotSaved(s),
-    ),
-    (
-        "new slot",
-        re.compile(r"new slot,? n_ctx(?:_slot)? = (\d+)"),
-        lambda s, t, m: ev.SlotCreated(s, int(m[1])),
-    ),
+    ("saving", r"saving idle slot to prompt cache", lambda s, t, m: ev.IdleSlotSaved(s)),
+    ("new", r"new slot,? n_ctx(?:_slot)? = (?P<new_slot>\d+)", lambda s, t, m: ev.SlotCreated(s, int(m["new_slot"]))),
 ]
 
-_FATAL = re.compile(
-    r"(Context size has been exceeded\.|Invalid input batch\.|Compute error\.),? (?:i|off) = \d+, n_batch"
-)
-
 # Rules for everything that is not a `slot … | task … |` line: `srv` lines and library lines.
-_TEXT_RULES: list[_TextRule] = [
+_TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     (
-        "retrying with smaller batch",
-        re.compile(r"retrying with smaller batch size.*?\b(?:i|off) = (\d+), n_batch = (\d+)"),
-        lambda m: ev.KVRetry(int(m[1]), int(m[2])),
+        "failed",
+        r"failed to find free space in the KV cache, retrying with smaller batch size.*?\b(?:i|off) = "
+        r"(?P<retry_off>\d+), n_batch = (?P<retry_batch>\d+)",
+        lambda m: ev.KVRetry(int(m["retry_off"]), int(m["retry_batch"])),
     ),
     (
-        "for batch of size",
-        re.compile(r"failed to find a memory slot for batch of size (\d+)"),
-        lambda m: ev.MemorySlotFailure(int(m[1])),
+        "failed",
+        r"failed to find a memory slot for batch of size (?P<memory_batch>\d+)",
+        lambda m: ev.MemorySlotFailure(int(m["memory_batch"])),
     ),
     (
-        "KV cache slot for",
-        re.compile(r"failed to find KV cache slot for u?batch of size (\d+)"),
-        lambda m: ev.MemorySlotFailure(int(m[1])),
+        "failed",
+        r"failed to find KV cache slot for u?batch of size (?P<kv_slot_batch>\d+)",
+        lambda m: ev.MemorySlotFailure(int(m["kv_slot_batch"])),
     ),
-    ("all slots are idle", re.compile(r"all slots are idle"), lambda m: ev.AllSlotsIdle()),
+    ("all", r"all slots are idle", lambda m: ev.AllSlotsIdle()),
     (
-        "error: ",
-        re.compile(r"^task id = (\d+), error: (.*)$"),
-        lambda m: ev.RequestError(int(m[1]), _reason(m[2])),
-    ),
-    ("n_batch = ", _FATAL, lambda m: ev.DecodeFatal(_reason(m[1]))),
-    (
-        "KV cache is full",
-        re.compile(r"failed to decode the batch: KV cache is full"),
-        lambda m: ev.DecodeFatal("context_exceeded"),
-    ),
-    ("decode() failed", re.compile(r"decode\(\) failed: (.*)$"), lambda m: ev.DecodeFailed(m[1].strip())),
-    (
-        "purging slot",
-        re.compile(r"purging slot (\d+) with (\d+) tokens"),
-        lambda m: ev.SlotPurged(int(m[1]), int(m[2])),
+        "task",
+        r"task id = (?P<error_task>\d+), error: (?P<error>.*)$",
+        lambda m: ev.RequestError(int(m["error_task"]), _reason(m["error"])),
     ),
     (
-        ("llama_context: ", "llama_init_from_model: ", "llama_new_context_with_model: "),
-        re.compile(
-            r"^(?:llama_context|llama_init_from_model|llama_new_context_with_model): "
-            r"(n_ctx|n_ctx_seq|n_ctx_per_seq|n_seq_max|n_batch|n_ubatch)\s+= (\d+)\s*$"
-        ),
-        lambda m: ev.ContextParam("n_ctx_seq" if m[1] == "n_ctx_per_seq" else m[1], int(m[2])),
+        "Context Invalid Compute",
+        r"(?P<fatal>Context size has been exceeded\.|Invalid input batch\.|Compute error\.),? (?:i|off) = \d+, n_batch",
+        lambda m: ev.DecodeFatal(_reason(m["fatal"])),
+    ),
+    ("failed", r"failed to decode the batch: KV cache is full", lambda m: ev.DecodeFatal("context_exceeded")),
+    ("decode()", r"decode\(\) failed: (?P<decode_error>.*)$", lambda m: ev.DecodeFailed(m["decode_error"].strip())),
+    (
+        "purging",
+        r"purging slot (?P<purged>\d+) with (?P<purged_tokens>\d+) tokens",
+        lambda m: ev.SlotPurged(int(m["purged"]), int(m["purged_tokens"])),
     ),
     (
-        "kv_unified ",
-        re.compile(r"^(?:llama_context|llama_init_from_model): kv_unified\s+= (true|false)\s*$"),
-        lambda m: ev.ContextParam("kv_unified", int(m[1] == "true")),
+        "llama_context llama_init_from_model llama_new_context_with_model",
+        r"(?:llama_context|llama_init_from_model|llama_new_context_with_model): "
+        r"(?P<param>n_ctx|n_ctx_seq|n_ctx_per_seq|n_seq_max|n_batch|n_ubatch)[^\S\n]+= (?P<param_value>\d+)[^\S\n]*$",
+        lambda m: ev.ContextParam("n_ctx_seq" if m["param"] == "n_ctx_per_seq" else m["param"], int(m["param_value"])),
     ),
     (
-        "size = ",
-        re.compile(
-            r"^llama_kv_cache\w*: size = +([\d.]+) MiB \( *(\d+) cells, +\d+ layers"
-            r"(?:, +(\d+)(?:/ *(\d+))? seqs)?\), K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"
-        ),
+        "llama_context llama_init_from_model",
+        r"(?:llama_context|llama_init_from_model): kv_unified[^\S\n]+= (?P<kv_unified>true|false)[^\S\n]*$",
+        lambda m: ev.ContextParam("kv_unified", int(m["kv_unified"] == "true")),
+    ),
+    (
+        "llama_kv_cache",
+        r"llama_kv_cache\w*: size = +(?P<kv_mib>[\d.]+) MiB \( *(?P<kv_cells>\d+) cells, +\d+ layers"
+        r"(?:, +(?P<kv_seqs>\d+)(?:/ *(?P<kv_streams>\d+))? seqs)?\), "
+        r"K \((?P<kv_type_k>\w+)\): +(?P<kv_k_mib>[\d.]+) MiB, V \((?P<kv_type_v>\w+)\): +(?P<kv_v_mib>[\d.]+) MiB",
         lambda m: ev.KVCacheSize(
-            size_mib=float(m[1]),
-            cells=int(m[2]),
-            seqs=int(m[3]) if m[3] else None,
-            streams=int(m[4]) if m[4] else None,
-            type_k=m[5],
-            k_mib=float(m[6]),
-            type_v=m[7],
-            v_mib=float(m[8]),
+            size_mib=float(m["kv_mib"]),
+            cells=int(m["kv_cells"]),
+            seqs=int(m["kv_seqs"]) if m["kv_seqs"] else None,
+            streams=int(m["kv_streams"]) if m["kv_streams"] else None,
+            type_k=m["kv_type_k"],
+            k_mib=float(m["kv_k_mib"]),
+            type_v=m["kv_type_v"],
+            v_mib=float(m["kv_v_mib"]),
         ),
     ),
     (
-        "KV self size",
-        re.compile(r"KV self size += +([\d.]+) MiB, K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB"),
-        lambda m: ev.KVCacheSize(float(m[1]), None, None, None, m[2], float(m[3]), m[4], float(m[5])),
+        "KV",
+        r"KV self size += +(?P<self_mib>[\d.]+) MiB, K \((?P<self_type_k>\w+)\): +(?P<self_k_mib>[\d.]+) MiB, "
+        r"V \((?P<self_type_v>\w+)\): +(?P<self_v_mib>[\d.]+) MiB",
+        lambda m: ev.KVCacheSize(
+            float(m["self_mib"]),
+            None,
+            None,
+            None,
+            m["self_type_k"],
+            float(m["self_k_mib"]),
+            m["self_type_v"],
+            float(m["self_v_mib"]),
+        ),
     ),
     (
-        "KV cache, size",
-        re.compile(r"creating +(non-SWA|SWA) KV cache, size = (\d+) cells"),
-        lambda m: ev.KVCacheSection(swa=m[1] == "SWA", cells=int(m[2])),
+        "creating",
+        r"creating +(?P<section>non-SWA|SWA) KV cache, size = (?P<section_cells>\d+) cells",
+        lambda m: ev.KVCacheSection(swa=m["section"] == "SWA", cells=int(m["section_cells"])),
     ),
     (
         "initializing",
-        re.compile(r"^initializing(?: slots)?, n_slots = (\d+)(?:, n_ctx_slot = (\d+), kv_unified = '(true|false)')?"),
-        lambda m: ev.SlotsInitialized(int(m[1]), int(m[2]) if m[2] else None, (m[3] == "true") if m[3] else None),
+        r"initializing(?: slots)?, n_slots = (?P<n_slots>\d+)"
+        r"(?:, n_ctx_slot = (?P<init_ctx>\d+), kv_unified = '(?P<init_unified>true|false)')?",
+        lambda m: ev.SlotsInitialized(
+            int(m["n_slots"]),
+            int(m["init_ctx"]) if m["init_ctx"] else None,
+            (m["init_unified"] == "true") if m["init_unified"] else None,
+        ),
     ),
-    ("initializing ...", re.compile(r"^initializing \.\.\.$"), lambda m: ev.ServerStarting()),
+    ("initializing", r"initializing \.\.\.$", lambda m: ev.ServerStarting()),
     (
-        "listening on",
-        re.compile(r"(?:server is listening on|^listening on) (\S+?)(?: - starting the main loop)?$"),
-        lambda m: ev.ServerReady(m[1]),
+        "router server listening",
+        r"(?:router )?(?:server is )?listening on (?P<address>\S+?)(?: - starting the main loop)?$",
+        lambda m: ev.ServerReady(m["address"]),
     ),
-    ("loading model '", re.compile(r"^loading model '(.*)'$"), lambda m: ev.ModelLoading(m[1])),
+    ("loading", r"loading model '(?P<model>.*)'$", lambda m: ev.ModelLoading(m["model"])),
     (
-        "capping per-slot",
-        re.compile(r"capping per-slot context \((\d+)\) to --kv-unified-per-slot \((\d+)\)"),
-        lambda m: ev.PerSlotCap(int(m[1]), int(m[2])),
+        "capping",
+        r"capping per-slot context \((?P<cap_requested>\d+)\) to --kv-unified-per-slot \((?P<cap>\d+)\)",
+        lambda m: ev.PerSlotCap(int(m["cap_requested"]), int(m["cap"])),
     ),
     (
-        "idle slots will be saved",
-        re.compile(r"idle slots will be saved to prompt cache and cleared upon starting a new task"),
+        "idle",
+        r"idle slots will be saved to prompt cache and cleared upon starting a new task",
         lambda m: ev.IdleSlotPolicy(clear_on_new_task=True),
     ),
+    ("build", r"build:? (?P<build>\d+) \((?P<commit>\w+)\)", lambda m: ev.BuildInfo(int(m["build"]), m["commit"])),
     (
-        "build",
-        re.compile(r"^(?:build|common_params_print_info: build):? (\d+) \((\w+)\)"),
-        lambda m: ev.BuildInfo(int(m[1]), m[2]),
+        "build_info",
+        r"build_info: b(?P<build_info>\d+)-(?P<build_commit>\w+)",
+        lambda m: ev.BuildInfo(int(m["build_info"]), m["build_commit"]),
     ),
-    ("build_info: b", re.compile(r"\bbuild_info: b(\d+)-(\w+)"), lambda m: ev.BuildInfo(int(m[1]), m[2])),
+    ("verbosity", r"verbosity = (?P<verbosity>\d+) \(adjust with", lambda m: ev.Verbosity(int(m["verbosity"]))),
+    # Pre-b9230 timings are continuation lines without a slot tag.
     (
-        "verbosity = ",
-        re.compile(r"verbosity = (\d+) \(adjust with"),
-        lambda m: ev.Verbosity(int(m[1])),
-    ),
-    ("eval time =", _TIMING, _timing),  # pre-b9230 timings are continuation lines without a slot tag
-    (
-        "cache state:",
-        re.compile(r"cache state: (\d+) prompts, ([\d.]+) MiB \(limits: ([\d.]+) MiB"),
-        lambda m: ev.PromptCacheState(int(m[1]), float(m[2]), float(m[3])),
+        "prompt eval",
+        r"(?P<text_prompt>prompt )?eval time = +(?P<text_ms>[\d.]+) ms / +(?P<text_tokens>\d+) tokens",
+        lambda m: _timing(m["text_prompt"], m["text_ms"], m["text_tokens"]),
     ),
     (
-        "prompt with length",
-        re.compile(r"- prompt with length +(\d+), lcp = +-?\d+, f_keep = ([-\d.]+), f_sim = ([-\d.]+)"),
-        lambda m: ev.PromptCacheCandidate(int(m[1]), m[2], m[3]),
+        "cache",
+        r"cache state: (?P<cache_prompts>\d+) prompts, (?P<cache_mib>[\d.]+) MiB \(limits: (?P<cache_limit>[\d.]+) MiB",
+        lambda m: ev.PromptCacheState(int(m["cache_prompts"]), float(m["cache_mib"]), float(m["cache_limit"])),
     ),
     (
-        "found better prompt",
-        re.compile(r"found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)"),
-        lambda m: ev.PromptLoaded(m[1], m[2]),
+        "prompt",
+        r"prompt with length +(?P<candidate>\d+), lcp = +-?\d+, f_keep = (?P<candidate_keep>[-\d.]+), "
+        r"f_sim = (?P<candidate_sim>[-\d.]+)",
+        lambda m: ev.PromptCacheCandidate(int(m["candidate"]), m["candidate_keep"], m["candidate_sim"]),
     ),
     (
-        "saving prompt with length",
-        re.compile(r"saving prompt with length (\d+), total state size = ([\d.]+) MiB"),
-        lambda m: ev.PromptSaved(int(m[1]), float(m[2])),
+        "found",
+        r"found better prompt with f_keep = (?P<loaded_keep>[-\d.]+), f_sim = (?P<loaded_sim>[-\d.]+)",
+        lambda m: ev.PromptLoaded(m["loaded_keep"], m["loaded_sim"]),
     ),
     (
-        "removing obsolete cached prompt",
-        re.compile(r"removing obsolete cached prompt with length (\d+)"),
-        lambda m: ev.PromptCacheRemoved(int(m[1])),
-    ),
-    ("removing oldest entry", re.compile(r"removing oldest entry"), lambda m: ev.PromptCacheRemoved(None)),
-    (
-        "prompt cache is",
-        re.compile(r"prompt cache is (?:enabled, size limit: (?:(\d+) MiB|(no limit))|(disabled))"),
-        lambda m: ev.PromptCacheLimit(float(m[1]) if m[1] else (None if m[2] else 0.0)),
+        "saving",
+        r"saving prompt with length (?P<saved>\d+), total state size = (?P<saved_mib>[\d.]+) MiB",
+        lambda m: ev.PromptSaved(int(m["saved"]), float(m["saved_mib"])),
     ),
     (
-        "cache size limit reduced",
-        re.compile(r"cache size limit reduced to ([\d.]+) MiB"),
-        lambda m: ev.PromptCacheLimit(float(m[1])),
+        "removing",
+        r"removing obsolete cached prompt with length (?P<removed>\d+)",
+        lambda m: ev.PromptCacheRemoved(int(m["removed"])),
+    ),
+    ("making", r"making room for prompt cache entry, removing oldest entry", lambda m: ev.PromptCacheRemoved(None)),
+    (
+        "prompt",
+        r"prompt cache is (?:enabled, size limit: (?:(?P<cache_ram>\d+) MiB|(?P<no_limit>no limit))"
+        r"|(?P<cache_off>disabled))",
+        lambda m: ev.PromptCacheLimit(float(m["cache_ram"]) if m["cache_ram"] else (None if m["no_limit"] else 0.0)),
     ),
     (
-        "context checkpoints",
-        re.compile(r"context checkpoints (?:enabled, max = (\d+)|(disabled))"),
-        lambda m: ev.CheckpointConfig(int(m[1]) if m[1] else 0),
+        "cache",
+        r"cache size limit reduced to (?P<reduced>[\d.]+) MiB",
+        lambda m: ev.PromptCacheLimit(float(m["reduced"])),
+    ),
+    (
+        "context",
+        r"context checkpoints (?:enabled, max = (?P<checkpoints>\d+)|disabled)",
+        lambda m: ev.CheckpointConfig(int(m["checkpoints"]) if m["checkpoints"] else 0),
     ),
 ]
+
+
+def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str) -> str:
+    """`(?=word|…)(?:rule0(?P<tag0>)|rule1(?P<tag1>)|…)`.
+
+    The lookahead on the rules' leading words rejects most lines after a character or two, before
+    the rules are tried one by one. The empty group at the end of each rule closes last, so
+    `Match.lastgroup` names the rule that matched.
+    """
+    words = sorted({word for words, _, _ in rules for word in words.split()}, key=len, reverse=True)
+    rules_rx = "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules))
+    return f"(?={'|'.join(map(re.escape, words))})(?:{rules_rx})"
+
+
+def _atomic(pattern: str, name: str) -> str:
+    """`pattern`, matched once and never backtracked into: only for speed, the matches are the same."""
+    if sys.version_info >= (3, 11):
+        return f"(?>{pattern})"
+    return f"(?=(?P<{name}>{pattern}))(?P={name})"  # the same, spelled with a lookahead and a back-reference
+
+
+# One message: a slot line, or the text of any other line after its optional tag (`srv  function: `, or
+# up to the first `: ` of a `cmn`/`que`/`spec` line) and a ` - ` bullet, then either a library line's
+# `function: ` or not (`llama_context: n_ctx = …` and `build: 4747 (…)` are matched with their name).
+_MESSAGE = (
+    r"(?:slot [^\S\n]{0,11}\S{1,12}: id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *"
+    + _alternatives(_SLOT_RULES, "s")
+    + "|"
+    + _atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) (?:[^:\n]|:(?! ))*: |) *-? *", "tag")
+    + "(?:"
+    + _atomic(r"\w+: +-? *", "function")
+    + ")?"
+    + _alternatives(_TEXT_RULES, "t")
+    + ")"
+)
+# Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
+_SCAN_LINES = re.compile(r"\n" + _atomic(_LEAD, "lead") + _MESSAGE, re.MULTILINE | re.ASCII)
+_SCAN_MESSAGES = re.compile(r"\n" + _MESSAGE, re.MULTILINE | re.ASCII)
+_SLOT_BUILDS = {f"s{i}": build for i, (_, _, build) in enumerate(_SLOT_RULES)}
+_TEXT_BUILDS = {f"t{i}": build for i, (_, _, build) in enumerate(_TEXT_RULES)}
+
+
+def _events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
+    """The events of the lines in `text`, each line preceded by "\\n"."""
+    events: list[ev.Event] = []
+    for m in scan.finditer(text):
+        rule = m.lastgroup or ""
+        build = _TEXT_BUILDS.get(rule)
+        if build is not None:
+            events.append(build(m))
+        else:
+            events.append(_SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m))
+    return events
+
+
+def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
+    """The events of many raw log lines, in order (one line gives at most one event).
+
+    The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
+    one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
+    """
+    text = "\n" + "\n".join(lines)
+    if "\x1b" in text or "\r" in text or "\n{" in text:
+        text = "\n" + "\n".join([_unwrap(line) for line in lines])
+    return _events(text, _SCAN_LINES)
 
 
 def parse_message(msg: str) -> ev.Event | None:
     """Parse a normalised message (see `normalize`)."""
-    if msg.startswith("slot "):
-        sm = _SLOT.match(msg)
-        if sm is None:
-            return None
-        slot, task, rest = int(sm[1]), int(sm[2]), sm[3]
-        for keyword, rx, build in _SLOT_RULES:
-            if keyword in rest:
-                m = rx.search(rest)
-                if m is not None:
-                    return build(slot, task, m)
-        return None
-    if msg.startswith("srv "):
-        srv = _SRV.match(msg)
-        if srv is not None:
-            msg = srv[1]
-    elif msg.startswith(("cmn ", "que ", "spec ")):
-        # b9829+ tags common-library lines `cmn  fn: `; keep the text after the tag's function field.
-        _, _, msg = msg.partition(": ")
-    for kw, rx, build_text in _TEXT_RULES:
-        if (kw in msg) if isinstance(kw, str) else any(k in msg for k in kw):
-            m = rx.search(msg)
-            if m is not None:
-                return build_text(m)
-    return None
+    events = _events("\n" + msg, _SCAN_MESSAGES)
+    return events[0] if events else None
 
 
 def parse_line(line: str) -> ev.Event | None:
     """Parse one raw log line (any era, any prefix/colour/JSONL form) into an event, or None."""
-    return parse_message(normalize(line))
+    events = _events("\n" + _unwrap(line), _SCAN_LINES)
+    return events[0] if events else None

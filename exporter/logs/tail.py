@@ -381,11 +381,30 @@ class LogTailer:
             if not data:
                 return
             self._skip_nul = False
-        pieces = data.split(b"\n")
-        for piece in pieces[:-1]:
-            self._append(piece, out)
-            self._end_line(out)
-        self._append(pieces[-1], out)
+        first = data.find(b"\n")
+        if first < 0:
+            self._append(data, out)
+            return
+        # The first line completes the buffered partial line; the last piece starts the next one.
+        last = data.rfind(b"\n")
+        self._append(data[:first], out)
+        self._end_line(out)
+        if last > first:
+            self._complete_lines(data[first + 1 : last], out)
+        self._append(data[last + 1 :], out)
+
+    def _complete_lines(self, block: bytes, out: list[str]) -> None:
+        """Whole lines without their final newline: decoded and split in one go unless one is too long."""
+        if len(block) > self._max_line and max(map(len, block.split(b"\n"))) > self._max_line:
+            for piece in block.split(b"\n"):
+                self._append(piece, out)
+                self._end_line(out)
+            return
+        # Decoding a block equals decoding each line: "\n" and "\r" are never part of a UTF-8 sequence.
+        lines = block.decode("utf-8", errors="replace").split("\n")
+        if b"\r" in block:
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+        out.extend(lines)
 
     def _append(self, piece: bytes, out: list[str]) -> None:
         if self._discarding or not piece:

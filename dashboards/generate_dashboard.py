@@ -1,0 +1,832 @@
+#!/usr/bin/env python3
+"""Render dashboards/llamacpp.json, the Grafana dashboard for llamacpp-exporter.
+
+The committed JSON is this script's output; a test checks that they agree, round-trips the JSON
+through grafana-foundation-sdk, and runs every query against a real Prometheus after a real incident.
+
+    python dashboards/generate_dashboard.py            # rewrite dashboards/llamacpp.json
+    python dashboards/generate_dashboard.py --check    # exit 1 if the JSON is not up to date
+
+Conventions (grafana/dashboard-linter): one ``datasource`` variable, multi-select ``job`` and
+``instance`` variables, every query filtered by both, ``$__rate_interval`` for rates, units and a
+description naming the metric on every panel, a stable ``uid``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DASHBOARD_FILE = HERE / "llamacpp.json"
+
+UID = "llamacpp-exporter"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+#: Matchers every query carries (dashboard-linter target-job-rule / target-instance-rule).
+SEL = '{job=~"$job", instance=~"$instance"}'
+#: The alert thresholds drawn on the panels (defaults of alerts/generate_rules.py).
+KV_SATURATED_RATIO = 0.9
+VRAM_HEADROOM_BYTES = 512 * 1024 * 1024
+
+RED, ORANGE, GREEN, BLUE = "red", "orange", "green", "blue"
+
+
+def q(expr: str, legend: str = "__auto", ref: str = "A", **extra: Any) -> dict[str, Any]:
+    """A Prometheus target; ``{S}`` in ``expr`` becomes the job/instance matchers."""
+    target: dict[str, Any] = {
+        "datasource": DS,
+        "editorMode": "code",
+        "expr": expr.replace("{S}", SEL),
+        "legendFormat": legend,
+        "range": True,
+        "refId": ref,
+    }
+    target.update(extra)
+    return target
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+class Layout:
+    """Places panels left to right in 24-column rows and numbers them."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = 0
+        self.y = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def _pos(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def row(self, title: str) -> None:
+        if self.x:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        self.panels.append(
+            {
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                "id": self.next_id,
+                "panels": [],
+                "title": title,
+                "type": "row",
+            }
+        )
+        self.next_id += 1
+        self.y += 1
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
+        panel = {"id": self.next_id, "gridPos": self._pos(w, h), **panel}
+        self.next_id += 1
+        self.panels.append(panel)
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: list[dict[str, Any]],
+    *,
+    unit: str,
+    stack: bool = False,
+    bars: bool = False,
+    threshold_steps: dict[str, Any] | None = None,
+    threshold_style: str = "off",
+    min_: float | None = 0,
+    max_: float | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+    axis_label: str = "",
+) -> dict[str, Any]:
+    custom: dict[str, Any] = {
+        "axisLabel": axis_label,
+        "axisPlacement": "auto",
+        "drawStyle": "bars" if bars else "line",
+        "fillOpacity": 60 if bars else (35 if stack else 10),
+        "gradientMode": "none",
+        "lineInterpolation": "stepAfter" if not bars else "linear",
+        "lineWidth": 1,
+        "pointSize": 4,
+        "showPoints": "never",
+        "spanNulls": False,
+        "stacking": {"group": "A", "mode": "normal" if stack else "none"},
+        "thresholdsStyle": {"mode": threshold_style},
+    }
+    defaults: dict[str, Any] = {
+        "color": {"mode": "palette-classic"},
+        "custom": custom,
+        "unit": unit,
+        "thresholds": threshold_steps or thresholds((None, GREEN)),
+    }
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": {
+            "legend": {
+                "calcs": ["lastNotNull", "max"],
+                "displayMode": "table",
+                "placement": "bottom",
+                "showLegend": True,
+            },
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def stat(
+    title: str,
+    description: str,
+    target: dict[str, Any],
+    *,
+    unit: str,
+    steps: dict[str, Any],
+    mappings: list[dict[str, Any]] | None = None,
+    decimals: int | None = None,
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "color": {"mode": "thresholds"},
+        "unit": unit,
+        "thresholds": steps,
+        "mappings": mappings or [],
+    }
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [target],
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "colorMode": "background",
+            "graphMode": "area",
+            "justifyMode": "auto",
+            "orientation": "auto",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "textMode": "auto",
+        },
+    }
+
+
+def state_timeline(
+    title: str,
+    description: str,
+    targets: list[dict[str, Any]],
+    *,
+    mappings: list[dict[str, Any]],
+    steps: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "type": "state-timeline",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {
+                "color": {"mode": "thresholds"},
+                "custom": {"fillOpacity": 80, "lineWidth": 0},
+                "mappings": mappings,
+                "thresholds": steps,
+                "unit": "none",
+            },
+            "overrides": [],
+        },
+        "options": {
+            "alignValue": "left",
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+            "mergeValues": True,
+            "rowHeight": 0.9,
+            "showValue": "never",
+            "tooltip": {"mode": "single", "sort": "none"},
+        },
+    }
+
+
+def value_map(*pairs: tuple[str, str, str]) -> list[dict[str, Any]]:
+    """[(value, text, colour)] -> a Grafana value mapping."""
+    return [
+        {
+            "type": "value",
+            "options": {v: {"text": text, "color": color, "index": i} for i, (v, text, color) in enumerate(pairs)},
+        }
+    ]
+
+
+BUSY_MAP = value_map(("0", "idle", "transparent"), ("1", "processing", BLUE))
+UP_MAP = value_map(("0", "down", RED), ("1", "up", GREEN))
+
+
+def panels() -> list[dict[str, Any]]:
+    lay = Layout()
+
+    # ------------------------------------------------------------------ at a glance
+    lay.row("At a glance")
+    glance = [
+        stat(
+            "KV pool usage",
+            "llamacpp_kv_pool_usage_ratio: KV cells held by all slots / pool capacity. At 100% llama-server "
+            "aborts every in-flight request; LlamaCppKVPoolSaturated pages above 90% while requests run.",
+            q("llamacpp_kv_pool_usage_ratio{S}", "{{instance}}", instant=True),
+            unit="percentunit",
+            steps=thresholds((None, GREEN), (0.75, ORANGE), (KV_SATURATED_RATIO, RED)),
+            decimals=1,
+        ),
+        stat(
+            "Slots busy",
+            "instance:llamacpp_slots_processing:sum (recording rule: the sum of llamacpp_slot_processing): how "
+            "many requests run now.",
+            q("instance:llamacpp_slots_processing:sum{S}", "{{instance}}", instant=True),
+            unit="short",
+            steps=thresholds((None, GREEN)),
+        ),
+        stat(
+            "Overcommit",
+            "llamacpp_kv_pool_overcommit_ratio: slots x per-slot context / pool capacity. Above 1 the slots "
+            "were promised more cells than the pool holds (-kvu); concurrent long requests can then abort "
+            "everyone (LlamaCppKVPoolOvercommitted).",
+            q("llamacpp_kv_pool_overcommit_ratio{S}", "{{instance}}", instant=True),
+            unit="suffix:×",
+            steps=thresholds((None, GREEN), (1.01, ORANGE)),
+            decimals=2,
+        ),
+        stat(
+            "Aborted requests",
+            "increase(llamacpp_requests_aborted_total[$__range]): requests llama-server answered with an error "
+            "(send_error) in the time range; 'Context size has been exceeded' aborts every in-flight request.",
+            q(
+                "sum by (instance) (increase(llamacpp_requests_aborted_total{S}[$__range]))",
+                "{{instance}}",
+                instant=True,
+            ),
+            unit="short",
+            steps=thresholds((None, GREEN), (1, RED)),
+            decimals=0,
+        ),
+        stat(
+            "Least free VRAM",
+            "min of llamacpp_gpu_memory_free_bytes over the GPUs (NVML); red below the 512 MiB headroom of "
+            "LlamaCppVRAMHeadroomLow.",
+            q("min by (instance) (llamacpp_gpu_memory_free_bytes{S})", "{{instance}}", instant=True),
+            unit="bytes",
+            steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, GREEN)),
+        ),
+        stat(
+            "Host RAM in checkpoints + prompt cache",
+            "instance:llamacpp_host_cache_bytes:sum (recording rule: llamacpp_checkpoint_bytes of all slots "
+            "plus llamacpp_prompt_cache_bytes): host RAM llama-server holds beyond its model and KV cache.",
+            q("instance:llamacpp_host_cache_bytes:sum{S}", "{{instance}}", instant=True),
+            unit="bytes",
+            steps=thresholds((None, GREEN)),
+        ),
+        stat(
+            "llama-server",
+            "llamacpp_up: 1 when llama-server answers /health with 200 (llamacpp_server_loading is 1 while it "
+            "loads a model).",
+            q("llamacpp_up{S}", "{{instance}}", instant=True),
+            unit="none",
+            steps=thresholds((None, RED), (1, GREEN)),
+            mappings=UP_MAP,
+        ),
+        stat(
+            "Server starts",
+            "increase(llamacpp_server_starts_total[$__range]): llama-server starts seen in the log in the time "
+            "range; several in a few minutes is a crash loop (LlamaCppServerRestarting).",
+            q("sum by (instance) (increase(llamacpp_server_starts_total{S}[$__range]))", "{{instance}}", instant=True),
+            unit="short",
+            steps=thresholds((None, GREEN), (1, ORANGE), (3, RED)),
+            decimals=0,
+        ),
+    ]
+    for panel in glance:
+        lay.add(panel, 3, 4)
+
+    lay.row("KV pool")
+    lay.add(
+        timeseries(
+            "KV pool: tokens per slot vs capacity",
+            "llamacpp_slot_tokens (stacked, one band per slot: KV cells each slot holds, idle slots keep theirs "
+            "until cleared) against llamacpp_kv_pool_capacity_tokens (red line). When the stack reaches the "
+            "line, llama-server runs the retry cascade and aborts every in-flight request.",
+            [
+                q("llamacpp_slot_tokens{S}", "{{instance}} slot {{slot}}", "A"),
+                q("llamacpp_kv_pool_capacity_tokens{S}", "{{instance}} pool capacity", "B"),
+            ],
+            unit="short",
+            stack=True,
+            axis_label="tokens (KV cells)",
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "B"},
+                    "properties": [
+                        {"id": "custom.stacking", "value": {"group": "capacity", "mode": "none"}},
+                        {"id": "custom.fillOpacity", "value": 0},
+                        {"id": "custom.lineWidth", "value": 2},
+                        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+                        {"id": "color", "value": {"fixedColor": RED, "mode": "fixed"}},
+                    ],
+                }
+            ],
+        ),
+        16,
+        9,
+    )
+    lay.add(
+        timeseries(
+            "KV pool usage",
+            "llamacpp_kv_pool_usage_ratio (used / capacity) with the 90% line at which LlamaCppKVPoolSaturated pages.",
+            [q("llamacpp_kv_pool_usage_ratio{S}", "{{instance}}")],
+            unit="percentunit",
+            max_=1,
+            threshold_steps=thresholds((None, GREEN), (KV_SATURATED_RATIO, RED)),
+            threshold_style="line+area",
+        ),
+        8,
+        9,
+    )
+    lay.add(
+        timeseries(
+            "KV retries, cascades and aborted requests",
+            "Events per interval: increase of llamacpp_kv_retries_total ('retrying with smaller batch size' "
+            "lines), llamacpp_kv_cascades_total by outcome (recovered/failed), llamacpp_context_exceeded_total "
+            "and llamacpp_requests_aborted_total (requests answered with an error).",
+            [
+                q(
+                    "sum by (instance) (increase(llamacpp_kv_retries_total{S}[$__rate_interval]))",
+                    "{{instance}} retries",
+                    "A",
+                ),
+                q(
+                    "sum by (instance, outcome) (increase(llamacpp_kv_cascades_total{S}[$__rate_interval]))",
+                    "{{instance}} cascade {{outcome}}",
+                    "B",
+                ),
+                q(
+                    "sum by (instance) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval]))",
+                    "{{instance}} context exceeded",
+                    "C",
+                ),
+                q(
+                    "sum by (instance, reason) (increase(llamacpp_requests_aborted_total{S}[$__rate_interval]))",
+                    "{{instance}} aborted ({{reason}})",
+                    "D",
+                ),
+            ],
+            unit="short",
+            bars=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Overcommit",
+            "llamacpp_kv_pool_overcommit_ratio: what the slots were promised (slots x n_ctx_slot) over what the "
+            "pool holds. 1 = every promise can be kept (line); 4 = four slots share one window.",
+            [q("llamacpp_kv_pool_overcommit_ratio{S}", "{{instance}}")],
+            unit="suffix:×",
+            threshold_steps=thresholds((None, GREEN), (1.01, ORANGE)),
+            threshold_style="line",
+        ),
+        6,
+        8,
+    )
+    lay.add(
+        state_timeline(
+            "Slots processing",
+            "llamacpp_slot_processing: 1 while the slot has a task.",
+            [q("llamacpp_slot_processing{S}", "{{instance}} slot {{slot}}")],
+            mappings=BUSY_MAP,
+            steps=thresholds((None, "transparent"), (1, BLUE)),
+        ),
+        6,
+        8,
+    )
+
+    # ------------------------------------------------------------------ memory
+    lay.row("Memory")
+    lay.add(
+        timeseries(
+            "Free VRAM per GPU",
+            "llamacpp_gpu_memory_free_bytes per GPU (NVML) with the 512 MiB headroom line of "
+            "LlamaCppVRAMHeadroomLow: below it the next compute-buffer allocation can fail.",
+            [q("llamacpp_gpu_memory_free_bytes{S}", "{{instance}} GPU {{gpu}} {{name}}")],
+            unit="bytes",
+            threshold_steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, "transparent")),
+            threshold_style="line+area",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "GPU memory: llama-server vs card",
+            "llamacpp_process_gpu_memory_bytes (llama-server's own VRAM), llamacpp_gpu_memory_used_bytes and "
+            "llamacpp_gpu_memory_total_bytes per GPU (NVML).",
+            [
+                q("llamacpp_process_gpu_memory_bytes{S}", "{{instance}} GPU {{gpu}} llama-server", "A"),
+                q("llamacpp_gpu_memory_used_bytes{S}", "{{instance}} GPU {{gpu}} used", "B"),
+                q("llamacpp_gpu_memory_total_bytes{S}", "{{instance}} GPU {{gpu}} total", "C"),
+            ],
+            unit="bytes",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Host RAM: checkpoints + prompt cache vs available",
+            "Stacked: llamacpp_checkpoint_bytes (all slots' context checkpoints) and llamacpp_prompt_cache_bytes "
+            "(host-RAM prompt cache), against llamacpp_prompt_cache_limit_bytes (--cache-ram), "
+            "llamacpp_host_memory_available_bytes (MemAvailable) and llamacpp_process_resident_memory_bytes "
+            "(llama-server RSS).",
+            [
+                q("sum by (instance) (llamacpp_checkpoint_bytes{S})", "{{instance}} checkpoints", "A"),
+                q("llamacpp_prompt_cache_bytes{S}", "{{instance}} prompt cache", "B"),
+                q("llamacpp_prompt_cache_limit_bytes{S}", "{{instance}} prompt cache limit", "C"),
+                q("llamacpp_host_memory_available_bytes{S}", "{{instance}} available", "D"),
+                q("llamacpp_process_resident_memory_bytes{S}", "{{instance}} llama-server RSS", "E"),
+            ],
+            unit="bytes",
+            stack=True,
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": ref},
+                    "properties": [
+                        {"id": "custom.stacking", "value": {"group": ref, "mode": "none"}},
+                        {"id": "custom.fillOpacity", "value": 0},
+                        {"id": "custom.lineWidth", "value": 2},
+                    ],
+                }
+                for ref in ("C", "D", "E")
+            ],
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Context checkpoints",
+            "llamacpp_checkpoints per slot (live context checkpoints, SWA/hybrid models) and the rate of "
+            "llamacpp_checkpoint_events_total by event (created, restored, invalidated, evicted).",
+            [
+                q("llamacpp_checkpoints{S}", "{{instance}} slot {{slot}}", "A"),
+                q(
+                    "sum by (instance, event) (increase(llamacpp_checkpoint_events_total{S}[$__rate_interval]))",
+                    "{{instance}} {{event}}",
+                    "B",
+                ),
+            ],
+            unit="short",
+        ),
+        12,
+        7,
+    )
+    lay.add(
+        timeseries(
+            "KV cache memory",
+            "llamacpp_kv_cache_bytes by kind (k, v): KV cache memory from llama-server's size line.",
+            [q("llamacpp_kv_cache_bytes{S}", "{{instance}} {{kind}}")],
+            unit="bytes",
+            stack=True,
+        ),
+        12,
+        7,
+    )
+
+    # ------------------------------------------------------------------ requests
+    lay.row("Requests")
+    lay.add(
+        timeseries(
+            "Prompt evaluation time",
+            "Quantiles and mean of llamacpp_prompt_eval_seconds (histogram): time llama-server spent evaluating "
+            "each prompt. Jumps mean full re-processing (cache misses, invalidated checkpoints).",
+            [
+                q(
+                    "histogram_quantile(0.5, sum by (instance, le) "
+                    "(rate(llamacpp_prompt_eval_seconds_bucket{S}[$__rate_interval])))",
+                    "{{instance}} p50",
+                    "A",
+                ),
+                q(
+                    "histogram_quantile(0.95, sum by (instance, le) "
+                    "(rate(llamacpp_prompt_eval_seconds_bucket{S}[$__rate_interval])))",
+                    "{{instance}} p95",
+                    "B",
+                ),
+                q(
+                    "sum by (instance) (rate(llamacpp_prompt_eval_seconds_sum{S}[$__rate_interval]))\n"
+                    "/ sum by (instance) (rate(llamacpp_prompt_eval_seconds_count{S}[$__rate_interval]))",
+                    "{{instance}} mean",
+                    "C",
+                ),
+            ],
+            unit="s",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Tokens per second",
+            "rate of llamacpp_prompt_tokens_total (prompt tokens evaluated) and llamacpp_generated_tokens_total "
+            "(tokens generated).",
+            [
+                q(
+                    "sum by (instance) (rate(llamacpp_prompt_tokens_total{S}[$__rate_interval]))",
+                    "{{instance}} prompt",
+                    "A",
+                ),
+                q(
+                    "sum by (instance) (rate(llamacpp_generated_tokens_total{S}[$__rate_interval]))",
+                    "{{instance}} generated",
+                    "B",
+                ),
+            ],
+            unit="short",
+            axis_label="tokens/s",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Full prompt re-processing",
+            "increase of llamacpp_full_reprocess_total ('forcing full prompt re-processing'): a request had to "
+            "evaluate its whole prompt again, usually after its checkpoints or cache entry were lost.",
+            [
+                q(
+                    "sum by (instance) (increase(llamacpp_full_reprocess_total{S}[$__rate_interval]))",
+                    "{{instance}}",
+                )
+            ],
+            unit="short",
+            bars=True,
+        ),
+        8,
+        8,
+    )
+
+    # ------------------------------------------------------------------ server
+    lay.row("Server")
+    lay.add(
+        state_timeline(
+            "Up / loading",
+            "llamacpp_up (1 = /health answers 200) and llamacpp_server_loading (1 = 503 Loading model).",
+            [
+                q("llamacpp_up{S}", "{{instance}} up", "A"),
+                q("llamacpp_server_loading{S}", "{{instance}} loading", "B"),
+            ],
+            mappings=value_map(("0", "no", "transparent"), ("1", "yes", GREEN)),
+            steps=thresholds((None, "transparent"), (1, GREEN)),
+        ),
+        8,
+        7,
+    )
+    lay.add(
+        timeseries(
+            "Server starts",
+            "increase of llamacpp_server_starts_total: llama-server starts seen in its log (truncated log file, "
+            "new banner). Several in a few minutes is a crash loop.",
+            [q("sum by (instance) (increase(llamacpp_server_starts_total{S}[$__rate_interval]))", "{{instance}}")],
+            unit="short",
+            bars=True,
+        ),
+        8,
+        7,
+    )
+    info = {
+        "type": "table",
+        "title": "What llama-server runs",
+        "description": "llamacpp_server_info: build, model, kv_unified, K/V cache types and where the pool size "
+        "came from (capacity_source).",
+        "datasource": DS,
+        "targets": [q("llamacpp_server_info{S}", "", format="table", instant=True, range=False)],
+        "fieldConfig": {"defaults": {"unit": "none", "custom": {"align": "auto"}}, "overrides": []},
+        "options": {"showHeader": True, "cellHeight": "sm"},
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True, "Value": True, "__name__": True, "job": True}},
+            }
+        ],
+    }
+    lay.add(info, 8, 7)
+
+    # ------------------------------------------------------------------ exporter
+    lay.row("Exporter health")
+    lay.add(
+        state_timeline(
+            "Exporter sources",
+            "llamacpp_exporter_source_up by source (log, http, proc, nvml): 1 when the last read worked. Metrics "
+            "from a source that is down are missing or stale (LlamaCppExporterSourceDown).",
+            [q("llamacpp_exporter_source_up{S}", "{{instance}} {{source}}")],
+            mappings=UP_MAP,
+            steps=thresholds((None, RED), (1, GREEN)),
+        ),
+        8,
+        7,
+    )
+    lay.add(
+        timeseries(
+            "Log lines read",
+            "rate of llamacpp_exporter_log_lines_total; increases of llamacpp_exporter_log_truncations_total "
+            "(the server restarted and truncated its log) and llamacpp_exporter_log_rotations_total.",
+            [
+                q(
+                    "sum by (instance) (rate(llamacpp_exporter_log_lines_total{S}[$__rate_interval]))",
+                    "{{instance}} lines/s",
+                    "A",
+                ),
+                q(
+                    "sum by (instance) (increase(llamacpp_exporter_log_truncations_total{S}[$__rate_interval]))",
+                    "{{instance}} truncations",
+                    "B",
+                ),
+                q(
+                    "sum by (instance) (increase(llamacpp_exporter_log_rotations_total{S}[$__rate_interval]))",
+                    "{{instance}} rotations",
+                    "C",
+                ),
+            ],
+            unit="short",
+        ),
+        8,
+        7,
+    )
+    lay.add(
+        timeseries(
+            "Scrapes",
+            "up (Prometheus could scrape the exporter) and scrape_duration_seconds (how long a scrape took, "
+            "live reads included).",
+            [
+                q("up{S}", "{{instance}} up", "A"),
+                q("scrape_duration_seconds{S}", "{{instance}} scrape duration", "B"),
+            ],
+            unit="s",
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "A"},
+                    "properties": [{"id": "unit", "value": "none"}, {"id": "max", "value": 1}],
+                }
+            ],
+        ),
+        8,
+        7,
+    )
+    return lay.panels
+
+
+def templating() -> dict[str, Any]:
+    def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "type": "query",
+            "name": name,
+            "label": label,
+            "datasource": DS,
+            "definition": query,
+            "query": {"qryType": 1, "query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+            "refresh": 2,
+            "regex": "",
+            "sort": 1,
+            "multi": True,
+            "includeAll": True,
+            "allValue": ".+",
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+            "hide": 0,
+            "options": [],
+        }
+
+    return {
+        "list": [
+            {
+                "type": "datasource",
+                "name": "datasource",
+                "label": "Data Source",
+                "query": "prometheus",
+                "regex": "",
+                "refresh": 1,
+                "hide": 0,
+                "current": {},
+                "options": [],
+            },
+            query_var("job", "job", "label_values(llamacpp_exporter_build_info, job)"),
+            query_var("instance", "instance", 'label_values(llamacpp_exporter_build_info{job=~"$job"}, instance)'),
+        ]
+    }
+
+
+def annotation_list() -> dict[str, Any]:
+    def ann(name: str, expr: str, color: str, title: str) -> dict[str, Any]:
+        return {
+            "datasource": DS,
+            "enable": True,
+            "hide": False,
+            "iconColor": color,
+            "name": name,
+            "expr": expr.replace("{S}", SEL),
+            "step": "15s",
+            "titleFormat": title,
+            "tagKeys": "instance",
+            "useValueForTime": False,
+        }
+
+    return {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            },
+            ann(
+                "Context size exceeded",
+                "sum by (instance) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval])) > 0",
+                RED,
+                "Context size exceeded: every in-flight request aborted",
+            ),
+            ann(
+                "llama-server start",
+                "sum by (instance) (increase(llamacpp_server_starts_total{S}[$__rate_interval])) > 0",
+                BLUE,
+                "llama-server started",
+            ),
+            ann(
+                "Firing alerts",
+                'ALERTS{alertname=~"LlamaCpp.*", alertstate="firing", job=~"$job", instance=~"$instance"}',
+                ORANGE,
+                "{{alertname}}",
+            ),
+        ]
+    }
+
+
+def build() -> dict[str, Any]:
+    """The dashboard as a dict (what Grafana's JSON model expects)."""
+    return {
+        "uid": UID,
+        "title": "llama.cpp server (llamacpp-exporter)",
+        "description": "llama-server's slots, shared KV pool, retry cascades, VRAM and host RAM, from "
+        "llamacpp-exporter. Rules and runbook: alerts/.",
+        "tags": ["llama.cpp", "llamacpp-exporter", "llm"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "links": [],
+        "annotations": annotation_list(),
+        "templating": templating(),
+        "panels": panels(),
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render the Grafana dashboard for llamacpp-exporter.")
+    parser.add_argument("-o", "--output", type=Path, default=DASHBOARD_FILE, help=f"default {DASHBOARD_FILE}")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the output file differs from the rendering")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+        if current != text:
+            print(f"{args.output} is not up to date: run python dashboards/generate_dashboard.py", file=sys.stderr)
+            return 1
+        return 0
+    args.output.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

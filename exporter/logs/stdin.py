@@ -1,0 +1,100 @@
+"""Standard input as the log source: ``llama-server … 2>&1 | llamacpp-exporter --log-file -``.
+
+Also ``journalctl -fu llama-server -o cat -n 0 | llamacpp-exporter --log-file -``. Every line read is
+live and counted: a pipe has no past to replay (use ``--log-source journald`` to rebuild gauges from
+the journal at start). When the writer closes the pipe the source goes down
+(`llamacpp_exporter_source_up{source="log"} 0`) and the exporter keeps serving the last known state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from typing import BinaryIO
+
+log = logging.getLogger(__name__)
+
+#: Longest line accepted; a longer one is skipped whole (llama-server's lines are far shorter).
+MAX_LINE_BYTES = 1 << 20
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+class StdinSource:
+    """Reads lines from a binary stream (standard input by default)."""
+
+    def __init__(self, stream: BinaryIO | None = None) -> None:
+        self._stream = stream
+        self._open = True
+
+    @property
+    def description(self) -> str:
+        return "standard input"
+
+    @property
+    def up(self) -> bool:
+        return self._open
+
+    def history(self) -> list[str]:
+        return []
+
+    async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+        stream = self._stream if self._stream is not None else sys.stdin.buffer
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+        try:
+            transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
+        except ValueError:
+            # A regular file (`--log-file - < llama-server.log`) cannot be watched by the event loop.
+            await self._run_blocking(stream, on_lines, stop)
+            return
+        try:
+            await self._run_reader(reader, on_lines, stop)
+        finally:
+            transport.close()
+
+    async def _run_reader(
+        self, reader: asyncio.StreamReader, on_lines: Callable[[list[str]], None], stop: asyncio.Event
+    ) -> None:
+        stop_task = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                read = asyncio.ensure_future(reader.readline())
+                await asyncio.wait({read, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                if not read.done():
+                    read.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await read
+                    return
+                try:
+                    raw = read.result()
+                except ValueError:  # a line longer than the limit: skip it, keep going
+                    continue
+                if not raw:
+                    self._closed()
+                    return
+                on_lines([_decode(raw)])
+        finally:
+            stop_task.cancel()
+
+    async def _run_blocking(self, stream: BinaryIO, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            raw = await loop.run_in_executor(None, stream.readline, MAX_LINE_BYTES + 1)
+            if not raw:
+                self._closed()
+                return
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                while raw and not raw.endswith(b"\n"):  # skip the rest of an over-long line
+                    raw = await loop.run_in_executor(None, stream.readline, MAX_LINE_BYTES + 1)
+                continue
+            on_lines([_decode(raw)])
+
+    def _closed(self) -> None:
+        self._open = False
+        log.warning("standard input closed; serving the last known state")

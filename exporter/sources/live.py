@@ -1,0 +1,357 @@
+"""Live sources read at scrape time (NVML, /proc, llama-server's HTTP endpoints), and how they meet the log.
+
+`LiveSources.refresh()` is the web app's `before_scrape`: it reads the three sources concurrently,
+each bounded by one short timeout (a slow server or a hung driver never holds a scrape near
+Prometheus' 10 s limit), and keeps the last snapshot of each. /proc and NVML reads run in a worker
+thread because a full /proc scan (when llama-server is not running) and NVML calls on a failing
+GPU can block; a read still running when the next scrape comes is awaited, not started twice.
+
+What the sources tell the log-derived `ServerState` is applied on the event loop, never from a
+thread: the process identity (a new pid is a server start, counted once with the log's banner) and
+the command line (a pool-capacity fallback). `view()` then builds what the log collectors render: a
+copy of the state in which `/slots` replaces the log's per-slot estimate when it has
+`n_prompt_tokens`, and gaps the log leaves at default verbosity (build, slot count, per-slot context,
+cache types) are filled from `/props` and the command line. The state itself stays pure.
+
+Every failure is a value: `llamacpp_exporter_source_up{source} 0`, a failed-reads counter, and one
+line in the exporter's log when a source goes down, changes its reason, or comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.collector import SourceHealth
+from exporter.sources.nvml import NvmlCollector, NvmlReader, NvmlSnapshot
+from exporter.sources.procfs import ProcCollector, ProcReader, ProcSnapshot
+from exporter.sources.server_http import HttpSnapshot, ServerHttpCollector, ServerHttpReader
+from exporter.state import MIB, ServerState, SlotState
+
+log = logging.getLogger(__name__)
+
+#: Below this llama-server verbosity (b9151+) the lines the exporter needs most are hidden.
+FULL_VERBOSITY = 4
+_VERBOSITY_LINE_SINCE = 9151  # b9151 moved library INFO and many server lines to trace level
+SLOT_TOKEN_SOURCES = ("slots_endpoint", "log")
+
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+@dataclass
+class SourceStatus(SourceHealth):
+    """Health of one live source: `up` (from `SourceHealth`), last read duration, failed reads, last error."""
+
+    name: str = ""
+    duration_seconds: float | None = None
+    failures: int = 0
+    error: str | None = None
+    _reported: str | None = None
+    _ever_read: bool = False
+
+    def record(self, ok: bool, duration: float, error: str | None) -> None:
+        """Store a read's result and log once per change (down, new reason, recovered)."""
+        self.up, self.duration_seconds = ok, duration
+        self.error = None if ok else (error or "read failed")
+        if not ok:
+            self.failures += 1
+        if self.error != self._reported:
+            if self.error is not None:
+                log.warning("source %s down: %s", self.name, self.error)
+            elif self._ever_read:
+                log.info("source %s is up again", self.name)
+            self._reported = self.error
+        self._ever_read = True
+
+
+class _Coalesced(Generic[_T_co]):
+    """At most one read in flight; a scrape that finds one running waits for it instead of starting another."""
+
+    def __init__(self, start: Callable[[], Awaitable[_T_co]]) -> None:
+        self._start = start
+        self._task: asyncio.Future[_T_co] | None = None
+
+    async def get(self, timeout: float) -> _T_co:
+        """The result of the read in flight (or a new one); raises TimeoutError after `timeout` (the read goes on)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._start())
+        return await asyncio.wait_for(asyncio.shield(self._task), timeout)
+
+    async def cancel(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            # A cancelled or failed read at shutdown is of no interest.
+            with contextlib.suppress(BaseException):
+                await self._task
+
+
+def _in_thread(fn: Callable[[], _T]) -> Callable[[], Awaitable[_T]]:
+    return lambda: asyncio.to_thread(fn)
+
+
+class LiveSources:
+    """The live readers (each optional), their last snapshots and health, and the merged view for the collectors."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        *,
+        nvml: NvmlReader | None = None,
+        proc: ProcReader | None = None,
+        http: ServerHttpReader | None = None,
+        timeout: float = 2.0,
+    ) -> None:
+        self.state = state
+        self.nvml_reader, self.proc_reader, self.http_reader = nvml, proc, http
+        self.timeout = timeout
+        self.statuses: dict[str, SourceStatus] = {
+            name: SourceStatus(name=name)
+            for name, reader in (("nvml", nvml), ("proc", proc), ("http", http))
+            if reader is not None
+        }
+        self.nvml: NvmlSnapshot | None = None
+        self.proc: ProcSnapshot | None = None
+        self.http: HttpSnapshot | None = None
+        self._nvml_read = _Coalesced(_in_thread(nvml.read)) if nvml else None
+        self._proc_read = _Coalesced(_in_thread(proc.read)) if proc else None
+        self._http_read = _Coalesced(http.read) if http else None
+        self._verbosity_reported: tuple[int, bool] | None = None
+
+    # ------------------------------------------------------------------ reading
+
+    async def refresh(self) -> None:
+        """Read every enabled source concurrently and apply what they say to the state. Never raises."""
+        await asyncio.gather(self._refresh_proc(), self._refresh_nvml(), self._refresh_http())
+        self.report_verbosity()
+
+    async def _read(self, name: str, reader: _Coalesced[_T]) -> tuple[_T | None, float, str | None]:
+        started = time.perf_counter()
+        result: _T | None = None
+        error: str | None = None
+        try:
+            result = await reader.get(self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            error = f"no result within {self.timeout:g}s (--server-timeout)"
+        except Exception as exc:  # a reader bug must not fail the scrape
+            log.debug("source %s read failed", name, exc_info=True)
+            error = f"{type(exc).__name__}: {exc}"
+        return result, time.perf_counter() - started, error
+
+    async def _refresh_proc(self) -> None:
+        if self._proc_read is None:
+            return
+        snap, took, error = await self._read("proc", self._proc_read)
+        if snap is not None:
+            self.proc = snap
+            p = snap.process
+            if p is not None:  # while none runs, the last server's command line stays, like its log state
+                self.state.observe_process(p.pid, p.start_ticks)
+                self.state.apply_command_line(p.command_line)
+        ok = snap is not None and snap.ok
+        self.statuses["proc"].record(ok, took, error or (snap.error if snap else None))
+
+    async def _refresh_nvml(self) -> None:
+        if self._nvml_read is None:
+            return
+        snap, took, error = await self._read("nvml", self._nvml_read)
+        self.nvml = snap if snap is not None else NvmlSnapshot(error=error)
+        self.statuses["nvml"].record(self.nvml.ok, took, error or self.nvml.error)
+
+    async def _refresh_http(self) -> None:
+        if self._http_read is None:
+            return
+        snap, took, error = await self._read("http", self._http_read)
+        self.http = snap if snap is not None else HttpSnapshot(errors={"*": error or "read failed"})
+        self.statuses["http"].record(self.http.ok, took, error or self.http.describe())
+
+    async def close(self) -> None:
+        """Stop reads in flight, close the HTTP session and shut NVML down."""
+        for reader in (self._nvml_read, self._proc_read, self._http_read):
+            if reader is not None:
+                await reader.cancel()
+        if self.http_reader is not None:
+            await self.http_reader.close()
+        if self.nvml_reader is not None:
+            self.nvml_reader.close()
+
+    # ------------------------------------------------------------------ what the collectors see
+
+    @property
+    def pid(self) -> int | None:
+        """llama-server's pid from the last /proc read."""
+        p = self.proc.process if self.proc is not None else None
+        return p.pid if p is not None else None
+
+    def view(self) -> ServerState:
+        """The state as the collectors should render it: live slots and filled gaps (a copy; the state is untouched)."""
+        return merge_view(self.state, self.http)
+
+    def slot_tokens_source(self) -> str:
+        """`slots_endpoint` when `/slots` gave every slot's tokens in the last read, else `log`."""
+        return "slots_endpoint" if self.http is not None and self.http.slot_tokens_live else "log"
+
+    def effective_verbosity(self) -> int | None:
+        """llama-server's log verbosity: from the log, else from its command line (llama-server's default is 3)."""
+        if self.state.verbosity is not None:
+            return self.state.verbosity
+        cfg = self.state.command_line
+        if cfg is None:
+            return None
+        return cfg.verbosity if cfg.verbosity is not None else 3
+
+    def report_verbosity(self) -> None:
+        """Say once (per change) in the exporter's log when llama-server's verbosity hides lines it needs."""
+        level = self.effective_verbosity()
+        if level is None:
+            return
+        build = self.state.build or (self.http.build if self.http else None)
+        hidden = level < FULL_VERBOSITY and (build is None or build >= _VERBOSITY_LINE_SINCE)
+        if (level, hidden) == self._verbosity_reported:
+            return
+        self._verbosity_reported = (level, hidden)
+        if hidden:
+            capacity, source = self.view().pool_capacity()
+            log.warning(
+                "llama-server logs at verbosity %d (< %d): the KV pool size (llama_context/llama_kv_cache), "
+                "'new prompt'/'cached n_tokens', 'clearing prompt', context checkpoint and prompt cache lines "
+                "are hidden. Pool capacity %s (from %s); slot tokens from %s. Start llama-server with -lv 4 "
+                "for the full picture (llamacpp_log_verbosity).",
+                level,
+                FULL_VERBOSITY,
+                capacity if capacity is not None else "unknown",
+                source,
+                "/slots" if self.slot_tokens_source() == "slots_endpoint" else "log estimates",
+            )
+
+    def collectors(self) -> list[Collector]:
+        """Collectors for the live sources (register them next to the log collectors)."""
+        out: list[Collector] = [LiveCollector(self)]
+        if self.nvml_reader is not None:
+            out.append(NvmlCollector(lambda: self.nvml, lambda: self.pid))
+        if self.proc_reader is not None:
+            out.append(ProcCollector(lambda: self.proc))
+        if self.http_reader is not None:
+            out.append(ServerHttpCollector(lambda: self.http))
+        return out
+
+
+def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
+    """A shallow copy of `state` with `/slots` and `/props` (and the command line) filling in. Pure.
+
+    - `/slots` with `n_prompt_tokens` (b9276+) replaces each slot's token estimate, and its
+      `is_processing` replaces the log's processing flag; the slot count becomes the live one.
+    - Configuration the log did not give (default verbosity hides most of it) is taken from
+      `/props` first, then from llama-server's command line.
+    """
+    view = copy.copy(state)
+    cfg = state.command_line
+    live = http.slots if http is not None and http.up else None
+    if live:
+        slots: dict[int, SlotState] = {}
+        for ls in live:
+            s = state.slots.get(ls.id) or SlotState(n_ctx=state.n_ctx_slot)
+            slots[ls.id] = dataclasses.replace(
+                s,
+                tokens=s.tokens if ls.tokens is None else ls.tokens,
+                processing=s.processing if ls.processing is None else ls.processing,
+                n_ctx=ls.n_ctx if ls.n_ctx is not None else s.n_ctx,
+            )
+        view.slots = slots
+        view.n_slots = max(ls.id for ls in live) + 1
+    props = http if http is not None and http.up else None
+    if view.build is None and props is not None:
+        view.build = props.build
+    if view.model is None and props is not None:
+        view.model = props.model
+    if view.n_slots is None:
+        view.n_slots = (props.total_slots if props else None) or (cfg.slot_count() if cfg else None)
+    if view.n_ctx_slot is None:
+        view.n_ctx_slot = (props.n_ctx_slot if props else None) or (cfg.slot_context() if cfg else None)
+    if cfg is not None:
+        if view.kv_unified is None:
+            view.kv_unified = cfg.unified()
+        if view.type_k is None:
+            view.type_k = cfg.type_k or "f16"  # llama-server's default cache type
+        if view.type_v is None:
+            view.type_v = cfg.type_v or "f16"
+        if view.verbosity is None and cfg.verbosity is not None:
+            view.verbosity = cfg.verbosity
+        if view.checkpoint_limit is None and cfg.ctx_checkpoints is not None:
+            view.checkpoint_limit = cfg.ctx_checkpoints
+        if view.prompt_cache_limit_bytes is None and cfg.cache_ram_mib is not None:
+            mib = cfg.cache_ram_mib
+            view.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
+    return view
+
+
+class LiveCollector(Collector):
+    """Where slot tokens came from, llama-server's log verbosity, and the live sources' read health.
+
+    # HELP llamacpp_slot_tokens_source Where llamacpp_slot_tokens comes from: 1 for the source in use.
+    # TYPE llamacpp_slot_tokens_source gauge
+    llamacpp_slot_tokens_source{source="log"} 0.0
+    llamacpp_slot_tokens_source{source="slots_endpoint"} 1.0
+    # HELP llamacpp_log_verbosity llama-server's log verbosity (-lv); below 4 the KV pool size … are hidden.
+    # TYPE llamacpp_log_verbosity gauge
+    llamacpp_log_verbosity 3.0
+    # HELP llamacpp_exporter_source_read_duration_seconds Duration of the last read of the live source.
+    # TYPE llamacpp_exporter_source_read_duration_seconds gauge
+    llamacpp_exporter_source_read_duration_seconds{source="http"} 0.0021
+    # HELP llamacpp_exporter_source_read_failures_total Reads of the live source that failed.
+    # TYPE llamacpp_exporter_source_read_failures_total counter
+    llamacpp_exporter_source_read_failures_total{source="nvml"} 12.0
+    """
+
+    def __init__(self, live: LiveSources) -> None:
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families."""
+        live = self._live
+        if live.state.slot_count is not None or (live.http is not None and live.http.slots):
+            used = live.slot_tokens_source()
+            source = GaugeMetricFamily(
+                "llamacpp_slot_tokens_source",
+                "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots "
+                "n_prompt_tokens, log = estimated from the log).",
+                labels=["source"],
+            )
+            for name in SLOT_TOKEN_SOURCES:
+                source.add_metric([name], 1 if name == used else 0)
+            yield source
+        level = live.effective_verbosity()
+        if level is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_log_verbosity",
+                "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint "
+                "and prompt cache lines are hidden (b9151+) and estimated.",
+                value=level,
+            )
+        duration = GaugeMetricFamily(
+            "llamacpp_exporter_source_read_duration_seconds",
+            "Duration of the last read of the live source (seconds).",
+            labels=["source"],
+        )
+        failures = CounterMetricFamily(
+            "llamacpp_exporter_source_read_failures",
+            "Reads of the live source that failed (see the exporter's log for why).",
+            labels=["source"],
+        )
+        for name, st in sorted(live.statuses.items()):
+            if st.duration_seconds is not None:
+                duration.add_metric([name], st.duration_seconds)
+            failures.add_metric([name], st.failures)
+        if live.statuses:
+            yield duration
+            yield failures

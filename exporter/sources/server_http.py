@@ -1,0 +1,264 @@
+"""llama-server's own HTTP endpoints, read at scrape time: `/health`, `/slots`, `/props`.
+
+`ServerHttpReader.read()` fetches the three endpoints concurrently through one aiohttp session, with
+one short timeout for all of them, and returns an immutable `HttpSnapshot`. Nothing raises: a server
+that is down is `up=False`; an endpoint that is off (`/slots` 501 with `--no-slots`), missing (404
+on old builds) or locked (401 without the API key) is recorded with its status, and the slots then
+come from the log.
+
+- `/health` (public): 200 = up; 503 `Loading model` = loading.
+- `/slots`: per slot `n_prompt_tokens` (b9276+, the tokens the slot holds now, prompt + generated)
+  and `is_processing`; `next_token` is an object before b6890 and an array of one object since.
+- `/props`: `build_info` (`b11434-…`), `total_slots`, `default_generation_settings.n_ctx` (per slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+ENDPOINTS = ("/health", "/slots", "/props")
+_BUILD = re.compile(r"^b?(\d+)")
+# Statuses that say "this endpoint is not available here", not "the read failed".
+_UNAVAILABLE = {404: "not found (older build)", 501: "disabled on the server"}
+
+
+@dataclass(frozen=True)
+class LiveSlot:
+    """One entry of `/slots`. None = the build does not report it."""
+
+    id: int
+    n_ctx: int | None
+    processing: bool | None
+    tokens: int | None  # n_prompt_tokens
+    n_decoded: int | None
+
+
+@dataclass(frozen=True)
+class HttpSnapshot:
+    """The result of one read of the three endpoints."""
+
+    up: bool = False
+    loading: bool = False
+    status: Mapping[str, int] = field(default_factory=dict)  # endpoint → HTTP status, 0 = no answer
+    errors: Mapping[str, str] = field(default_factory=dict)  # endpoint → what went wrong
+    slots: tuple[LiveSlot, ...] | None = None
+    build: int | None = None
+    total_slots: int | None = None
+    n_ctx_slot: int | None = None
+    model: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The server answered and every endpoint gave what it has (an endpoint that is off is fine)."""
+        return (self.up or self.loading) and not self.errors
+
+    @property
+    def slot_tokens_live(self) -> bool:
+        """`/slots` gave `n_prompt_tokens` for every slot."""
+        return bool(self.slots) and all(s.tokens is not None for s in self.slots or ())
+
+    def describe(self) -> str | None:
+        """One line for the exporter's log, or None when all is well."""
+        by_message: dict[str, list[str]] = {}
+        for ep, msg in sorted(self.errors.items()):
+            by_message.setdefault(msg, []).append(ep)
+        return "; ".join(f"{', '.join(eps)}: {msg}" for msg, eps in by_message.items()) or None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_slots(body: object) -> tuple[LiveSlot, ...]:
+    """Parse a `/slots` body; raises ValueError when it is not a list of slot objects."""
+    if not isinstance(body, list):
+        raise ValueError("expected a JSON array")
+    slots = []
+    for i, item in enumerate(body):
+        if not isinstance(item, dict):
+            raise ValueError(f"entry {i} is not an object")
+        processing = item.get("is_processing")
+        if not isinstance(processing, bool):
+            state = item.get("state")  # b2357-b4028: 0 idle, 1 busy
+            processing = bool(state) if isinstance(state, int) else None
+        next_token = item.get("next_token")
+        if isinstance(next_token, list):  # b6890+: an array of one object
+            next_token = next_token[0] if next_token else None
+        n_decoded = _int(next_token.get("n_decoded")) if isinstance(next_token, dict) else None
+        slot_id = _int(item.get("id"))
+        tokens = _int(item.get("n_prompt_tokens"))
+        if tokens is None and "id_task" not in item and processing is False:
+            tokens = 0  # b6890+ lists only id/n_ctx/is_processing for a slot that never had a task
+        slots.append(
+            LiveSlot(
+                id=i if slot_id is None else slot_id,
+                n_ctx=_int(item.get("n_ctx")),
+                processing=processing,
+                tokens=tokens,
+                n_decoded=n_decoded,
+            )
+        )
+    return tuple(slots)
+
+
+def parse_props(body: object) -> tuple[int | None, int | None, int | None, str | None]:
+    """(build, total_slots, per-slot n_ctx, model) from a `/props` body."""
+    if not isinstance(body, dict):
+        raise ValueError("expected a JSON object")
+    build = None
+    info = body.get("build_info")
+    if isinstance(info, str) and (m := _BUILD.match(info)) and int(m[1]) > 0:
+        build = int(m[1])
+    settings = body.get("default_generation_settings")
+    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    model = body.get("model_path")
+    return build, _int(body.get("total_slots")), n_ctx, model if isinstance(model, str) and model else None
+
+
+class ServerHttpReader:
+    """Reads `/health`, `/slots` and `/props` through one aiohttp session (created on first use)."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._has_key = bool(api_key)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                # A fresh connection per request: a kept-alive one to a server that restarted meanwhile
+                # would fail once and show a healthy server as down for a scrape.
+                connector=aiohttp.TCPConnector(limit=8, force_close=True),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _get(self, endpoint: str) -> tuple[int, Any, str | None]:
+        """(status, decoded JSON or None, error). Status 0 = no answer."""
+        try:
+            async with self._client().get(self.base_url + endpoint, allow_redirects=False) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError:
+            return 0, None, f"no answer within {self.timeout:g}s"
+        except aiohttp.ClientError as exc:
+            return 0, None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        return status, body, None
+
+    async def read(self) -> HttpSnapshot:
+        """Fetch the three endpoints concurrently. Never raises (except cancellation)."""
+        results = await asyncio.gather(*(self._get(ep) for ep in ENDPOINTS))
+        status: dict[str, int] = {}
+        errors: dict[str, str] = {}
+        bodies: dict[str, Any] = {}
+        for ep, (code, body, error) in zip(ENDPOINTS, results, strict=True):
+            status[ep] = code
+            bodies[ep] = body
+            if error is not None:
+                errors[ep] = error
+        health = status["/health"]
+        up = health == 200
+        loading = health == 503 and "loading" in _message(bodies["/health"]).lower()
+        if health and not up and not loading:
+            errors["/health"] = f"HTTP {health} {_message(bodies['/health'])}".strip()
+
+        slots: tuple[LiveSlot, ...] | None = None
+        build = total = n_ctx = None
+        model: str | None = None
+        for ep in ("/slots", "/props"):
+            code = status[ep]
+            if ep in errors or not up:
+                if ep in errors and (loading or "/health" in errors):
+                    del errors[ep]  # the server is loading or down: one error (or none) is enough
+                continue
+            if code == 200:
+                try:
+                    if ep == "/slots":
+                        slots = parse_slots(bodies[ep])
+                    else:
+                        build, total, n_ctx, model = parse_props(bodies[ep])
+                except ValueError as exc:
+                    errors[ep] = f"unexpected body: {exc}"
+            elif code in _UNAVAILABLE:
+                pass  # off or absent: the log is the source; the status metric says why
+            elif code == 401:
+                errors[ep] = (
+                    "HTTP 401: the API key was rejected"
+                    if self._has_key
+                    else "HTTP 401: llama-server requires an API key; set --api-key or --api-key-file"
+                )
+            else:
+                errors[ep] = f"HTTP {code} {_message(bodies[ep])}".strip()
+        if health == 0 and "/health" in errors:
+            errors["/health"] = f"llama-server not answering at {self.base_url}: {errors['/health']}"
+        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model)
+
+
+def _message(body: object) -> str:
+    """The `error.message` of a llama-server error body, if any."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    return ""
+
+
+class ServerHttpCollector(Collector):
+    """Whether llama-server is up or loading, and what each endpoint answered, from the last read.
+
+    # HELP llamacpp_up 1 when llama-server answers /health with 200.
+    # TYPE llamacpp_up gauge
+    llamacpp_up 1.0
+    # HELP llamacpp_server_loading 1 while llama-server answers /health with 503 Loading model.
+    # TYPE llamacpp_server_loading gauge
+    llamacpp_server_loading 0.0
+    # HELP llamacpp_exporter_http_status Last HTTP status of each llama-server endpoint (0 = no answer).
+    # TYPE llamacpp_exporter_http_status gauge
+    llamacpp_exporter_http_status{endpoint="/slots"} 200.0
+    """
+
+    def __init__(self, snapshot: Callable[[], HttpSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield up, loading and the per-endpoint status."""
+        snap = self._snapshot() or HttpSnapshot()
+        yield GaugeMetricFamily("llamacpp_up", "1 when llama-server answers /health with 200.", value=int(snap.up))
+        yield GaugeMetricFamily(
+            "llamacpp_server_loading",
+            "1 while llama-server answers /health with 503 Loading model.",
+            value=int(snap.loading),
+        )
+        status = GaugeMetricFamily(
+            "llamacpp_exporter_http_status",
+            "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, "
+            "501 = endpoint disabled).",
+            labels=["endpoint"],
+        )
+        for ep in ENDPOINTS:
+            status.add_metric([ep], snap.status.get(ep, 0))
+        yield status

@@ -1,0 +1,239 @@
+"""The Prometheus rules in alerts/: generated file up to date, `promtool check rules`, `promtool test rules`,
+and the conventions every alert follows (severity, for:, annotations that say what to do, runbook links).
+
+The behaviour of each alert (firing, not firing, the `for:` boundary, labels and expanded annotations)
+is in alerts/tests/llamacpp-rules.test.yml, run here by the real promtool.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prom_harness import load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "alerts"
+RULES = ALERTS / "llamacpp-rules.yml"
+RULE_TESTS = ALERTS / "tests" / "llamacpp-rules.test.yml"
+RUNBOOK = ALERTS / "runbook.md"
+
+rules_generator = load_script(ALERTS / "generate_rules.py")
+
+#: The alert names of the metric contract (shared/DESIGN.md) and issue #5.
+CONTRACT_ALERTS = {
+    "LlamaCppKVPoolSaturated",
+    "LlamaCppKVPoolFillingUp",  # the predict_linear "pool full within N minutes" warning
+    "LlamaCppKVPoolOvercommitted",
+    "LlamaCppContextExceeded",
+    "LlamaCppKVRetryCascade",
+    "LlamaCppVRAMHeadroomLow",
+    "LlamaCppHostMemoryLow",
+    "LlamaCppServerDown",
+    "LlamaCppServerRestarting",
+    "LlamaCppExporterSourceDown",
+    "LlamaCppExporterLogStalled",  # no log lines while requests are served
+}
+
+#: What each description must tell the operator to do (checked as substrings), after
+#: nvidia_gpu_exporter's "every annotation names its corrective action".
+REQUIRED_ACTIONS: dict[str, list[str]] = {
+    "LlamaCppKVPoolSaturated": ["drain", "--kv-unified-per-slot", "-ctk/-ctv q8_0", "fewer slots", "-kvu", "-c"],
+    "LlamaCppKVPoolFillingUp": ["n_predict", "--kv-unified-per-slot"],
+    "LlamaCppKVPoolOvercommitted": ["--kv-unified-per-slot", "-kvu", "-ctk/-ctv q8_0", "fewer slots"],
+    "LlamaCppContextExceeded": ["grep 'Context size has been exceeded'", "--kv-unified-per-slot", "-ctk/-ctv q8_0"],
+    "LlamaCppKVRetryCascade": ["retrying with smaller batch size", "--kv-unified-per-slot"],
+    "LlamaCppVRAMHeadroomLow": ["-ctk/-ctv q8_0", "smaller -c", "-ngl", "-b/-ub"],
+    "LlamaCppHostMemoryLow": ["--ctx-checkpoints", "--cache-ram"],
+    "LlamaCppServerDown": ["restart", "log"],
+    "LlamaCppServerRestarting": ["log", "systemctl stop"],
+    "LlamaCppExporterSourceDown": ["--log-file", "--server-url"],
+    "LlamaCppExporterLogStalled": ["--log-file"],
+    "LlamaCppExporterDown": ["--listen-address"],
+}
+
+#: The fixes the runbook must explain with their costs (issue #5).
+RUNBOOK_FIXES = ["--kv-unified-per-slot", "-ctk", "-ctv q8_0", "-np", "-kvu", "-c", "--ctx-checkpoints", "--cache-ram"]
+
+
+def _rules_doc() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return doc
+
+
+def _alert_rules() -> list[dict[str, Any]]:
+    return [r for g in _rules_doc()["groups"] for r in g["rules"] if "alert" in r]
+
+
+def _duration_s(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    total = 0.0
+    for value, unit in re.findall(r"(\d+)(ms|s|m|h|d)", text):
+        total += int(value) * units[unit]
+    return total
+
+
+def _github_anchor(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_rules_file_is_the_generator_output() -> None:
+    """alerts/llamacpp-rules.yml is exactly what alerts/generate_rules.py renders with its defaults."""
+    assert RULES.read_text(encoding="utf-8") == rules_generator.render(), "run: python alerts/generate_rules.py"
+
+
+@pytest.mark.promtool
+def test_promtool_check_rules(promtool_bin: Path) -> None:
+    out = subprocess.run([str(promtool_bin), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    n_rules = sum(len(g["rules"]) for g in _rules_doc()["groups"])
+    assert f"SUCCESS: {n_rules} rules found" in out.stdout, out.stdout
+
+
+@pytest.mark.promtool
+def test_promtool_test_rules(promtool_bin: Path) -> None:
+    """Run the unit tests (firing, not firing, for: boundaries, labels and annotations) with the real promtool."""
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", RULE_TESTS.name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=RULE_TESTS.parent,
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.promtool
+def test_promtool_test_rules_catches_a_changed_threshold(promtool_bin: Path, tmp_path: Path) -> None:
+    """The unit tests are not vacuous: the same tests against rules with another threshold fail."""
+    (tmp_path / "tests").mkdir()
+    cfg = rules_generator.Config(kv_saturated_ratio=0.97, vram_free_bytes=128 * 1024 * 1024)
+    (tmp_path / "llamacpp-rules.yml").write_text(rules_generator.render(cfg), encoding="utf-8")
+    (tmp_path / "tests" / RULE_TESTS.name).write_text(RULE_TESTS.read_text(encoding="utf-8"), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", RULE_TESTS.name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path / "tests",
+    )
+    assert out.returncode != 0
+    report = out.stdout + out.stderr  # promtool writes the failures to stderr
+    assert "alertname: LlamaCppKVPoolSaturated" in report and "alertname: LlamaCppVRAMHeadroomLow" in report
+
+
+def test_every_alert_has_firing_non_firing_and_for_boundary_cases() -> None:
+    """Per alert: a firing case, a non-firing case, and a not-yet-firing evaluation within one
+    evaluation step of a firing one in the same test group (the `for:` boundary)."""
+    tests = yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))
+    step = _duration_s(tests.get("evaluation_interval", "1m"))
+    firing: dict[str, int] = {}
+    quiet: dict[str, int] = {}
+    boundary: set[str] = set()
+    for group in tests["tests"]:
+        by_alert: dict[str, list[tuple[float, bool]]] = {}
+        for case in group.get("alert_rule_test", []):
+            fires = bool(case.get("exp_alerts"))
+            (firing if fires else quiet)[case["alertname"]] = (firing if fires else quiet).get(case["alertname"], 0) + 1
+            by_alert.setdefault(case["alertname"], []).append((_duration_s(str(case["eval_time"])), fires))
+            for alert in case.get("exp_alerts") or []:
+                assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}, alert
+                assert "severity" in alert["exp_labels"], alert
+        for name, cases in by_alert.items():
+            for t_quiet, fires_q in cases:
+                if not fires_q and any(fires and 0 < t - t_quiet <= step for t, fires in cases):
+                    boundary.add(name)
+    names = {r["alert"] for r in _alert_rules()}
+    assert names - set(firing) == set(), "alerts without a firing case"
+    assert names - set(quiet) == set(), "alerts without a non-firing case"
+    assert names - boundary == set(), "alerts without a for: boundary case"
+
+
+def test_contract_alert_names_exist() -> None:
+    names = [r["alert"] for r in _alert_rules()]
+    assert len(names) == len(set(names))
+    assert set(names) >= CONTRACT_ALERTS
+
+
+def test_every_alert_has_for_severity_and_annotations() -> None:
+    runbook = RUNBOOK.read_text(encoding="utf-8")
+    anchors = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", runbook, flags=re.M)}
+    for rule in _alert_rules():
+        name = rule["alert"]
+        assert re.fullmatch(r"\d+(ms|s|m|h)", str(rule.get("for", ""))), f"{name}: needs a for:"
+        assert rule["labels"]["severity"] in {"critical", "warning"}, name
+        ann = rule["annotations"]
+        assert set(ann) == {"summary", "description", "runbook_url"}, name
+        assert "{{" not in ann["summary"], f"{name}: the summary is one line without per-series values"
+        assert "$labels.instance" in ann["description"], f"{name}: the description names the instance"
+        for action in REQUIRED_ACTIONS[name]:
+            assert action in ann["description"], f"{name}: the description should tell to use {action!r}"
+        url = ann["runbook_url"]
+        assert url.startswith("alerts/runbook.md#"), url
+        assert url.split("#", 1)[1] in anchors, f"{name}: {url} has no section in alerts/runbook.md"
+
+
+def test_only_the_kv_saturation_page_and_real_outages_are_critical() -> None:
+    severities = {r["alert"]: r["labels"]["severity"] for r in _alert_rules()}
+    assert severities["LlamaCppKVPoolSaturated"] == "critical"
+    assert {n for n, s in severities.items() if s == "critical"} == {
+        "LlamaCppKVPoolSaturated",
+        "LlamaCppContextExceeded",
+        "LlamaCppServerDown",
+        "LlamaCppServerRestarting",
+    }
+
+
+def test_runbook_explains_every_alert_and_the_fixes_with_costs() -> None:
+    text = RUNBOOK.read_text(encoding="utf-8")
+    sections = re.split(r"^## ", text, flags=re.M)
+    by_title = {s.split("\n", 1)[0].strip(): s for s in sections[1:]}
+    for rule in _alert_rules():
+        body = by_title.get(rule["alert"])
+        assert body is not None, f"runbook has no section for {rule['alert']}"
+        for part in ("**Meaning.**", "**Confirm.**"):
+            assert part in body, f"{rule['alert']}: runbook section lacks {part}"
+        assert "**Fix.**" in body or "**Act now.**" in body, rule["alert"]
+    fixes = by_title["Fixes and their costs"]
+    assert "| fix | what it does | what it costs |" in fixes
+    for flag in RUNBOOK_FIXES:
+        assert flag in fixes, f"the fixes table lacks {flag}"
+
+
+@pytest.mark.promtool
+def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None:
+    """`generate_rules.py --set` changes thresholds, windows and the selector; the result is valid."""
+    out_file = tmp_path / "rules.yml"
+    rc = rules_generator.main(
+        [
+            "-o",
+            str(out_file),
+            "--set",
+            "vram_free_bytes=1073741824",
+            "--set",
+            "kv_fill_minutes=30",
+            "--set",
+            "kv_saturated_ratio=0.85",
+            "--set",
+            'selector=job="llama"',
+            "--set",
+            "runbook_url=https://runbooks.example.com/llamacpp.md",
+        ]
+    )
+    assert rc == 0
+    text = out_file.read_text(encoding="utf-8")
+    assert 'llamacpp_gpu_memory_free_bytes{job="llama"} < 1073741824' in text
+    assert 'predict_linear(llamacpp_kv_pool_usage_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
+    assert 'llamacpp_kv_pool_usage_ratio{job="llama"} > 0.85' in text
+    assert "runbook_url: https://runbooks.example.com/llamacpp.md#llamacppkvpoolsaturated" in text
+    check = subprocess.run([str(promtool_bin), "check", "rules", str(out_file)], capture_output=True, timeout=60)
+    assert check.returncode == 0, check
+    with pytest.raises(SystemExit, match="vram_free_bytes must be a int"):
+        rules_generator.main(["-o", str(out_file), "--set", "vram_free_bytes=lots"])
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        rules_generator.main(["-o", str(out_file), "--set", "no_such_knob=1"])

@@ -1,0 +1,205 @@
+"""The Grafana dashboard in dashboards/: generated file up to date, a structural round trip through
+grafana-foundation-sdk (Grafana's own typed models), dashboard-linter's conventions, what the seed
+incident needs to be visible at a glance, and the provisioning files.
+
+That every query returns data from a real Prometheus scraping the real exporter is checked in
+test_prometheus_e2e.py; that every metric it names is emitted, in test_alerts_metric_names.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prom_harness import dashboard_queries, load_script, metric_names_in
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "dashboards" / "llamacpp.json"
+PROVISIONING = ROOT / "dashboards" / "provisioning"
+dashboard_generator = load_script(ROOT / "dashboards" / "generate_dashboard.py")
+
+#: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
+#: part of the core dashboard schema the SDK models (so its round trip drops them).
+PLUGIN_KEYS = {"builtIn", "step", "titleFormat", "tagKeys", "useValueForTime", "definition"}
+
+
+def _dashboard() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return doc
+
+
+def _panels() -> list[dict[str, Any]]:
+    return [p for p in _dashboard()["panels"] if p["type"] != "row"]
+
+
+def _lost_in_round_trip(original: Any, back: Any, path: str = "$") -> list[str]:
+    """Every key/value of ``original`` that ``back`` does not carry unchanged (``back`` may add defaults)."""
+    if isinstance(original, dict):
+        if not isinstance(back, dict):
+            return [f"{path}: became {type(back).__name__}"]
+        out: list[str] = []
+        for key, value in original.items():
+            if key not in back:
+                if key not in PLUGIN_KEYS:
+                    out.append(f"{path}.{key}: dropped")
+                continue
+            out += _lost_in_round_trip(value, back[key], f"{path}.{key}")
+        return out
+    if isinstance(original, list):
+        if not isinstance(back, list) or len(original) != len(back):
+            return [f"{path}: list changed"]
+        return [
+            d
+            for i, (a, b) in enumerate(zip(original, back, strict=True))
+            for d in _lost_in_round_trip(a, b, f"{path}[{i}]")
+        ]
+    return [] if original == back else [f"{path}: {original!r} -> {back!r}"]
+
+
+def test_dashboard_is_the_generator_output() -> None:
+    assert DASHBOARD.read_text(encoding="utf-8") == dashboard_generator.render(), (
+        "run: python dashboards/generate_dashboard.py"
+    )
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="grafana-foundation-sdk needs Python 3.11")
+def test_dashboard_round_trips_through_grafana_foundation_sdk() -> None:
+    """Decode with the SDK's typed models (every panel type's options and field config, every Prometheus
+    target) and encode again: nothing may be lost or changed except the plugin-level keys above."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard, Panel, RowPanel
+    from grafana_foundation_sdk.models.prometheus import Dataquery
+
+    plugins.register_default_plugins()
+    original = _dashboard()
+    model = Dashboard.from_json(original)
+    assert model.uid == "llamacpp-exporter"
+    assert model.panels is not None and len(model.panels) == len(original["panels"])
+    for panel in model.panels:
+        if isinstance(panel, RowPanel):
+            continue
+        assert isinstance(panel, Panel)
+        assert panel.targets and all(isinstance(t, Dataquery) for t in panel.targets), panel.title
+        assert type(panel.options).__module__.endswith(panel.type_val.replace("-", "")), (panel.type_val, panel.options)
+    back = json.loads(json.dumps(model, cls=JSONEncoder))
+    assert _lost_in_round_trip(original, back) == []
+
+
+def test_stable_uid_and_variables() -> None:
+    d = _dashboard()
+    assert d["uid"] == "llamacpp-exporter" and 8 <= len(d["uid"]) <= 40
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert list(variables) == ["datasource", "job", "instance"]
+    ds = variables["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus" and ds["label"] == "Data Source"
+    for name in ("job", "instance"):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert v["multi"] and v["includeAll"] and v["allValue"] == ".+" and v["refresh"] == 2
+    assert '{job=~"$job"}' in variables["instance"]["query"]["query"]
+
+
+def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_queries() -> None:
+    for panel in _panels():
+        title = panel["title"]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{title}: no unit"
+        description = panel.get("description", "")
+        assert len(description) > 30, f"{title}: no description"
+        assert panel["targets"], title
+        for target in panel["targets"]:
+            expr = target["expr"]
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
+            for name in metric_names_in(expr):
+                base = re.sub(r"_(bucket|sum|count)$", "", name) if "_seconds_" in name else name
+                assert base in description, f"{title}: the description does not name {base}"
+            # dashboard-linter: every selector filters by job and instance; rates use $__rate_interval.
+            selectors = re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr)
+            assert selectors, f"{title}: {expr}"
+            for selector in selectors:
+                assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, f"{title}: {selector}"
+            for window in re.findall(r"\[([^\]]+)\]", expr):
+                assert window in ("$__rate_interval", "$__range"), f"{title}: fixed window [{window}]"
+
+
+def test_layout_has_unique_ids_and_no_overlaps() -> None:
+    panels = _dashboard()["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+
+
+def _panel_with(*metrics: str) -> dict[str, Any]:
+    """The one panel whose queries name all of ``metrics``."""
+    found = [p for p in _panels() if set(metrics) <= {n for t in p["targets"] for n in metric_names_in(t["expr"])}]
+    assert found, f"no panel plots {metrics}"
+    return found[0]
+
+
+def test_the_seed_incident_is_visible_at_a_glance() -> None:
+    """Per-slot tokens stacked against the capacity line, usage with its 90% line, overcommit, events,
+    VRAM with its headroom line, host RAM, prompt evaluation time, up/loading/restarts, exporter health."""
+    slots = _panel_with("llamacpp_slot_tokens", "llamacpp_kv_pool_capacity_tokens")
+    assert slots["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (capacity_override,) = slots["fieldConfig"]["overrides"]
+    props = {p["id"]: p["value"] for p in capacity_override["properties"]}
+    assert props["custom.stacking"]["mode"] == "none" and props["custom.lineWidth"] == 2  # a line, not a band
+
+    usage = next(p for p in _panels() if p["type"] == "timeseries" and p["title"] == "KV pool usage")
+    defaults = usage["fieldConfig"]["defaults"]
+    assert defaults["unit"] == "percentunit"
+    assert defaults["custom"]["thresholdsStyle"]["mode"].startswith("line")
+    assert {s["value"] for s in defaults["thresholds"]["steps"]} == {None, 0.9}
+
+    _panel_with("llamacpp_kv_pool_overcommit_ratio")
+    events = _panel_with(
+        "llamacpp_kv_retries_total",
+        "llamacpp_kv_cascades_total",
+        "llamacpp_context_exceeded_total",
+        "llamacpp_requests_aborted_total",
+    )
+    assert events["fieldConfig"]["defaults"]["custom"]["drawStyle"] == "bars"
+
+    vram = next(p for p in _panels() if p["title"] == "Free VRAM per GPU")
+    assert "{{gpu}}" in vram["targets"][0]["legendFormat"]
+    assert 512 * 1024 * 1024 in {s["value"] for s in vram["fieldConfig"]["defaults"]["thresholds"]["steps"]}
+    assert vram["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"].startswith("line")
+
+    _panel_with("llamacpp_checkpoint_bytes", "llamacpp_prompt_cache_bytes", "llamacpp_host_memory_available_bytes")
+    _panel_with("llamacpp_prompt_eval_seconds_bucket")
+    _panel_with("llamacpp_up", "llamacpp_server_loading")
+    _panel_with("llamacpp_server_starts_total")
+    _panel_with("llamacpp_exporter_source_up")
+    _panel_with("llamacpp_exporter_log_lines_total")
+    annotations = {a["name"] for a in _dashboard()["annotations"]["list"]}
+    assert {"Context size exceeded", "llama-server start", "Firing alerts"} <= annotations
+
+
+def test_queries_are_all_found() -> None:
+    assert len(dashboard_queries(_dashboard())) >= 45
+
+
+def test_provisioning_loads_the_dashboard_with_no_clicks() -> None:
+    ds = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text(encoding="utf-8"))
+    assert ds["apiVersion"] == 1
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["isDefault"] is True and source["url"].startswith("http")
+    prov = yaml.safe_load((PROVISIONING / "dashboards" / "llamacpp.yaml").read_text(encoding="utf-8"))
+    assert prov["apiVersion"] == 1
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
+    # The datasource variable picks the default Prometheus: no uid has to match.
+    assert _dashboard()["templating"]["list"][0]["current"] == {}

@@ -1,0 +1,386 @@
+"""The journald source (`--log-source journald --journal-unit UNIT`) against a real systemd-journald.
+
+No journald runs on this machine (no systemd as pid 1), so the tests start their own: a real
+``systemd-journald`` in a private journal namespace (needs root; CI runs as root). Processes are
+attached to it the way systemd attaches a service with ``StandardOutput=journal`` (the stream socket
+and its header, see ``source_harness``), so journald records ``_SYSTEMD_UNIT`` and ``_PID`` exactly as
+for a real unit, and the exporter reads it with the real ``journalctl``.
+
+What is checked: every real capture logged through the journal gives the same metrics as the file
+source on the same lines; a real llama-server logging to the journal gives the same metrics as its
+``--log-file``; a server restart is counted once; an exporter restart replays the journal back to the
+newest start banner without counting; the hand-over between history and follow (and a journalctl
+restart) loses and repeats no line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from llama_harness import ExporterProcess, LlamaServer, run_concurrent_completions, wait_for
+from source_harness import (
+    CAPTURES,
+    NO_HTTP_SERVER,
+    PrivateJournald,
+    SourceExporter,
+    count_lines,
+    describe_difference,
+    find_journald,
+    server_samples,
+    split_samples,
+    wait_lines,
+)
+
+from exporter.config import parse_config
+from exporter.logs.journald import JournaldSource, is_start_banner, parse_entry
+
+SEED_ARGS = ["-c", "512", "-np", "4", "-kvu", "-lv", "4", "--metrics", "-t", "2", "--log-colors", "on"]
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _missing(what: str) -> NoReturn:
+    """Fail under CI (where scripts/test.sh runs as root with systemd's tools installed), skip elsewhere."""
+    if _in_ci():
+        pytest.fail(f"{what} (under CI)", pytrace=False)
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="module")
+def journald(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateJournald]:
+    """A private real systemd-journald (namespaced), removed afterwards."""
+    binary = find_journald()
+    if binary is None or shutil.which("journalctl") is None:
+        _missing("systemd-journald/journalctl not installed (Debian package systemd)")
+    if os.geteuid() != 0:
+        _missing("starting a private systemd-journald needs root")
+    with PrivateJournald(binary, tmp_path_factory.mktemp("journald")) as j:
+        yield j
+
+
+def _journal_exporter(journald: PrivateJournald, unit: str, tmp_path: Path, name: str) -> SourceExporter:
+    return SourceExporter(
+        ["--log-source", "journald", "--journal-unit", unit, "--journal-namespace", journald.namespace],
+        workdir=tmp_path,
+        name=name,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def test_parse_entry_forms() -> None:
+    """journalctl -o json: text, byte arrays (control characters), repeated fields, empty messages."""
+    e = parse_entry('{"__CURSOR":"s=a;i=1","_PID":"42","MESSAGE":"srv  load_model: loading model"}')
+    assert e is not None and e.cursor == "s=a;i=1" and e.pid == "42" and e.lines == ["srv  load_model: loading model"]
+    colour = list(b"\x1b[31mE\x1b[0m red")
+    e = parse_entry(f'{{"__CURSOR":"c","MESSAGE":{colour}}}')
+    assert e is not None and e.lines == ["\x1b[31mE\x1b[0m red"]
+    e = parse_entry('{"__CURSOR":"c","MESSAGE":["first","second"],"_PID":["1","2"]}')
+    assert e is not None and e.lines == ["first"] and e.pid == "1"
+    e = parse_entry('{"__CURSOR":"c","MESSAGE":""}')
+    assert e is not None and e.lines == [""]
+    e = parse_entry('{"__CURSOR":"c","MESSAGE":null}')  # a field journalctl left out
+    assert e is not None and e.lines == []
+    assert parse_entry("not json") is None and parse_entry("[1]") is None
+
+
+def test_start_banner_lines() -> None:
+    capture = next(c for c in CAPTURES if c.parent.name == "exhaust-lv4").read_text().splitlines()
+    banners = [line for line in capture if is_start_banner(line)]
+    assert banners and banners[0] == capture[0], banners  # `initializing ...` opens the log
+    assert not any(is_start_banner(line) for line in capture[10:])
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        (["--log-source", "journald"], {}, "--journal-unit"),
+        (["--log-source", "journald", "--journal-unit", "x", "--log-file", "a.log"], {}, "exclude each other"),
+        (["--journal-unit", "x", "--log-source", "file", "--log-file", "a.log"], {}, "--journal-unit needs"),
+        (["--journal-unit", ""], {}, "--journal-unit: empty"),
+        ([], {"LLAMACPP_EXPORTER_LOG_SOURCE": "syslog"}, "--log-source"),
+        ([], {}, "--log-file is required"),
+    ],
+)
+def test_journald_flag_errors(
+    argv: list[str], env: dict[str, str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_config(argv, env)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert error in err and err.count("\n") == 1, err
+
+
+def test_journald_flags() -> None:
+    c = parse_config(["--journal-unit", "llama-server.service"], {})
+    assert (c.log_source, c.journal_unit, c.journal_namespace, c.journal_directory) == (
+        "journald",
+        "llama-server.service",
+        None,
+        None,
+    )
+    env = {
+        "LLAMACPP_EXPORTER_LOG_SOURCE": "journald",
+        "LLAMACPP_EXPORTER_JOURNAL_UNIT": "llama-server",
+        "LLAMACPP_EXPORTER_JOURNAL_NAMESPACE": "llm",
+        "LLAMACPP_EXPORTER_JOURNAL_DIRECTORY": "/host/var/log/journal",
+    }
+    c = parse_config([], env)
+    assert (c.log_source, c.journal_unit, c.journal_namespace, c.journal_directory) == (
+        "journald",
+        "llama-server",
+        "llm",
+        "/host/var/log/journal",
+    )
+    cmd = JournaldSource("llama-server", namespace="llm", directory="/j").command("--reverse")
+    assert cmd[0] == "journalctl" and "--unit=llama-server" in cmd and "--namespace=llm" in cmd
+    assert "--directory=/j" in cmd and "--output=json" in cmd and "--all" in cmd and cmd[-1] == "--reverse"
+
+
+def test_journalctl_missing_is_reported_not_fatal(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """No journalctl: the source is down, one warning names the problem, and nothing raises."""
+    source = JournaldSource("llama-server.service", journalctl=str(tmp_path / "no-journalctl"), restart_delay=0.01)
+    with caplog.at_level(logging.WARNING):
+        assert source.history() == []
+    assert not source.up
+    assert "cannot run" in caplog.text and "no-journalctl" in caplog.text
+
+    async def follow_briefly() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(source.run(lambda lines: None, stop))
+        while source.restarts < 3:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(follow_briefly())
+    assert not source.up
+    assert caplog.text.count("cannot run") == 0  # already reported once, not on every retry
+
+
+# ------------------------------------------------------------------------------------ the real journal
+
+
+def test_history_and_follow_hand_over_without_loss_or_repeat(journald: PrivateJournald, tmp_path: Path) -> None:
+    """history() = the newest process since its banner; follow continues after it, also across a journalctl restart."""
+    unit = "handover.service"
+    by_name = {c.parent.name: c for c in CAPTURES}
+    older, newest, later, last = (
+        by_name["exhaust-lv4"],
+        by_name["recover-purge-lv4"],
+        by_name["longprompt-lv4"],
+        by_name["checkpoints-swa-lv4"],
+    )
+    journald.write(unit, older)
+    journald.write(unit, newest)
+    expected_entries = count_lines(older.read_bytes()) + count_lines(newest.read_bytes())
+    wait_for(
+        lambda: len(journald.journalctl("-u", unit, "-o", "cat").splitlines()) == expected_entries,
+        timeout=30,
+        what="both captures in the journal",
+    )
+
+    source = JournaldSource(unit, namespace=journald.namespace, restart_delay=0.05)
+    history = source.history()
+    # journald strips trailing whitespace from stream lines (the parser does not care).
+    assert history == _journal_lines(newest), "history must be exactly the newest process's lines"
+    assert source.up and source.cursor is not None
+
+    async def follow() -> list[str]:
+        got: list[str] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(source.run(got.extend, stop))
+        want_later = _journal_lines(later)
+        await asyncio.to_thread(journald.write, unit, later)
+        await _until(lambda: len(got) >= len(want_later), "the later capture")
+        assert got == want_later
+        # journalctl dies (the journal was vacuumed, someone killed it): restarted after the last cursor.
+        restarts = source.restarts
+        pid = await _journalctl_child(os.getpid())
+        os.kill(pid, 9)
+        await _until(lambda: source.restarts > restarts and source.up, "journalctl to be restarted")
+        want_last = _journal_lines(last)
+        await asyncio.to_thread(journald.write, unit, last)
+        await _until(lambda: len(got) >= len(want_later) + len(want_last), "the last capture")
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        return got
+
+    got = asyncio.run(follow())
+    assert got == _journal_lines(later) + _journal_lines(last)
+
+
+def _journal_lines(capture: Path) -> list[str]:
+    return [line.rstrip() for line in capture.read_text().splitlines()]
+
+
+async def _until(condition: object, what: str, timeout: float = 30.0) -> None:
+    assert callable(condition)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _journalctl_child(parent: int) -> int:
+    """Pid of the `journalctl --follow` child of this process (the source's own)."""
+    for _ in range(500):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == parent and cmdline and cmdline[0].endswith(b"journalctl") and b"--follow" in cmdline:
+                return int(entry.name)
+        await asyncio.sleep(0.02)
+    raise TimeoutError("no journalctl --follow child found")
+
+
+def test_captures_through_the_journal_match_the_file_source(journald: PrivateJournald, tmp_path: Path) -> None:
+    """Each real capture, logged as one process of the unit: journal and file exporters agree after each."""
+    unit = "captures.service"
+    log_file = tmp_path / "llama-server.log"
+    with (
+        ExporterProcess(log_file, NO_HTTP_SERVER, output_file=tmp_path / "file.out") as by_file,
+        _journal_exporter(journald, unit, tmp_path, "journal") as by_journal,
+    ):
+        assert by_journal.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        total = 0
+        for capture in CAPTURES:
+            data = capture.read_bytes()
+            total += count_lines(data)
+            log_file.write_bytes(data)
+            journald.write(unit, capture)
+            wait_lines(by_file, total, "file")
+            wait_lines(by_journal, total, "journal")
+            a, b = server_samples(by_file.scrape()), server_samples(by_journal.scrape())
+            assert a == b, f"{capture.parent.name}:\n{describe_difference(a, b, ('file', 'journal'))}"
+        assert by_journal.sample("llamacpp_server_starts_total") == len(CAPTURES)
+
+        # An exporter restart: the journal is replayed back to the newest banner, nothing is counted.
+        gauges, _ = split_samples(by_journal.scrape())
+        by_journal.restart()
+        gauges_after, counters_after = split_samples(by_journal.scrape())
+        newest_lines = count_lines(CAPTURES[-1].read_bytes())
+        assert by_journal.sample("llamacpp_exporter_log_replayed_lines") == newest_lines
+        assert by_journal.sample("llamacpp_exporter_log_lines_total") == 0
+        assert gauges_after == gauges, describe_difference(gauges, gauges_after, ("before", "after"))
+        counted = {k: v for k, v in counters_after.items() if v != 0}
+        assert not counted, f"counted again after the exporter restart: {counted}"
+
+
+@pytest.mark.llama_server
+def test_real_llama_server_in_the_journal(
+    journald: PrivateJournald, llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path
+) -> None:
+    """llama-server as a journald unit (colour on): the journal and its --log-file give the same metrics,
+    a crash and restart is counted once, and an exporter restart does not count the past."""
+    unit = "llama-server.service"
+    log_file = tmp_path / "llama-server.log"
+    server = LlamaServer(llama_server_bin, tiny_llama_model, SEED_ARGS, log_file=log_file)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start_server() -> None:
+        procs.append(
+            subprocess.Popen(
+                journald.stream_command(unit, server.command),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=server.env,
+            )
+        )
+        proc = procs[-1]
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited rc={proc.returncode}:\n{server.log_text()[-3000:]}")
+            h = server.health()
+            return h is not None and h[0] == 200
+
+        wait_for(healthy, timeout=60, what="llama-server /health 200")
+
+    def agree(want_aborted: int) -> None:
+        def same() -> bool:
+            a, b = server_samples(by_file.scrape()), server_samples(by_journal.scrape())
+            key = ("llamacpp_requests_aborted_total", (("reason", "context_exceeded"),))
+            return a == b and a.get(key) == want_aborted
+
+        try:
+            wait_for(same, timeout=30, what="journal and file exporters to agree")
+        except TimeoutError:
+            a, b = server_samples(by_file.scrape()), server_samples(by_journal.scrape())
+            pytest.fail(f"journal and file exporters disagree:\n{describe_difference(a, b, ('file', 'journal'))}")
+
+    try:
+        with (
+            ExporterProcess(log_file, NO_HTTP_SERVER, output_file=tmp_path / "file.out") as by_file,
+            _journal_exporter(journald, unit, tmp_path, "journal") as by_journal,
+        ):
+            start_server()
+            results = run_concurrent_completions(server.url, n=4)
+            assert [status for status, _ in results] == [500] * 4, results
+            agree(4)
+            assert by_journal.sample("llamacpp_server_starts_total") == 1
+            assert "\x1b[" in server.log_text(), "colour codes expected in the log (--log-colors on)"
+
+            # Crash and restart: one more start, slots and pool reset, counters kept.
+            procs[-1].kill()
+            procs[-1].wait(30)
+            start_server()
+            wait_for(lambda: by_journal.sample("llamacpp_server_starts_total") == 2, timeout=30, what="2 starts")
+            agree(4)
+            assert by_journal.sample("llamacpp_kv_pool_used_tokens") == 0
+
+            # Exporter restart: counters start from 0, gauges come back from the journal.
+            gauges, _ = split_samples(by_journal.scrape())
+            by_journal.restart()
+            gauges_after, counters_after = split_samples(by_journal.scrape())
+            assert gauges_after == gauges, describe_difference(gauges, gauges_after, ("before", "after"))
+            counted = {k: v for k, v in counters_after.items() if v != 0}
+            assert not counted, f"counted again after the exporter restart: {counted}"
+            # The replay covered the current server process only (from its banner on).
+            current_run_lines = len(server.log_lines())
+            assert by_journal.sample("llamacpp_exporter_log_replayed_lines") == current_run_lines
+
+            # And the next incident is counted normally.
+            results = run_concurrent_completions(server.url, n=4)
+            assert [status for status, _ in results] == [500] * 4, results
+            wait_for(
+                lambda: by_journal.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) == 4,
+                timeout=30,
+                what="4 aborts counted after the exporter restart",
+            )
+            # The file exporter kept running (4 + 4 aborts); gauges agree, and so do counters since the restart.
+            wait_for(
+                lambda: by_file.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) == 8,
+                timeout=30,
+                what="8 aborts in the file exporter",
+            )
+            (a, _), (b, _) = split_samples(by_file.scrape()), split_samples(by_journal.scrape())
+            assert a == b, describe_difference(a, b, ("file", "journal"))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)

@@ -63,6 +63,10 @@ class Config:
     restarts_window: str = "15m"
     restarts_for: str = "1m"
     source_down_for: str = "5m"
+    #: LlamaCppExporterSourceDown for source="nvml" only when NVML worked within this window: a host without
+    #: an NVIDIA GPU or driver reports nvml 0 forever and stays quiet; a GPU lost or a driver reloaded alerts
+    #: (until it has been gone for this long, then it counts as a GPU-less host).
+    nvml_seen_window: str = "1d"
     #: LlamaCppExporterLogStalled: no log line within this window while a slot is processing.
     log_stalled_window: str = "5m"
     log_stalled_for: str = "5m"
@@ -248,10 +252,22 @@ class _Rules:
                 "abort); stop the loop (systemctl stop) before it hides the cause, fix it, start again.",
             )
         )
+        nvml = m("llamacpp_exporter_source_up", 'source="nvml"')
+        not_nvml = m("llamacpp_exporter_source_up", 'source!="nvml"')
         out.append(
             self.alert(
                 "LlamaCppExporterSourceDown",
-                f"{m('llamacpp_exporter_source_up')} == 0",
+                # NVML that never worked is a host without an NVIDIA GPU or driver (source_up 0 by design):
+                # only NVML that worked within nvml_seen_window and then stopped is an outage.
+                "\n".join(
+                    [
+                        f"{not_nvml} == 0",
+                        "or (",
+                        f"  {nvml} == 0",
+                        f"  and max_over_time({nvml}[{c.nvml_seen_window}]) == 1",
+                        ")",
+                    ]
+                ),
                 c.source_down_for,
                 "warning",
                 "llamacpp-exporter cannot read one of its sources.",
@@ -259,8 +275,10 @@ class _Rules:
                 "'{{ $labels.source }}' source for "
                 f"{c.source_down_for}; the metrics from it are missing or stale and alerts built on them stay "
                 "silent. log: check --log-file (path, permissions, llama-server started with --log-file); "
-                "http: check --server-url; nvml: the NVIDIA driver/library (on a host without an NVIDIA GPU run "
-                "the exporter with --nvml off); proc: the llama-server process (--pid, --proc-root).",
+                "http: check --server-url; nvml: NVML worked within the last "
+                f"{c.nvml_seen_window} and stopped (GPU lost, driver reloaded or upgraded, the container lost "
+                "its GPU access): check nvidia-smi and the exporter's log (a host that never had NVML does not "
+                "alert; --nvml off turns the source off); proc: the llama-server process (--pid, --proc-root).",
             )
         )
         out.append(

@@ -237,3 +237,61 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
         rules_generator.main(["-o", str(out_file), "--set", "vram_free_bytes=lots"])
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         rules_generator.main(["-o", str(out_file), "--set", "no_such_knob=1"])
+
+
+@pytest.mark.promtool
+def test_nvml_source_alerts_only_within_the_configured_window(promtool_bin: Path, tmp_path: Path) -> None:
+    """`nvml_seen_window` (1d by default) is how long after NVML last worked its failure still alerts: a GPU
+    that stays gone for longer, like a host that never had one, goes quiet. Tested with a 1h window so the
+    run stays short; the selector applies to every part of the expression."""
+    cfg = rules_generator.Config(nvml_seen_window="1h", selector='job="llamacpp"')
+    doc = rules_generator.build(cfg)
+    source_down = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "LlamaCppExporterSourceDown")
+    assert source_down["expr"] == (
+        'llamacpp_exporter_source_up{job="llamacpp", source!="nvml"} == 0\nor (\n'
+        '  llamacpp_exporter_source_up{job="llamacpp", source="nvml"} == 0\n'
+        '  and max_over_time(llamacpp_exporter_source_up{job="llamacpp", source="nvml"}[1h]) == 1\n)'
+    )
+    for group in doc["groups"]:  # the annotations are checked in the main unit tests; here only the expression
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    firing = [{"exp_labels": {"severity": "warning", "job": "llamacpp", "instance": "gpu-node:9778", "source": "nvml"}}]
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # NVML worked until 10m, then fails for good.
+                    {
+                        "series": 'llamacpp_exporter_source_up{job="llamacpp", instance="gpu-node:9778", source="nvml"}',
+                        "values": "1x10 0x80",
+                    },
+                    # Another job's exporter is not selected, whatever its sources do.
+                    {
+                        "series": 'llamacpp_exporter_source_up{job="other", instance="gpu-node:9779", source="nvml"}',
+                        "values": "1x10 0x80",
+                    },
+                    {
+                        "series": 'llamacpp_exporter_source_up{job="other", instance="gpu-node:9779", source="log"}',
+                        "values": "0x90",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "15m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": []},
+                    {"eval_time": "16m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": firing},
+                    # The last 1 (at 10m) is still within the 1h window.
+                    {"eval_time": "1h5m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": firing},
+                    # Past it: the same as a host without a GPU.
+                    {"eval_time": "1h15m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr

@@ -1,13 +1,16 @@
 """Tests for exporter.logs.tail.
 
 Sync tests drive LogTailer.poll() directly with sequence-numbered lines and no sleeps; the async
-tests run follow() with a real watchdog observer and wait on "the follower has seen seq N"
-conditions with a bounded timeout, never on a fixed sleep.
+tests run follow() with a real filesystem watch (inotify on the event loop on Linux, a watchdog
+observer elsewhere and as the fallback) and wait on "the follower has seen seq N" conditions with
+a bounded timeout, never on a fixed sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -483,8 +486,15 @@ async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 3.0) 
         await asyncio.sleep(0.002)
 
 
-def live_observers() -> list[threading.Thread]:
-    return [th for th in threading.enumerate() if isinstance(th, BaseObserver) and th.is_alive()]
+def live_watches() -> list[str]:
+    """The filesystem watches this process holds: watchdog observer threads and inotify instances (Linux)."""
+    watches = [th.name for th in threading.enumerate() if isinstance(th, BaseObserver) and th.is_alive()]
+    fds = Path("/proc/self/fd")
+    for fd in fds.iterdir() if fds.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if str(fd.readlink()) == "anon_inode:inotify":
+                watches.append(f"inotify fd {fd.name}")
+    return watches
 
 
 class Seen:
@@ -501,7 +511,14 @@ class Seen:
         return bool(self.lines) and seqs(self.lines[-1:])[0] >= i
 
 
-async def test_follow_watchdog_rotation_and_truncation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watch", ["inotify", "watchdog"])
+async def test_follow_watchdog_rotation_and_truncation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
+) -> None:
+    if watch == "watchdog":
+        monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)
+    elif tail_mod._libc_with_inotify() is None:
+        pytest.skip("no inotify here")
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -531,7 +548,7 @@ async def test_follow_watchdog_rotation_and_truncation(tmp_path: Path) -> None:
     await asyncio.wait_for(task, timeout=1.0)
     assert seqs(seen.lines) == list(range(2000))
     assert (t.stats.rotations, t.stats.truncations, t.stats.lost_bytes) == (1, 1, 0)
-    assert not live_observers()
+    assert not live_watches()
 
 
 async def test_follow_reads_a_backlog_in_chunks_on_one_wake(tmp_path: Path) -> None:
@@ -596,7 +613,7 @@ async def test_follow_poll_only_uses_stat_fallback(tmp_path: Path) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(follow(t, seen, poll_interval=0.01, use_watchdog=False, stop=stop))
     await wait_until(lambda: t.last_error is not None, "the first poll")
-    assert not live_observers()
+    assert not live_watches()
     append(p, 0, 100)
     await wait_until(lambda: seen.has(99), "seq 99")
     p.rename(tmp_path / "server.log.1")
@@ -616,13 +633,13 @@ async def test_follow_returns_promptly_on_stop(tmp_path: Path) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
     await wait_until(lambda: seen.has(2), "seq 2")
-    assert live_observers()
+    assert live_watches()
     loop = asyncio.get_running_loop()
     started = loop.time()
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
     assert loop.time() - started < 0.5
-    assert not live_observers()
+    assert not live_watches()
 
 
 async def test_follow_cancellation_stops_observer(tmp_path: Path) -> None:
@@ -630,11 +647,11 @@ async def test_follow_cancellation_stops_observer(tmp_path: Path) -> None:
     t = LogTailer(p)
     task = asyncio.create_task(follow(t, Seen(), poll_interval=60))
     await wait_until(lambda: t.last_error is not None, "the first poll")
-    assert live_observers()
+    assert live_watches()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not live_observers()
+    assert not live_watches()
 
 
 async def test_follow_parent_directory_created_later(tmp_path: Path) -> None:
@@ -645,11 +662,11 @@ async def test_follow_parent_directory_created_later(tmp_path: Path) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
     await wait_until(lambda: t.last_error is not None, "the first poll")
-    assert not live_observers()  # nothing to watch yet
+    assert not live_watches()  # nothing to watch yet
     d.mkdir()
     append(p, 0, 10)
     await wait_until(lambda: seen.has(9), "seq 9")
-    await wait_until(lambda: bool(live_observers()), "the watch to be scheduled")
+    await wait_until(lambda: bool(live_watches()), "the watch to be scheduled")
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
     assert seqs(seen.lines) == list(range(10))
@@ -662,6 +679,7 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
         def start(self) -> None:
             raise OSError(errno.EMFILE, "inotify instance limit reached")
 
+    monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
     monkeypatch.setattr(tail_mod, "Observer", BrokenObserver)
     p = tmp_path / "server.log"
     t = LogTailer(p)
@@ -678,3 +696,63 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
     warnings = [r for r in caplog.records if r.name == "exporter.logs.tail"]
     assert len(warnings) == 1 and "falling back to polling" in warnings[0].getMessage()
     assert seqs(seen.lines) == list(range(20))
+
+
+async def test_follow_falls_back_to_polling_when_inotify_refuses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    found = tail_mod._libc_with_inotify()
+    if found is None:
+        pytest.skip("no inotify here")
+    libc: ctypes.CDLL = found
+
+    class NoWatchesLeft:  # inotify_add_watch fails as it does at fs.inotify.max_user_watches
+        inotify_init1 = libc.inotify_init1
+        inotify_rm_watch = libc.inotify_rm_watch
+
+        @staticmethod
+        def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+
+    monkeypatch.setattr(tail_mod, "_libc_with_inotify", NoWatchesLeft)
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.tail"):
+        task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
+        append(p, 0, 10)
+        await wait_until(lambda: seen.has(9), "seq 9")
+        assert not live_watches()
+        append(p, 10, 20)
+        await wait_until(lambda: seen.has(19), "seq 19")
+        stop.set()
+        await asyncio.wait_for(task, timeout=1.0)
+    warnings = [r for r in caplog.records if r.name == "exporter.logs.tail"]
+    assert len(warnings) == 1 and "falling back to polling" in warnings[0].getMessage()
+    assert seqs(seen.lines) == list(range(20))
+
+
+async def test_follow_batches_a_busy_writer(tmp_path: Path) -> None:
+    """A write every millisecond is read in batches (at most one drain per batch interval), and all of it."""
+    p = tmp_path / "server.log"
+    append(p, 0, 1)
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=0.05))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with p.open("ab") as f:
+        for i in range(1, 301):
+            f.write(lines_bytes(i, i + 1))
+            f.flush()
+            await asyncio.sleep(0.001)
+    await wait_until(lambda: seen.has(300), "seq 300")
+    elapsed = loop.time() - started
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(301))
+    assert seen.batches - 1 <= elapsed / 0.05 + 2  # not one batch per write

@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -369,6 +369,9 @@ class ExporterProcess:
         self.output_file = output_file or log_file.with_name(f"exporter-{self.port}.out")
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._proc: subprocess.Popen[bytes] | None = None
+        # What the child reads as stdin; subclasses feed it a pipe (the `--log-file -` source).
+        self._stdin_spec: int | IO[Any] = subprocess.DEVNULL
+        self.stdin: IO[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -403,11 +406,12 @@ class ExporterProcess:
             self._proc = subprocess.Popen(
                 self.command,
                 cwd=REPO_ROOT,
-                stdin=subprocess.DEVNULL,
+                stdin=self._stdin_spec,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
             )
+        self.stdin = self._proc.stdin
         deadline = time.monotonic() + self.ready_timeout
         while _try_http_status(self.url + "/") != 200:
             if self._proc.poll() is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from llama_harness import REPO_ROOT, ExporterProcess, free_port, http_request, tail_text, wait_for
+from llama_harness import ExporterProcess, free_port, http_request, tail_text, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "b11434"
@@ -129,42 +129,15 @@ class SourceExporter(ExporterProcess):
             ready_timeout=ready_timeout,
             env=env,
         )
-        self._stdin_spec = stdin if stdin is not None else subprocess.DEVNULL
-        self.stdin: IO[bytes] | None = None
+        if stdin is not None:
+            self._stdin_spec = stdin
 
     @property
     def command(self) -> list[str]:
         return [sys.executable, "-m", "exporter", "--listen-address", f"127.0.0.1:{self.port}", *self.extra]
 
     def start(self) -> SourceExporter:
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError(f"exporter already running (pid {self._proc.pid})")
-        with self.output_file.open("ab") as out:
-            out.write(f"\n=== harness: starting {' '.join(self.command)}\n".encode())
-            out.flush()
-            self._proc = subprocess.Popen(
-                self.command,
-                cwd=REPO_ROOT,
-                stdin=self._stdin_spec,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-            )
-        self.stdin = self._proc.stdin
-        proc = self._proc
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"exporter exited (rc={proc.returncode}): {' '.join(self.command)}\n"
-                    f"--- {self.output_file} (tail) ---\n{tail_text(self.output_file)}"
-                )
-            try:
-                return http_request(self.url + "/", timeout=1.0)[0] == 200
-            except OSError:
-                return False
-
-        wait_for(ready, timeout=self.ready_timeout, what=f"exporter {' '.join(self.extra)} to answer GET /")
+        super().start()
         return self
 
     def __enter__(self) -> SourceExporter:

@@ -147,7 +147,12 @@ async def serve(config: Config) -> int:
 
     background.append(
         asyncio.create_task(
-            pipeline.run(poll_interval=config.log_poll_interval, use_watchdog=config.fs_events, stop=stop)
+            pipeline.run(
+                poll_interval=config.log_poll_interval,
+                batch_interval=config.log_batch_interval,
+                use_watchdog=config.fs_events,
+                stop=stop,
+            )
         )
     )
     try:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from exporter.logs import events as ev
-from exporter.logs.parse import parse_line
+from exporter.logs.parse import parse_line, parse_text_indexed, unwrap
 from exporter.state import ServerState
 
 SCHEMA = "llamacpp-exporter/diagnose/v1"
@@ -52,6 +52,7 @@ MIB = 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
 #: If the first bytes of a file hold no llama-server line and look binary, stop reading there.
 SNIFF_BYTES = 1024 * 1024
+_BATCH_LINES = 4096  # lines per feed_lines call: one regex scan each
 _FATAL_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
 _DECODE_MESSAGES = {
     "context_exceeded": "Context size has been exceeded",
@@ -83,19 +84,43 @@ _ROUTER = re.compile(r"^\[\s*(\d+)\] ")
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
 _STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
+# Lines that feed_lines unwraps before its scan: JSONL, colours, CR.
+_ODD_LINES = re.compile(r"\n\{|[\x1b\r]")
 
-_PROGRESS = (
-    ev.GenerationProgress,
-    ev.PromptProgress,
-    ev.CachedTokens,
-    ev.SlotReleased,
-    ev.TaskStarted,
-    ev.NewPrompt,
-    ev.AllSlotsIdle,
+# Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
+# cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
+_PROGRESS = frozenset(
+    {
+        ev.GenerationProgress,
+        ev.PromptProgress,
+        ev.CachedTokens,
+        ev.SlotReleased,
+        ev.TaskStarted,
+        ev.NewPrompt,
+        ev.AllSlotsIdle,
+    }
 )
-_BANNER = (ev.ServerStarting, ev.BuildInfo, ev.Verbosity)
+_BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Lines other programs write too: alone they do not make a file a llama-server log.
-_GENERIC = (ev.ServerReady, ev.ModelLoading)
+_GENERIC = frozenset({ev.ServerReady, ev.ModelLoading})
+# What does not end an abort's trail of lines (the aborted requests' errors and releases).
+_ABORT_TRAIL = frozenset({ev.RequestError, ev.SlotReleased, ev.SlotCleared})
+# The events _Run.apply looks at beyond the state (the rest only go to the state).
+_NOTED = frozenset(
+    {
+        ev.SlotReleased,
+        ev.TaskStarted,
+        ev.NewPrompt,
+        ev.RequestError,
+        ev.MemorySlotFailure,
+        ev.KVRetry,
+        ev.SlotPurged,
+        ev.DecodeFatal,
+        ev.ServerReady,
+        ev.KVCacheSection,
+        ev.KVCacheSize,
+    }
+)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -383,17 +408,20 @@ class _Run:
     def apply(self, e: ev.Event, lineno: int, line: str) -> None:
         self.events += 1
         self.last_line = lineno
-        if self.abort is not None and not isinstance(e, (ev.RequestError, ev.SlotReleased, ev.SlotCleared)):
-            if isinstance(e, ev.DecodeFailed):
+        kind = type(e)
+        if self.abort is not None and kind not in _ABORT_TRAIL:
+            if kind is ev.DecodeFailed:
                 self.state.apply(e)
                 self._close_abort()
                 return
             self._close_abort()
         self.state.apply(e)
 
-        if isinstance(e, _PROGRESS):
+        if kind in _PROGRESS:
             self.in_startup = False
             self.cascade = None  # a cascade that is followed by progress recovered
+        if kind not in _NOTED:
+            return
         if isinstance(e, ev.SlotReleased):
             self.releases += 1
             self.largest_request = max(self.largest_request, e.n_tokens)
@@ -739,14 +767,56 @@ class Diagnoser:
             return
         self.feed_event(e, lineno, line, source=source)
 
+    def feed_lines(self, lines: Sequence[str], first_lineno: int) -> None:
+        """`feed_line` for consecutive lines, numbered from `first_lineno`, with one regex scan for all.
+
+        The same result as feeding them one by one (a test holds it to that), several times faster:
+        lines without an event cost no Python code, except the last stamped line before each event.
+        A batch with router prefixes goes line by line (each line's prefix picks its run).
+        """
+        text = "".join(lines)
+        if "\n[" in text or text[:1] == "[":  # router mode: each line's prefix names its server
+            for i, line in enumerate(lines):
+                self.feed_line(line, first_lineno + i)
+            return
+        if _ODD_LINES.search(text) is not None or text[:1] == "{":
+            # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
+            text = "\n".join([unwrap(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+        done = 0  # lines[:done] are applied
+        for index, e in parse_text_indexed(text):
+            self._skip(lines, done, index, first_lineno)
+            self.feed_event(e, first_lineno + index, lines[index])
+            done = index + 1
+        self._skip(lines, done, len(lines), first_lineno)
+        if lines:
+            self.lines = max(self.lines, first_lineno + len(lines) - 1)
+
+    def _skip(self, lines: Sequence[str], start: int, end: int, first_lineno: int) -> None:
+        """What `feed_line` does for lines[start:end], lines without an event (plain ones, no router prefix)."""
+        run = self._current.get(None)
+        if run is None or start >= end:
+            return
+        run.last_line = first_lineno + end - 1
+        if run.first_elapsed is None:  # the run's first time stamp may be among them
+            for line in lines[start:end]:
+                if line[:1] in _STAMP_FIRST:
+                    run.note_stamp(line)
+                    if run.first_elapsed is not None:
+                        break
+        for i in range(end - 1, start - 1, -1):
+            if lines[i][:1] in _STAMP_FIRST:
+                run.last_stamped_line = lines[i]
+                break
+
     def feed_event(self, e: ev.Event, lineno: int, line: str = "", *, source: str | None = None) -> None:
         """Apply one parsed event; `line` is the raw line (read only for a fatal decode's offset and time)."""
         self.events += 1
-        if not isinstance(e, _GENERIC):
+        kind = type(e)
+        if kind not in _GENERIC:
             self.specific_events += 1
         run = self._current.get(source)
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
-        if isinstance(e, _BANNER) or restart:
+        if kind in _BANNER or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
             # line this start has already printed means a new process: a crash loop during start-up).
             kind = type(e)
@@ -880,10 +950,23 @@ def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> R
     d = Diagnoser(path, max_runs=max_runs, max_failures=max_failures)
     f = _open(path)
     try:
+        batch: list[str] = []
+        long_lines, sniffing = 0, True
         for line in read_lines(f, stats):
-            d.feed_line(line, stats.lines)
-            if d.specific_events == 0 and stats.bytes >= SNIFF_BYTES and _looks_binary(stats):
-                break  # a large binary file: no need to read it all to say so
+            if sniffing:  # line by line while the first MiB decides whether this is a log at all
+                d.feed_line(line, stats.lines)
+                if stats.bytes >= SNIFF_BYTES:
+                    sniffing = False
+                    if d.specific_events == 0 and _looks_binary(stats):
+                        break  # a large binary file: no need to read it all to say so
+                continue
+            batch.append(line)
+            if len(batch) == _BATCH_LINES or stats.long_lines != long_lines:
+                # A cut line has no "\n", so it ends a batch (joined, it would run into the next line).
+                d.feed_lines(batch, stats.lines - len(batch) + 1)
+                batch.clear()
+                long_lines = stats.long_lines
+        d.feed_lines(batch, stats.lines - len(batch) + 1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{path}: read error after {stats.lines:,} lines: {exc}") from None
     finally:

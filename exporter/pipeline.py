@@ -128,10 +128,19 @@ class LogPipeline:
                 log.info("log file %s is readable again", self.tailer.path if self.tailer else "-")
             self._reported_error = error
 
-    async def run(self, *, poll_interval: float, use_watchdog: bool, stop: asyncio.Event) -> None:
+    async def run(
+        self, *, poll_interval: float, use_watchdog: bool, stop: asyncio.Event, batch_interval: float = 0.025
+    ) -> None:
         """Follow the log until `stop` is set."""
         if self.tailer is None:
             if self.source is not None:
                 await self.source.run(self.feed, stop)
             return
-        await follow(self.tailer, self.feed, poll_interval=poll_interval, use_watchdog=use_watchdog, stop=stop)
+        await follow(
+            self.tailer,
+            self.feed,
+            poll_interval=poll_interval,
+            use_watchdog=use_watchdog,
+            stop=stop,
+            batch_interval=batch_interval,
+        )

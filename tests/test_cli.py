@@ -36,6 +36,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["--log-file", "x.log", "--listen-address", "127.0.0.1:99999"], "--listen-address"),
         (["--log-file", "x.log", "--server-url", "ftp://x"], "--server-url"),
         (["--log-file", "x.log", "--log-poll-interval", "-1"], "--log-poll-interval"),
+        (["--log-file", "x.log", "--log-batch-interval", "0"], "--log-batch-interval"),
         (["--log-file", "x.log", "--no-such-flag"], "--no-such-flag"),
         ([], "--log-file"),
     ],

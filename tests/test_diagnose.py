@@ -810,3 +810,43 @@ def test_docstring_examples() -> None:
     import doctest
 
     assert doctest.testmod(diagnose).failed == 0
+
+
+def _line_by_line(path: Path) -> Report:
+    """The reference: every line through `feed_line`, as `analyze` does."""
+    d = Diagnoser(str(path))
+    stats = diagnose.ReadStats()
+    with path.open("rb") as f:
+        for line in diagnose.read_lines(f, stats):
+            d.feed_line(line, stats.lines)
+    d.long_lines = stats.long_lines
+    return d.finish()
+
+
+@pytest.mark.parametrize("mix", ["plain", "odd"])
+def test_batched_diagnose_equals_line_by_line(tmp_path: Path, mix: str) -> None:
+    """diagnose_file scans batches of lines at once after the first MiB; the report must not change.
+
+    The log repeats every real capture past the 1 MiB sniff window (plain, no-prefix, default verbosity
+    and long runs go through the batch scan), with, for "odd", JSONL, router-prefixed and coloured runs
+    and an over-long line in between (those batches go line by line) and no newline at the end.
+    """
+    captures = [(CAPTURE_ROOT / c / "llama-server.log").read_text() for c in CAPTURES]
+    plain = [c for c in captures if not c.startswith("{")]
+    parts: list[str] = []
+    size = 0
+    while size < 3 * diagnose.SNIFF_BYTES:
+        for c in plain if mix == "plain" else captures:
+            parts.append(c)
+            size += len(c)
+        if mix == "odd":
+            first = plain[0].splitlines(keepends=True)
+            parts.append("".join(f"[ 8081] {line}" for line in first[:400]))
+            parts.append("".join(f"\x1b[32m{line}" if i % 3 else line for i, line in enumerate(first[:200])))
+            parts.append("0.00.000.001 I " + "x" * (diagnose.MAX_LINE_BYTES + 10) + "\n")
+    text = "".join(parts)
+    path = tmp_path / "big.log"
+    path.write_text(text.rstrip("\n") if mix == "odd" else text)
+    batched, reference = diagnose_file(str(path)), _line_by_line(path)
+    assert batched.runs_total > 50 and batched.failures_total > 10
+    assert to_json(batched) == to_json(reference)

@@ -6,18 +6,41 @@ them. Field names follow llama-server's own wording. Slot ids are ints, task ids
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform  # typing has it from 3.11 on; mypy knows both
+else:
+
+    def dataclass_transform(**_: object) -> Callable[[_T], _T]:
+        return lambda decorated: decorated
 
 
-@dataclass(frozen=True, slots=True)
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True)
+def event(cls: type[_T]) -> type[_T]:
+    """An event class: a slotted dataclass, immutable to the type checker.
+
+    Not ``frozen=True`` at run time: a frozen dataclass sets each field through
+    ``object.__setattr__``, which makes building an event about three times slower (~400 ns
+    against ~125 ns for three fields), and a busy log builds hundreds of thousands per second.
+    mypy still rejects any assignment to a field; nothing assigns one.
+    """
+    return dataclass(slots=True, unsafe_hash=True)(cls)
+
+
+@event
 class ServerStarting:
     """First lines of a server process (banner); a new process means every slot starts empty."""
 
     build: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class BuildInfo:
     """`build: 4747 (c392e509)`, `build_info: b8668-5d3a4a7da`, `common_params_print_info: build 11434 (…)`."""
 
@@ -25,28 +48,28 @@ class BuildInfo:
     commit: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class Verbosity:
     """`verbosity = 4 (adjust with the -lv N CLI arg)`: printed only at -lv 4 and above on b9151+."""
 
     level: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class ModelLoading:
     """`loading model 'path'` (b4274+)."""
 
     model: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class ServerReady:
     """`listening on http://…` / `server is listening on …`: the model is loaded and /health answers 200."""
 
     address: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotsInitialized:
     """`initializing, n_slots = 4, n_ctx_slot = 512, kv_unified = 'true'` (b9829+).
 
@@ -58,7 +81,7 @@ class SlotsInitialized:
     kv_unified: bool | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotCreated:
     """`new slot, n_ctx = 512` / `new slot n_ctx_slot = 4096`, one per slot at start-up."""
 
@@ -66,7 +89,7 @@ class SlotCreated:
     n_ctx: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class ContextParam:
     """One `llama_context: name = value` start-up line (n_ctx, n_ctx_seq, n_seq_max, kv_unified, n_batch…)."""
 
@@ -74,7 +97,7 @@ class ContextParam:
     value: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class KVCacheSize:
     """`llama_kv_cache: size = 0.12 MiB (512 cells, 2 layers, 4/1 seqs), K (f16): 0.06 MiB, V (f16): 0.06 MiB`.
 
@@ -92,7 +115,7 @@ class KVCacheSize:
     v_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class KVCacheSection:
     """`llama_kv_cache_iswa: creating     SWA KV cache, size = 256 cells`: the next size line is that sub-cache."""
 
@@ -100,7 +123,7 @@ class KVCacheSection:
     cells: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PerSlotCap:
     """`capping per-slot context (16384) to --kv-unified-per-slot (4096)`."""
 
@@ -108,14 +131,14 @@ class PerSlotCap:
     cap: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class IdleSlotPolicy:
     """`idle slots will be saved to prompt cache and cleared upon starting a new task` (b8658+, unified KV)."""
 
     clear_on_new_task: bool
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class TaskStarted:
     """`processing task` / `processing task, is_child = 0`: the slot now has a task."""
 
@@ -123,7 +146,7 @@ class TaskStarted:
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class NewPrompt:
     """`new prompt, n_ctx_slot = A, n_keep = B, task.n_tokens = C` (or `n_prompt_tokens = C`)."""
 
@@ -133,7 +156,7 @@ class NewPrompt:
     n_prompt_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CachedTokens:
     """`cached n_tokens = N, memory_seq_rm [N, end)` and older `n_past = N …`/`kv cache rm [N, end)`: N tokens kept."""
 
@@ -142,7 +165,7 @@ class CachedTokens:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptProgress:
     """Prompt processing progress.
 
@@ -156,7 +179,7 @@ class PromptProgress:
     absolute: bool
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class GenerationProgress:
     """`n_gen = G, tg = …` / `n_decoded = G, tg = …` (every ≥3 s while generating, b9151+)."""
 
@@ -165,7 +188,7 @@ class GenerationProgress:
     n_decoded: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotReleased:
     """`stop processing: n_tokens = N, truncated = 0`: idle, but the slot still holds N cells."""
 
@@ -174,7 +197,7 @@ class SlotReleased:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotCleared:
     """`clearing prompt with N tokens` / `clearing slot with N tokens`: the slot holds nothing now."""
 
@@ -182,7 +205,7 @@ class SlotCleared:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotPurged:
     """`purging slot S with N tokens`: unified-KV pressure freed an idle slot (the retry may then succeed)."""
 
@@ -190,21 +213,21 @@ class SlotPurged:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class IdleSlotSaved:
     """`saving idle slot to prompt cache`: followed by a clear of that slot."""
 
     slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class MemorySlotFailure:
     """Library warning `decode: failed to find a memory slot for batch of size N` (and older wordings)."""
 
     batch_size: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class KVRetry:
     """`failed to find free space in the KV cache, retrying with smaller batch size, off|i = O, n_batch = B`."""
 
@@ -212,7 +235,7 @@ class KVRetry:
     n_batch: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class DecodeFatal:
     """`Context size has been exceeded. off = 3, n_batch = 1, ret = 1` and its relatives: the batch is lost.
 
@@ -222,14 +245,14 @@ class DecodeFatal:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class DecodeFailed:
     """`decode() failed: Context size has been exceeded.` (b9752+), after every in-flight slot was aborted."""
 
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class RequestError:
     """`send_error: task id = N, error: MESSAGE`: one client request ended with a server error."""
 
@@ -237,7 +260,7 @@ class RequestError:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class AllSlotsIdle:
     """`all slots are idle`."""
 
@@ -245,14 +268,14 @@ class AllSlotsIdle:
 # --- context checkpoints (SWA / hybrid / recurrent models), host RAM -----------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointConfig:
     """`context checkpoints enabled, max = 32, min spacing = 8192` / `context checkpoints disabled` (max 0)."""
 
     max_per_slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointCreated:
     """`created context checkpoint N of M (pos_min = A, pos_max = B[, n_tokens = T], size = X MiB)`.
 
@@ -268,7 +291,7 @@ class CheckpointCreated:
     size_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointRemoved:
     """A checkpoint was dropped from a slot.
 
@@ -283,7 +306,7 @@ class CheckpointRemoved:
     size_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointSuperseded:
     """`superseding context checkpoint at n_tokens = N`: replaced by the one being created at the same position."""
 
@@ -291,21 +314,21 @@ class CheckpointSuperseded:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointRestored:
     """`restored context checkpoint (pos_min = A, pos_max = B, …)` / `SWA checkpoint restore, …`."""
 
     slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class CheckpointRestoreFailed:
     """`failed to restore context checkpoint (…)`."""
 
     slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class FullReprocess:
     """`forcing full prompt re-processing due to lack of cache data`: the prompt is evaluated from scratch."""
 
@@ -315,14 +338,14 @@ class FullReprocess:
 # --- host-RAM prompt cache (--cache-ram, b6723+) --------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptCacheLimit:
     """`prompt cache is enabled, size limit: N MiB` (None = `no limit`), `… is disabled` (0), `limit reduced to`."""
 
     limit_mib: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptCacheState:
     """`cache state: N prompts, X MiB (limits: L MiB, …)`: printed after every cache update."""
 
@@ -331,7 +354,7 @@ class PromptCacheState:
     limit_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptSaved:
     """`saving prompt with length L, total state size = X MiB`: the selected slot's prompt is copied to the cache."""
 
@@ -339,7 +362,7 @@ class PromptSaved:
     size_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptCacheCandidate:
     """`- prompt with length L, lcp = …, f_keep = K, f_sim = S`: one cache entry considered for loading."""
 
@@ -348,7 +371,7 @@ class PromptCacheCandidate:
     f_sim: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptLoaded:
     """`found better prompt with f_keep = K, f_sim = S`: that entry moves from the cache into the slot."""
 
@@ -356,14 +379,14 @@ class PromptLoaded:
     f_sim: str
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptCacheRemoved:
     """An entry left the cache: `removing obsolete cached prompt with length L`, or the oldest one made room."""
 
     length: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class SlotSelected:
     """`selected slot by LRU|LCP|id …`: the slot the next task (and prompt-cache update) is for."""
 
@@ -373,7 +396,7 @@ class SlotSelected:
 # --- per-request timings (one set per finished request) -------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class PromptEvalTiming:
     """`prompt eval time = X ms / N tokens`: prompt evaluation of one request (cached tokens excluded)."""
 
@@ -381,7 +404,7 @@ class PromptEvalTiming:
     tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@event
 class GenerationTiming:
     """`eval time = X ms / N tokens`: token generation of one request."""
 

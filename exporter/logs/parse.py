@@ -35,7 +35,7 @@ _LEAD = r"(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
 
 
-def _unwrap(line: str) -> str:
+def unwrap(line: str) -> str:
     """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
     if line.startswith("{") and '"msg"' in line:
         try:
@@ -53,7 +53,7 @@ def _unwrap(line: str) -> str:
 
 def normalize(line: str) -> str:
     """Return the bare message of a log line: no JSONL wrapper, colours, router prefix, timestamp or level."""
-    return _LEAD_RX.sub("", _unwrap(line), count=1)
+    return _LEAD_RX.sub("", unwrap(line), count=1)
 
 
 def _reason(message: str) -> str:
@@ -412,8 +412,28 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     """
     text = "\n" + "\n".join(lines)
     if "\x1b" in text or "\r" in text or "\n{" in text:
-        text = "\n" + "\n".join([_unwrap(line) for line in lines])
+        text = "\n" + "\n".join([unwrap(line) for line in lines])
     return _events(text, _SCAN_LINES)
+
+
+def parse_text_indexed(text: str) -> list[tuple[int, ev.Event]]:
+    """The events of `text`, plain lines separated by "\\n", each with the index of its line.
+
+    For callers that need to know which line an event came from (`diagnose`). "Plain" means what
+    `parse_lines` would not unwrap: no JSONL, colour codes or CR; the caller checks.
+    """
+    scan = "\n" + text
+    out: list[tuple[int, ev.Event]] = []
+    index, counted_to = 0, 0
+    for m in _SCAN_LINES.finditer(scan):
+        start = m.start()
+        index += scan.count("\n", counted_to, start)  # newlines before this line's own "\n"
+        counted_to = start
+        rule = m.lastgroup or ""
+        build = _TEXT_BUILDS.get(rule)
+        e = build(m) if build is not None else _SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m)
+        out.append((index, e))
+    return out
 
 
 def parse_message(msg: str) -> ev.Event | None:
@@ -424,5 +444,5 @@ def parse_message(msg: str) -> ev.Event | None:
 
 def parse_line(line: str) -> ev.Event | None:
     """Parse one raw log line (any era, any prefix/colour/JSONL form) into an event, or None."""
-    events = _events("\n" + _unwrap(line), _SCAN_LINES)
+    events = _events("\n" + unwrap(line), _SCAN_LINES)
     return events[0] if events else None

@@ -105,22 +105,6 @@ _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 _GENERIC = frozenset({ev.ServerReady, ev.ModelLoading})
 # What does not end an abort's trail of lines (the aborted requests' errors and releases).
 _ABORT_TRAIL = frozenset({ev.RequestError, ev.SlotReleased, ev.SlotCleared})
-# The events _Run.apply looks at beyond the state (the rest only go to the state).
-_NOTED = frozenset(
-    {
-        ev.SlotReleased,
-        ev.TaskStarted,
-        ev.NewPrompt,
-        ev.RequestError,
-        ev.MemorySlotFailure,
-        ev.KVRetry,
-        ev.SlotPurged,
-        ev.DecodeFatal,
-        ev.ServerReady,
-        ev.KVCacheSection,
-        ev.KVCacheSize,
-    }
-)
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -420,8 +404,6 @@ class _Run:
         if kind in _PROGRESS:
             self.in_startup = False
             self.cascade = None  # a cascade that is followed by progress recovered
-        if kind not in _NOTED:
-            return
         if isinstance(e, ev.SlotReleased):
             self.releases += 1
             self.largest_request = max(self.largest_request, e.n_tokens)
@@ -819,7 +801,6 @@ class Diagnoser:
         if kind in _BANNER or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
             # line this start has already printed means a new process: a crash loop during start-up).
-            kind = type(e)
             if run is not None and (restart or not run.in_startup or kind in run.banner_seen):
                 self._close(run)
                 run = None

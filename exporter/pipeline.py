@@ -129,7 +129,7 @@ class LogPipeline:
             self._reported_error = error
 
     async def run(
-        self, *, poll_interval: float, use_watchdog: bool, stop: asyncio.Event, batch_interval: float = 0.025
+        self, *, poll_interval: float, batch_interval: float, use_watchdog: bool, stop: asyncio.Event
     ) -> None:
         """Follow the log until `stop` is set."""
         if self.tailer is None:

@@ -10,15 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
+_T = TypeVar("_T")
+
 if TYPE_CHECKING:
     from typing_extensions import dataclass_transform  # typing has it from 3.11 on; mypy knows both
 else:
 
     def dataclass_transform(**_: object) -> Callable[[_T], _T]:
         return lambda decorated: decorated
-
-
-_T = TypeVar("_T")
 
 
 @dataclass_transform(frozen_default=True)

@@ -486,6 +486,15 @@ def _watchdog_events() -> list[type]:
     return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent, DirDeletedEvent]
 
 
+def _directory_identity(path: pathlib.Path) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the directory at `path`; None when there is none (missing, or not a directory)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 class _ParentWatch:
     """A watchdog observer on the log's parent directory, re-scheduled when the directory is replaced."""
 
@@ -502,11 +511,7 @@ class _ParentWatch:
         """Called on every wake: (re)schedule the watch if the directory appeared or was replaced."""
         if self._disabled:
             return
-        try:
-            st = self._dir.stat()
-            ident = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
-        except OSError:
-            ident = None
+        ident = _directory_identity(self._dir)
         if ident == self._dir_ident and (ident is None or self._watch is not None):
             return
         self._unschedule()
@@ -599,11 +604,7 @@ class _InotifyWatch:
         """Called on every wake: (re)add the watch if the directory appeared or was replaced."""
         if self._disabled:
             return
-        try:
-            st = self._dir.stat()
-            ident = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
-        except OSError:
-            ident = None
+        ident = _directory_identity(self._dir)
         if ident == self._dir_ident and (ident is None or self._wd is not None):
             return
         if self._wd is not None:

@@ -149,6 +149,25 @@ def test_server_crash_and_restart_on_the_same_log(seed_server: LlamaServer) -> N
         assert exporter.sample("llamacpp_exporter_log_truncations_total") == 1
 
 
+def test_last_lines_before_a_restart_are_counted(seed_server: LlamaServer) -> None:
+    """Requests, then at once a server restart (which truncates the log): every timing line counted.
+
+    A 2 s batch wait makes the race certain: the exporter is busy reading the requests' lines when
+    the last response comes back, and the restarted server truncates the log well within 2 s. The
+    old server closing the log (it exits) is what has the exporter read its last lines in time.
+    """
+    with ExporterProcess(seed_server.log_file, env={"LLAMACPP_EXPORTER_LOG_BATCH_INTERVAL": "2"}) as exporter:
+        for _ in range(3):
+            status, _ = run_concurrent_completions(seed_server.url, n=1, n_predict=8)[0]
+            assert status == 200
+        timings = _count_lines(seed_server.log_file, "prompt eval time")
+        seed_server.restart()
+        _wait_value(exporter, "llamacpp_server_starts_total", 1)
+        assert timings == 3
+        assert exporter.sample("llamacpp_prompt_eval_seconds_count") == timings
+        assert exporter.sample("llamacpp_exporter_log_lost_bytes_total") == 0
+
+
 def test_exporter_restart_mid_log_does_not_recount(seed_server: LlamaServer) -> None:
     """Counters restart from zero and never count the past; gauges come back to the same values."""
     exporter = ExporterProcess(seed_server.log_file)

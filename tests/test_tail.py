@@ -756,3 +756,37 @@ async def test_follow_batches_a_busy_writer(tmp_path: Path) -> None:
     await asyncio.wait_for(task, timeout=1.0)
     assert seqs(seen.lines) == list(range(301))
     assert seen.batches - 1 <= elapsed / 0.05 + 2  # not one batch per write
+
+
+@pytest.mark.parametrize("watch", ["inotify", "watchdog"])
+async def test_follow_reads_at_once_when_the_writer_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
+) -> None:
+    """A server's last lines are read when it closes the log, not after the batch wait: a restarted
+    server truncates the file as it starts, so whatever is still unread at that moment is lost."""
+    if watch == "watchdog":
+        monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)
+    elif tail_mod._libc_with_inotify() is None:
+        pytest.skip("no inotify here")
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    # A 30 s batch wait: once the follower is busy, only the close can have it read before the restart.
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=30))
+    await wait_until(lambda: t.last_error is not None, "the first (missing-file) poll")
+    with p.open("wb") as f:
+        for i in range(100):  # a write every few ms: two drains close together make the follower busy
+            f.write(lines_bytes(i, i + 1))
+            f.flush()
+            await asyncio.sleep(0.003)
+    # Closed: the server exited. Read well within the 30 s batch wait, before a successor truncates the log.
+    await wait_until(lambda: seen.has(99), "the last line before the close", timeout=5.0)
+    with p.open("wb") as f:  # the restarted server
+        f.write(lines_bytes(100, 101))
+    await wait_until(lambda: seen.has(100), "the restarted server's line", timeout=5.0)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(101))
+    assert (t.stats.truncations, t.stats.lost_bytes) == (1, 0)
+    assert seen.batches <= 4  # busy: the writes in between were not read one by one

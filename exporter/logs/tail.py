@@ -103,9 +103,11 @@ a few per line), and the first lines after a wake-up cost two to three times wha
 (cold CPU caches). A line after a quiet spell is read at once; while the file keeps changing, reads
 are ``batch_interval`` apart (``--log-batch-interval``, 25 ms by default) and nothing wakes the loop
 in between (the inotify reader is off, so the kernel folds the writes into one queued event): a
-server writing a hundred times a second is read forty times a second. Measured with bench/run.py
-at 2,000 lines/s on a 2-core VM: 25 ms costs 2.9 % of a core (p50/p99 latency under that load
-16/31 ms), 80 ms 1.1 % (42/68 ms), 250 ms, mtail's cadence, 0.7 % (207/257 ms).
+server writing a hundred times a second is read forty times a second. A writer closing the file
+(a server exiting) ends a batch wait at once: a restarted server truncates the log as it starts,
+and the old run's last lines, often the ones that explain the restart, are read in that gap or lost.
+Measured with bench/run.py at 2,000 lines/s on a 2-core VM: 25 ms costs 2.9 % of a core (p50/p99
+latency under that load 16/31 ms), 80 ms 1.1 % (42/68 ms), 250 ms, mtail's cadence, 0.7 % (207/257 ms).
 """
 
 from __future__ import annotations
@@ -445,9 +447,9 @@ class LogTailer:
             self._partial.clear()
 
 
-def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> Any:
+def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: _WakeUps) -> Any:
     """A watchdog event handler that runs on the watchdog thread and only hands a wake-up to the loop."""
-    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.events import FileClosedEvent, FileSystemEvent, FileSystemEventHandler
 
     class WakeHandler(FileSystemEventHandler):
         def __init__(self) -> None:
@@ -457,8 +459,9 @@ def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, 
 
         def on_any_event(self, event: FileSystemEvent) -> None:
             if any(p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)):
+                call = wake.read_now if isinstance(event, FileClosedEvent) else wake.changed
                 with contextlib.suppress(RuntimeError):  # loop already closed: follow() is gone
-                    loop.call_soon_threadsafe(wake)
+                    loop.call_soon_threadsafe(call)
 
     return WakeHandler()
 
@@ -498,7 +501,7 @@ def _directory_identity(path: pathlib.Path) -> tuple[int, int] | None:
 class _ParentWatch:
     """A watchdog observer on the log's parent directory, re-scheduled when the directory is replaced."""
 
-    def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
+    def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, wake: _WakeUps) -> None:
         path = path.absolute()
         self._dir = path.parent
         self._handler = _wake_handler(str(path), str(self._dir), loop, wake)
@@ -556,6 +559,7 @@ class _ParentWatch:
 
 # inotify(7): the events that can mean "the log changed", and the ones that end a directory watch.
 _IN_CHANGES = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200  # MODIFY ATTRIB CLOSE_WRITE MOVED_FROM/TO CREATE DELETE
+_IN_CLOSE_WRITE = 0x8
 _IN_DIR_GONE = 0x400 | 0x800 | 0x8000  # DELETE_SELF MOVE_SELF IGNORED
 _IN_Q_OVERFLOW = 0x4000
 _IN_ONLYDIR = 0x01000000
@@ -582,46 +586,62 @@ class _InotifyWatch:
     than reading the lines. Here one read() takes whatever events piled up, events for other files
     in the directory are skipped by name, and a wake-up is one call. Used where libc has inotify;
     `create` returns None elsewhere and follow() uses watchdog.
+
+    Two inotify instances watch the directory. The "changes" one is read only while follow() is
+    idle, so that during a batch wait the kernel folds a busy writer's modifications into one
+    queued event instead of waking the loop for each. The "closes" one reports only a writer
+    closing a file (IN_CLOSE_WRITE, e.g. the server exiting) and is read at all times: those
+    last lines must be read before a restarted server truncates the file.
     """
 
-    def __init__(self, libc: ctypes.CDLL, path: pathlib.Path, wake: Callable[[], None]) -> None:
+    def __init__(self, libc: ctypes.CDLL, path: pathlib.Path, wake: _WakeUps) -> None:
         path = path.absolute()
         self._libc, self._wake = libc, wake
         self._dir, self._name = path.parent, os.fsencode(path.name)
-        self._fd = -1  # the inotify instance, opened once there is a directory to watch
-        self._listening = False  # the event loop reads the instance
-        self._wd: int | None = None
+        self._fd = -1  # the "changes" instance, opened once there is a directory to watch
+        self._closes_fd = -1  # the "closes" instance, read by the event loop from the start
+        self._listening = False  # the event loop reads the "changes" instance
+        self._wd: int | None = None  # the "changes" watch; `_closes_wd` is valid while this is not None
+        self._closes_wd = -1
         self._dir_ident: tuple[int, int] | None = None
         self._disabled = False
 
     @classmethod
-    def create(cls, path: pathlib.Path, wake: Callable[[], None]) -> _InotifyWatch | None:
+    def create(cls, path: pathlib.Path, wake: _WakeUps) -> _InotifyWatch | None:
         """A watch, or None where inotify is missing: then follow() uses watchdog."""
         libc = _libc_with_inotify()
         return cls(libc, path, wake) if libc is not None else None
 
     def ensure(self) -> None:
-        """Called on every wake: (re)add the watch if the directory appeared or was replaced."""
+        """Called on every wake: (re)add the watches if the directory appeared or was replaced."""
         if self._disabled:
             return
         ident = _directory_identity(self._dir)
         if ident == self._dir_ident and (ident is None or self._wd is not None):
             return
-        if self._wd is not None:
-            self._libc.inotify_rm_watch(self._fd, self._wd)  # fails harmlessly if the kernel dropped it
+        if self._wd is not None:  # fails harmlessly if the kernel dropped them
+            self._libc.inotify_rm_watch(self._fd, self._wd)
+            self._libc.inotify_rm_watch(self._closes_fd, self._closes_wd)
             self._wd = None
         self._dir_ident = ident
         if ident is None:
             return  # no directory yet: the timer keeps polling, and we retry on the next wake
         if self._fd < 0:
-            fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-            if fd < 0:  # EMFILE: the instance limit (fs.inotify.max_user_instances) is reached
-                self._give_up(ctypes.get_errno())
+            fds = [self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC) for _ in range(2)]
+            if min(fds) < 0:  # EMFILE: the instance limit (fs.inotify.max_user_instances) is reached
+                err = ctypes.get_errno()
+                for fd in fds:
+                    if fd >= 0:
+                        os.close(fd)
+                self._give_up(err)
                 return
-            self._fd = fd
-        wd = self._libc.inotify_add_watch(self._fd, os.fsencode(self._dir), _IN_CHANGES | _IN_ONLYDIR)
-        if wd >= 0:
-            self._wd = wd
+            self._fd, self._closes_fd = fds
+            asyncio.get_running_loop().add_reader(self._closes_fd, self._on_closes)
+        directory = os.fsencode(self._dir)
+        wd = self._libc.inotify_add_watch(self._fd, directory, _IN_CHANGES | _IN_ONLYDIR)
+        closes_wd = self._libc.inotify_add_watch(self._closes_fd, directory, _IN_CLOSE_WRITE | _IN_ONLYDIR)
+        if wd >= 0 and closes_wd >= 0:
+            self._wd, self._closes_wd = wd, closes_wd
             return
         err = ctypes.get_errno()
         if err in (errno.ENOENT, errno.ENOTDIR):
@@ -637,25 +657,32 @@ class _InotifyWatch:
         self.close()
 
     def listen(self) -> None:
-        """Have the event loop wake follow() on the next event (it stops listening at that event)."""
+        """Have the event loop wake follow() on the next change (it stops listening at that change)."""
         if self._fd >= 0 and not self._listening:
-            asyncio.get_running_loop().add_reader(self._fd, self._on_events)
+            asyncio.get_running_loop().add_reader(self._fd, self._on_changes)
             self._listening = True
 
-    def _on_events(self) -> None:
+    def _on_changes(self) -> None:
         if self.take_events():
             # Stop listening until follow() is idle again: meanwhile the kernel folds repeated writes
             # into one queued event, instead of waking the loop for each of them.
             asyncio.get_running_loop().remove_reader(self._fd)
             self._listening = False
-            self._wake()
+            self._wake.changed()
+
+    def _on_closes(self) -> None:
+        if self._read_events(self._closes_fd):
+            self._wake.read_now()
 
     def take_events(self) -> bool:
-        """Read the queued events; True if one concerns the log file (or the watch itself)."""
-        if self._fd < 0:
+        """Read the queued changes; True if one concerns the log file (or the watch itself)."""
+        return self._read_events(self._fd)
+
+    def _read_events(self, fd: int) -> bool:
+        if fd < 0:
             return False
         try:
-            data = os.read(self._fd, 64 * 1024)
+            data = os.read(fd, 64 * 1024)
         except OSError:  # EAGAIN: nothing (left) to read
             return False
         wake = False
@@ -664,19 +691,39 @@ class _InotifyWatch:
             wd, mask, _, size = _IN_EVENT.unpack_from(data, pos)
             name = data[pos + _IN_EVENT.size : pos + _IN_EVENT.size + size].rstrip(b"\0")
             pos += _IN_EVENT.size + size
-            if mask & _IN_DIR_GONE and wd == self._wd:
+            if mask & _IN_DIR_GONE and fd == self._fd and wd == self._wd:
                 self._wd = None  # the directory went away: ensure() watches its successor
             wake = wake or name == self._name or bool(mask & (_IN_DIR_GONE | _IN_Q_OVERFLOW))
         return wake
 
     def close(self) -> None:
-        if self._fd >= 0:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-            self._listening = False
-            self._wd = None
+        for fd in (self._fd, self._closes_fd):
+            if fd >= 0:
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_reader(fd)
+                os.close(fd)
+        self._fd = self._closes_fd = -1
+        self._listening = False
+        self._wd = None
+
+
+class _WakeUps:
+    """What ends follow()'s waits: the log changed (ends an idle wait), or read now (ends a batch wait too).
+
+    Read now: a writer closed the file, which is what a server does as it exits, and a restarted
+    server truncates the file as it starts; its last lines are read in that gap or never. Or stop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.any = _Waker(loop)  # ends an idle wait
+        self.urgent = _Waker(loop)  # also ends a batch wait
+
+    def changed(self) -> None:
+        self.any.set()
+
+    def read_now(self) -> None:
+        self.urgent.set()
+        self.any.set()
 
 
 class _Waker:
@@ -760,33 +807,35 @@ async def follow(
     less than ``2 * batch_interval`` apart), the follower waits ``batch_interval`` after each read
     before it reads again, so a server writing hundreds of times a second is read in batches, with
     one wake-up per batch rather than one per write, at the price of at most that much latency.
+    Except when a writer closes the file: then it is read at once (see `_WakeUps`).
     """
     loop = asyncio.get_running_loop()
-    waker = _Waker(loop)
+    wake = _WakeUps(loop)
     stop_event = stop if stop is not None else asyncio.Event()
     watch: _InotifyWatch | _ParentWatch | None = None
     if use_watchdog:
-        watch = _InotifyWatch.create(tailer.path, waker.set) or _ParentWatch(tailer.path, loop, waker.set)
+        watch = _InotifyWatch.create(tailer.path, wake) or _ParentWatch(tailer.path, loop, wake)
     stop_task = asyncio.ensure_future(stop_event.wait())
-    stop_task.add_done_callback(lambda _: waker.set())
+    stop_task.add_done_callback(lambda _: wake.read_now())
     last_drain = -math.inf
     try:
         while not stop_event.is_set():
             if watch is not None:
                 watch.ensure()
                 watch.take_events()  # what they announce, this drain reads
-            waker.clear()  # from here on, an event means one more pass
+            wake.any.clear()  # from here on, an event means one more pass
+            wake.urgent.clear()
             busy, last_drain = loop.time() - last_drain < 2 * batch_interval, loop.time()
             await _drain(tailer, on_lines, stop_event)
             if stop_event.is_set():
                 break
             if busy:
-                await asyncio.sleep(batch_interval)
-                if waker.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
+                await wake.urgent.wait(batch_interval)
+                if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
             if watch is not None:
                 watch.listen()
-            await waker.wait(poll_interval)
+            await wake.any.wait(poll_interval)
     finally:
         stop_task.cancel()
         if watch is not None:

@@ -6,11 +6,13 @@ The b11434 wordings are also covered line-for-line by the golden tests on real c
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from exporter.logs import events as ev
-from exporter.logs.parse import normalize, parse_line
+from exporter.logs.parse import normalize, parse_line, unwrap
 
 CASES: list[tuple[str, ev.Event]] = [
     # --- start-up and configuration
@@ -381,3 +383,61 @@ def test_normalize_keeps_the_message() -> None:
 )
 def test_unknown_or_garbage_lines_are_ignored(line: str) -> None:
     assert parse_line(line) is None
+
+
+def _unwrap_by_json_loads(line: str) -> str:
+    """What `unwrap` must return, spelled the slow, obvious way."""
+    if line.startswith("{") and '"msg"' in line:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("msg"), str):
+            line = obj["msg"].split("\n", 1)[0]
+    return normalize_colours(line).rstrip("\r\n")
+
+
+def normalize_colours(line: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", line)
+
+
+HEAD = '{"type":"log","time":976,"level":"info","msg":'
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        HEAD + '"srv  llama_server: initializing ...\\n"}',
+        HEAD + '"a \\"quoted\\" \\\\ back\\/slash \\u00e9 \\ud83d\\ude00 \\t tab"}',
+        HEAD + '"lone \\ud800 surrogate"}',
+        HEAD + '"\\u001b[32mgreen\\u001b[0m srv  update_slots: all slots are idle"}',
+        HEAD + '"first line\\nsecond line"}\r',
+        HEAD + '"trailing spaces"}  \t ',
+        HEAD + '"extra key after msg","x":1}',
+        HEAD + '"two objects"}{"msg":"second"}',
+        HEAD + '"bad escape \\q"}',
+        HEAD + '"raw control \t char"}',
+        HEAD + '"unterminated}',
+        HEAD + "42}",
+        HEAD + '"x"} trailing garbage',
+        HEAD + '"x"}}',
+        '{"type":"log","time":01,"level":"info","msg":"leading zero"}',
+        '{"type":"log","time":-0,"level":"info","msg":"minus zero"}',
+        '{"type":"log","time":1.5,"level":"info","msg":"float time"}',
+        '{"type":"log","time":1,"level":"info","msg":"first","msg":"duplicate key wins"}',
+        '{"msg":"msg first","type":"log"}',
+        '{"type":"log","time":1,"level":"\\u0069nfo","msg":"escaped level"}',
+        '{"type":"log","time":1,"level":"info","msg":"x"',
+        "{not json",
+        '{"type":"log","msg":42}',
+    ],
+)
+def test_unwrap_equals_json_loads(line: str) -> None:
+    assert unwrap(line) == _unwrap_by_json_loads(line)
+
+
+def test_unwrap_equals_json_loads_on_the_jsonl_capture() -> None:
+    capture = Path(__file__).parent / "fixtures" / "b11434" / "exhaust-jsonl" / "llama-server.log"
+    lines = capture.read_text(encoding="utf-8").splitlines()
+    assert len(lines) > 300
+    assert [unwrap(x) for x in lines] == [_unwrap_by_json_loads(x) for x in lines]

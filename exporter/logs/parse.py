@@ -35,17 +35,39 @@ _LEAD = r"(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
 
 
-def unwrap(line: str) -> str:
-    """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
-    if line.startswith("{") and '"msg"' in line:
+# llama-server's own `--log-jsonl` shape, message last: the message is decoded without the rest of
+# the object, 0.9 µs a line against 2.2 for json.loads, with the same result (a test holds it to that).
+_JSONL_HEAD = re.compile(r'\{"type":"log","time":-?(?:0|[1-9]\d*),"level":"\w*","msg":"')
+# json's own string decoder (C): (text, index after the opening quote) -> (value, index after the closing one).
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+def _jsonl_message(line: str) -> str | None:
+    """The "msg" of a JSONL log entry, or None if the line is not a JSON object with a string "msg"."""
+    m = _JSONL_HEAD.match(line)
+    if m is not None:
         try:
-            obj = json.loads(line)
+            msg, end = _scanstring(line, m.end())
         except ValueError:
             pass
         else:
-            if isinstance(obj, dict) and isinstance(obj.get("msg"), str):
-                # A multi-line entry keeps only its first line; the rest never carries a metric.
-                line = obj["msg"].split("\n", 1)[0]
+            if line[end:].strip(" \t\r\n") == "}":
+                return msg
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    value: object = obj.get("msg") if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def unwrap(line: str) -> str:
+    """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
+    if line.startswith("{") and '"msg"' in line:
+        msg = _jsonl_message(line)
+        if msg is not None:
+            # A multi-line entry keeps only its first line; the rest never carries a metric.
+            line = msg.split("\n", 1)[0]
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     return line.rstrip("\r\n")

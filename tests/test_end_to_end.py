@@ -160,6 +160,12 @@ def test_last_lines_before_a_restart_are_counted(seed_server: LlamaServer) -> No
         for _ in range(3):
             status, _ = run_concurrent_completions(seed_server.url, n=1, n_predict=8)[0]
             assert status == 200
+        # The server logs from a thread of its own: its last timing line may come just after the response.
+        wait_for(
+            lambda: _count_lines(seed_server.log_file, "prompt eval time") == 3,
+            timeout=15,
+            what="the three requests' timing lines in the log",
+        )
         timings = _count_lines(seed_server.log_file, "prompt eval time")
         seed_server.restart()
         _wait_value(exporter, "llamacpp_server_starts_total", 1)

@@ -106,6 +106,8 @@ in between (the inotify reader is off, so the kernel folds the writes into one q
 server writing a hundred times a second is read forty times a second. A writer closing the file
 (a server exiting) ends a batch wait at once: a restarted server truncates the log as it starts,
 and the old run's last lines, often the ones that explain the restart, are read in that gap or lost.
+Closes are seen where inotify is (Linux); watchdog's other backends (macOS, BSD, Windows) report
+none, and there the batch wait runs its course.
 Measured with bench/run.py at 2,000 lines/s on a 2-core VM: 25 ms costs 2.9 % of a core (p50/p99
 latency under that load 16/31 ms), 80 ms 1.1 % (42/68 ms), 250 ms, mtail's cadence, 0.7 % (207/257 ms).
 """
@@ -459,7 +461,7 @@ def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, 
 
         def on_any_event(self, event: FileSystemEvent) -> None:
             if any(p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)):
-                call = wake.read_now if isinstance(event, FileClosedEvent) else wake.changed
+                call = wake.writer_closed if isinstance(event, FileClosedEvent) else wake.changed
                 with contextlib.suppress(RuntimeError):  # loop already closed: follow() is gone
                     loop.call_soon_threadsafe(call)
 
@@ -601,8 +603,8 @@ class _InotifyWatch:
         self._fd = -1  # the "changes" instance, opened once there is a directory to watch
         self._closes_fd = -1  # the "closes" instance, read by the event loop from the start
         self._listening = False  # the event loop reads the "changes" instance
-        self._wd: int | None = None  # the "changes" watch; `_closes_wd` is valid while this is not None
-        self._closes_wd = -1
+        self._wd: int | None = None
+        self._closes_wd: int | None = None
         self._dir_ident: tuple[int, int] | None = None
         self._disabled = False
 
@@ -619,35 +621,55 @@ class _InotifyWatch:
         ident = _directory_identity(self._dir)
         if ident == self._dir_ident and (ident is None or self._wd is not None):
             return
-        if self._wd is not None:  # fails harmlessly if the kernel dropped them
+        # Drop the watches on a replaced directory (this fails harmlessly where the kernel dropped them).
+        if self._wd is not None:
             self._libc.inotify_rm_watch(self._fd, self._wd)
-            self._libc.inotify_rm_watch(self._closes_fd, self._closes_wd)
             self._wd = None
+        if self._closes_wd is not None:
+            self._libc.inotify_rm_watch(self._closes_fd, self._closes_wd)
+            self._closes_wd = None
         self._dir_ident = ident
         if ident is None:
             return  # no directory yet: the timer keeps polling, and we retry on the next wake
-        if self._fd < 0:
-            fds = [self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC) for _ in range(2)]
-            if min(fds) < 0:  # EMFILE: the instance limit (fs.inotify.max_user_instances) is reached
-                err = ctypes.get_errno()
-                for fd in fds:
-                    if fd >= 0:
-                        os.close(fd)
-                self._give_up(err)
-                return
-            self._fd, self._closes_fd = fds
-            asyncio.get_running_loop().add_reader(self._closes_fd, self._on_closes)
+        if self._fd < 0 and not self._open_instances():
+            return
         directory = os.fsencode(self._dir)
         wd = self._libc.inotify_add_watch(self._fd, directory, _IN_CHANGES | _IN_ONLYDIR)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if err in (errno.ENOENT, errno.ENOTDIR):
+                self._dir_ident = None  # removed between stat and watch; retry later
+            else:
+                self._give_up(err)  # e.g. ENOSPC: the watch limit (fs.inotify.max_user_watches) is reached
+            return
+        self._wd = wd
+        if self._closes_fd < 0:
+            return
         closes_wd = self._libc.inotify_add_watch(self._closes_fd, directory, _IN_CLOSE_WRITE | _IN_ONLYDIR)
-        if wd >= 0 and closes_wd >= 0:
-            self._wd, self._closes_wd = wd, closes_wd
+        if closes_wd >= 0:
+            self._closes_wd = closes_wd
             return
         err = ctypes.get_errno()
-        if err in (errno.ENOENT, errno.ENOTDIR):
-            self._dir_ident = None  # removed between stat and watch; retry later
-            return
-        self._give_up(err)  # e.g. ENOSPC: the watch limit (fs.inotify.max_user_watches) is reached
+        if err in (errno.ENOENT, errno.ENOTDIR):  # removed between the two watches: undo, retry later
+            self._libc.inotify_rm_watch(self._fd, wd)
+            self._wd = self._dir_ident = None
+        else:
+            self._without_closes(err)
+
+    def _open_instances(self) -> bool:
+        """The two inotify instances; without the "closes" one, the watch still works as before."""
+        fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:  # EMFILE: the instance limit (fs.inotify.max_user_instances) is reached
+            self._give_up(ctypes.get_errno())
+            return False
+        self._fd = fd
+        closes_fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if closes_fd < 0:
+            self._without_closes(ctypes.get_errno())
+        else:
+            self._closes_fd = closes_fd
+            asyncio.get_running_loop().add_reader(closes_fd, self._on_closes)
+        return True
 
     def _give_up(self, err: int) -> None:
         logger.warning(
@@ -655,6 +677,15 @@ class _InotifyWatch:
         )
         self._disabled = True
         self.close()
+
+    def _without_closes(self, err: int) -> None:
+        logger.warning(
+            "cannot watch %s for the server closing its log (%s); lines it writes just before a restart may be lost",
+            self._dir,
+            os.strerror(err),
+        )
+        self._close_fd(self._closes_fd)
+        self._closes_fd, self._closes_wd = -1, None
 
     def listen(self) -> None:
         """Have the event loop wake follow() on the next change (it stops listening at that change)."""
@@ -672,7 +703,7 @@ class _InotifyWatch:
 
     def _on_closes(self) -> None:
         if self._read_events(self._closes_fd):
-            self._wake.read_now()
+            self._wake.writer_closed()
 
     def take_events(self) -> bool:
         """Read the queued changes; True if one concerns the log file (or the watch itself)."""
@@ -691,20 +722,24 @@ class _InotifyWatch:
             wd, mask, _, size = _IN_EVENT.unpack_from(data, pos)
             name = data[pos + _IN_EVENT.size : pos + _IN_EVENT.size + size].rstrip(b"\0")
             pos += _IN_EVENT.size + size
-            if mask & _IN_DIR_GONE and fd == self._fd and wd == self._wd:
+            if mask & _IN_DIR_GONE and wd == (self._wd if fd == self._fd else self._closes_wd):
                 self._wd = None  # the directory went away: ensure() watches its successor
             wake = wake or name == self._name or bool(mask & (_IN_DIR_GONE | _IN_Q_OVERFLOW))
         return wake
 
     def close(self) -> None:
-        for fd in (self._fd, self._closes_fd):
-            if fd >= 0:
-                with contextlib.suppress(Exception):
-                    asyncio.get_running_loop().remove_reader(fd)
-                os.close(fd)
+        self._close_fd(self._fd)
+        self._close_fd(self._closes_fd)
         self._fd = self._closes_fd = -1
         self._listening = False
-        self._wd = None
+        self._wd = self._closes_wd = None
+
+    @staticmethod
+    def _close_fd(fd: int) -> None:
+        if fd >= 0:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
 
 
 class _WakeUps:
@@ -712,14 +747,27 @@ class _WakeUps:
 
     Read now: a writer closed the file, which is what a server does as it exits, and a restarted
     server truncates the file as it starts; its last lines are read in that gap or never. Or stop.
+    A writer that opens and closes the file for every write (`echo >> log`) closes it again and
+    again: a close less than a batch interval after the previous one is only a change, or such a
+    writer would be read once per line. llama-server keeps its log open until it exits.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, batch_interval: float) -> None:
         self.any = _Waker(loop)  # ends an idle wait
         self.urgent = _Waker(loop)  # also ends a batch wait
+        self._loop, self._batch_interval = loop, batch_interval
+        self._last_close = -math.inf
 
     def changed(self) -> None:
         self.any.set()
+
+    def writer_closed(self) -> None:
+        now = self._loop.time()
+        if now - self._last_close < self._batch_interval:
+            self.any.set()
+        else:
+            self.read_now()
+        self._last_close = now
 
     def read_now(self) -> None:
         self.urgent.set()
@@ -810,7 +858,7 @@ async def follow(
     Except when a writer closes the file: then it is read at once (see `_WakeUps`).
     """
     loop = asyncio.get_running_loop()
-    wake = _WakeUps(loop)
+    wake = _WakeUps(loop, batch_interval)
     stop_event = stop if stop is not None else asyncio.Event()
     watch: _InotifyWatch | _ParentWatch | None = None
     if use_watchdog:

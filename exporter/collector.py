@@ -46,10 +46,10 @@ def _labelled_counter(
 class ServerLogCollector(Collector):
     """Slots, KV pool and retry cascades of llama-server, from its log.
 
-    # HELP llamacpp_kv_pool_usage_ratio KV cells held by all slots divided by the pool capacity (0-1).
+    # HELP llamacpp_kv_pool_usage_ratio KV cells held by all slots divided by the pool capacity (1 = full; …
     # TYPE llamacpp_kv_pool_usage_ratio gauge
     llamacpp_kv_pool_usage_ratio 0.75
-    # HELP llamacpp_slot_tokens KV cells the slot holds now (log estimate).
+    # HELP llamacpp_slot_tokens KV cells the slot holds now (/slots n_prompt_tokens when available, else …
     # TYPE llamacpp_slot_tokens gauge
     llamacpp_slot_tokens{slot="0"} 128.0
     # HELP llamacpp_kv_cascades_total Retry cascades (batch halving after a full KV pool) by outcome.
@@ -127,7 +127,7 @@ class ServerLogCollector(Collector):
             )
             yield GaugeMetricFamily(
                 "llamacpp_kv_pool_usage_ratio",
-                "KV cells held by all slots divided by the pool capacity (0-1).",
+                "KV cells held by all slots divided by the pool capacity (1 = full; above 1 if slots share cells).",
                 value=used / capacity,
             )
         over = st.overcommit_ratio()

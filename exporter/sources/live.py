@@ -305,7 +305,7 @@ class LiveCollector(Collector):
     # HELP llamacpp_log_verbosity llama-server's log verbosity (-lv); below 4 the KV pool size … are hidden.
     # TYPE llamacpp_log_verbosity gauge
     llamacpp_log_verbosity 3.0
-    # HELP llamacpp_exporter_source_read_duration_seconds Duration of the last read of the live source.
+    # HELP llamacpp_exporter_source_read_duration_seconds Duration of the last read of the live source (seconds).
     # TYPE llamacpp_exporter_source_read_duration_seconds gauge
     llamacpp_exporter_source_read_duration_seconds{source="http"} 0.0021
     # HELP llamacpp_exporter_source_read_failures_total Reads of the live source that failed.

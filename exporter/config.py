@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from exporter import __version__
 
 LOG_SOURCES = ("file", "stdin", "journald")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
 
@@ -66,8 +67,12 @@ def _listen_address(value: str) -> tuple[str, int]:
 
 
 def _url(value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (ValueError for a port that is not a number from 0 to 65535)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected an http(s) URL like http://127.0.0.1:8080, got {value!r}")
     return value.rstrip("/")
 
@@ -80,6 +85,18 @@ def _positive_float(value: str) -> float:
     if not f > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
     return f
+
+
+def _interval(most: float) -> Callable[[str], float]:
+    """A positive number of seconds, at most `most`: a longer wait only leaves the metrics that far behind."""
+
+    def parse(value: str) -> float:
+        f = _positive_float(value)
+        if f > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g} seconds, got {value!r}")
+        return f
+
+    return parse
 
 
 def _timeout(value: str) -> float:
@@ -200,7 +217,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-poll-interval",
-        type=_positive_float,
+        type=_interval(3600),
         default=default("log-poll-interval", "1.0"),
         metavar="SECONDS",
         help="how often to stat() the log even without filesystem events (default 1.0). "
@@ -208,7 +225,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-batch-interval",
-        type=_positive_float,
+        type=_interval(10),
         default=default("log-batch-interval", "0.025"),
         metavar="SECONDS",
         help="while the log keeps growing, read it at most this often: fewer wake-ups cost less CPU, "
@@ -239,7 +256,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-level",
-        choices=["debug", "info", "warning", "error"],
+        choices=LOG_LEVELS,
         default=default("log-level", "info").lower(),
         help=f"the exporter's own log level (default info). [{env_name('log-level')}]",
     )
@@ -411,6 +428,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     except argparse.ArgumentTypeError as exc:
         parser.error(f"{ENV_PREFIX}DEMO: {exc}")
     log_source = _log_source(parser, ns, demo)
+    if ns.log_level not in LOG_LEVELS:  # argparse checks the choices of a flag, not of an environment default
+        parser.error(f"argument --log-level: invalid choice {ns.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
     if ns.pid is not None and ns.pid_file is not None:
         parser.error("--pid and --pid-file: give one of them")
     if ns.pid_file is not None and not ns.pid_file.strip():

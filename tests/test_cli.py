@@ -37,6 +37,10 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         (["--log-file", "x.log", "--server-url", "ftp://x"], "--server-url"),
         (["--log-file", "x.log", "--log-poll-interval", "-1"], "--log-poll-interval"),
         (["--log-file", "x.log", "--log-batch-interval", "0"], "--log-batch-interval"),
+        (["--log-file", "x.log", "--log-batch-interval", "1e300"], "--log-batch-interval"),
+        (["--log-file", "x.log", "--server-url", "http://127.0.0.1:99999"], "--server-url"),
+        (["--log-file", "x.log", "--server-url", "http://127.0.0.1:abc"], "--server-url"),
+        (["--log-file", "x.log", "--server-url", "http://[::1"], "--server-url"),
         (["--log-file", "x.log", "--no-such-flag"], "--no-such-flag"),
         ([], "--log-file"),
     ],
@@ -49,10 +53,14 @@ def test_bad_flag_is_one_line_naming_it(args: list[str], names: str) -> None:
     assert names in lines[0] and "Traceback" not in result.stderr
 
 
-def test_bad_environment_value_is_one_line_naming_it() -> None:
-    result = _run("--log-file", "x.log", env={"LLAMACPP_EXPORTER_LOG_POLL_INTERVAL": "soon"})
+@pytest.mark.parametrize(
+    ("variable", "value", "flag"),
+    [("LOG_POLL_INTERVAL", "soon", "--log-poll-interval"), ("LOG_LEVEL", "verbose", "--log-level")],
+)
+def test_bad_environment_value_is_one_line_naming_it(variable: str, value: str, flag: str) -> None:
+    result = _run("--log-file", "x.log", env={f"LLAMACPP_EXPORTER_{variable}": value})
     assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "--log-poll-interval" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and flag in result.stderr, result.stderr
 
 
 def test_help_documents_every_flag_with_its_environment_variable() -> None:

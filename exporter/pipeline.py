@@ -74,14 +74,22 @@ class LogPipeline:
         if self.tailer is None:
             return self._replay_source()
         self.state.counting = False
+        stats = self.tailer.stats
+        switches = stats.truncations + stats.rotations
         try:
             while True:
-                before = self.tailer.stats.bytes
+                before = stats.bytes
                 lines = self.tailer.poll()
                 self._apply(lines)
                 self.replayed_lines += len(lines)
-                # Stop at the end, and on a poll that made no progress (a persistent read error must not spin).
-                if not self.tailer.has_pending() or (not lines and self.tailer.stats.bytes == before):
+                # Stop at the end, on a poll that made no progress (a persistent read error must not spin),
+                # and on a second truncation or rotation: a file that always looks rewritten (a procfs
+                # file's size reads 0) would otherwise be replayed forever, before /metrics ever answers.
+                if (
+                    not self.tailer.has_pending()
+                    or (not lines and stats.bytes == before)
+                    or stats.truncations + stats.rotations > switches + 1
+                ):
                     break
         finally:
             self.state.counting = True
@@ -139,6 +147,7 @@ class LogPipeline:
         await follow(
             self.tailer,
             self.feed,
+            after_drain=self._report_tailer_error,  # problems that arrive without lines are logged too
             poll_interval=poll_interval,
             use_watchdog=use_watchdog,
             stop=stop,

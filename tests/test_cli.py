@@ -101,6 +101,32 @@ def test_missing_log_is_waited_for_while_metrics_serve(tmp_path: Path) -> None:
     assert output.count("does not exist yet") == 1, output  # said once, not once per poll
 
 
+def test_a_log_problem_that_starts_while_running_is_said_once(tmp_path: Path) -> None:
+    """The log replaced by a directory while the exporter runs: one warning (no line carries it), up 0."""
+    log_file = tmp_path / "llama-server.log"
+    log_file.write_text("0.00.003.960 I srv  llama_server: initializing ...\n")
+    with ExporterProcess(log_file, ["--log-poll-interval", "0.1"], output_file=tmp_path / "exporter.out") as exporter:
+        wait_for(
+            lambda: exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1, timeout=15, what="log up"
+        )
+        log_file.unlink()
+        log_file.mkdir()
+        wait_for(lambda: "is not a regular file" in exporter.output_file.read_text(), timeout=15, what="the warning")
+        assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
+        time.sleep(0.5)
+    assert exporter.output_file.read_text().count("is not a regular file") == 1
+
+
+def test_start_up_replay_ends_on_a_file_that_always_looks_rewritten(tmp_path: Path) -> None:
+    """A procfs file reads as size 0 yet has content: every poll looks like a truncation. /metrics answers."""
+    if not Path("/proc/cpuinfo").is_file():
+        pytest.skip("no /proc/cpuinfo here")
+    log_file = tmp_path / "cpuinfo.log"
+    log_file.symlink_to("/proc/cpuinfo")
+    with ExporterProcess(log_file, ["--log-poll-interval", "0.2"], output_file=tmp_path / "exporter.out") as exporter:
+        assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) is not None
+
+
 def test_unreadable_log_path_keeps_serving(tmp_path: Path) -> None:
     """A directory where the log should be: one clear line, source_up 0, no crash."""
     (tmp_path / "llama-server.log").mkdir()

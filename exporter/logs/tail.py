@@ -848,8 +848,11 @@ async def follow(
     use_watchdog: bool = True,
     stop: asyncio.Event | None = None,
     batch_interval: float = 0.025,
+    after_drain: Callable[[], None] | None = None,
 ) -> None:
     """Feed new lines of ``tailer`` to ``on_lines`` until ``stop`` is set (or the task is cancelled).
+
+    ``after_drain`` is called after every pass, lines or not (e.g. to report ``tailer.last_error``).
 
     A line written after a quiet spell is read at once. While the file keeps changing (two reads
     less than ``2 * batch_interval`` apart), the follower waits ``batch_interval`` after each read
@@ -875,6 +878,8 @@ async def follow(
             wake.urgent.clear()
             busy, last_drain = loop.time() - last_drain < 2 * batch_interval, loop.time()
             await _drain(tailer, on_lines, stop_event)
+            if after_drain is not None:
+                after_drain()
             if stop_event.is_set():
                 break
             if busy:

@@ -101,7 +101,9 @@ async def serve(config: Config) -> int:
         demo_dir = tempfile.TemporaryDirectory(prefix="llamacpp-exporter-demo-")
         demo_path = Path(demo_dir.name) / "llama-server.log"
         log_file = str(demo_path)
-        background.append(asyncio.create_task(replay_forever(demo_path, speed=config.demo_speed, stop=stop)))
+        background.append(
+            asyncio.create_task(replay_forever(demo_path, speed=config.demo_speed, stop=stop), name="demo replay")
+        )
     state = ServerState()
     source = None if config.demo else line_source(config)
     tailer = None
@@ -138,12 +140,9 @@ async def serve(config: Config) -> int:
             task.cancel()
         await live.close()
         return 1
-    log.info(
-        "llamacpp-exporter %s serving on http://%s:%d/metrics",
-        __version__,
-        config.listen_host or "0.0.0.0",
-        config.listen_port,
-    )
+    # The port bound, which differs from the flag's for port 0 ("any free port").
+    port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), config.listen_port)
+    log.info("llamacpp-exporter %s serving on http://%s:%d/metrics", __version__, config.listen_host or "0.0.0.0", port)
 
     background.append(
         asyncio.create_task(
@@ -152,9 +151,12 @@ async def serve(config: Config) -> int:
                 batch_interval=config.log_batch_interval,
                 use_watchdog=config.fs_events,
                 stop=stop,
-            )
+            ),
+            name="log pipeline",
         )
     )
+    for task in background:
+        task.add_done_callback(_report_crash)
     try:
         await stop.wait()
     finally:
@@ -169,6 +171,12 @@ async def serve(config: Config) -> int:
         if demo_dir is not None:
             demo_dir.cleanup()
     return 0
+
+
+def _report_crash(task: asyncio.Task[None]) -> None:
+    """A background task that died of an unexpected error says so in one line (its result is awaited at exit only)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s stopped: %s: %s; the exporter keeps serving", task.get_name(), type(exc).__name__, exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

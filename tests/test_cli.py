@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 from llama_harness import ExporterProcess, free_port, wait_for
 
+from exporter.cli import _report_crash
 from exporter.config import DEFAULT_PORT, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,3 +183,17 @@ def test_demo_runs_and_moves_metrics(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+async def test_a_background_task_that_dies_says_so_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    task = asyncio.create_task(broken(), name="log pipeline")
+    task.add_done_callback(_report_crash)
+    with caplog.at_level(logging.ERROR):
+        await asyncio.wait({task})
+        await asyncio.sleep(0)  # done callbacks run on the next loop iteration
+    assert [r.getMessage() for r in caplog.records] == [
+        "log pipeline stopped: RuntimeError: boom; the exporter keeps serving"
+    ]

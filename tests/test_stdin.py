@@ -8,8 +8,10 @@ Every `llamacpp_*` sample about the server must be the same in both.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from source_harness import (
 )
 
 from exporter.config import parse_config
+from exporter.logs.stdin import StdinSource
 
 SEED_ARGS = ["-c", "512", "-np", "4", "-kvu", "-lv", "4", "--metrics", "-t", "2"]
 
@@ -144,6 +147,23 @@ def test_a_regular_file_on_standard_input(tmp_path: Path) -> None:
         wait_for(lambda: exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0, timeout=30, what="EOF")
         assert exporter.sample("llamacpp_exporter_log_lines_total") == lines
         assert exporter.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) == 4
+
+
+def test_dev_null_on_standard_input(tmp_path: Path) -> None:
+    """systemd's StandardInput=null, `docker run` without -i: one warning, the log source down, still serving."""
+    with SourceExporter(["--log-file", "-"], workdir=tmp_path, name="devnull", stdin=subprocess.DEVNULL) as exporter:
+        wait_for(lambda: exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0, timeout=30, what="EOF")
+        assert exporter.sample("llamacpp_exporter_log_lines_total") == 0
+        output = exporter.output()
+    assert "standard input closed" in output and "Traceback" not in output and "Exception in" not in output, output
+
+
+async def test_closed_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started with standard input closed (`<&-`): Python has no sys.stdin; the source is down, nothing raises."""
+    monkeypatch.setattr(sys, "stdin", None)
+    source = StdinSource()
+    await asyncio.wait_for(source.run(lambda lines: None, asyncio.Event()), timeout=5)
+    assert not source.up
 
 
 @pytest.mark.parametrize(

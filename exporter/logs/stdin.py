@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import stat
 import sys
 from collections.abc import Callable
 from typing import BinaryIO
@@ -19,6 +21,16 @@ log = logging.getLogger(__name__)
 
 #: Longest line accepted; a longer one is skipped whole (llama-server's lines are far shorter).
 MAX_LINE_BYTES = 1 << 20
+
+
+def _is_pipe(stream: BinaryIO) -> bool:
+    """A pipe, a socket or a terminal: what the event loop can wait on (a regular file or /dev/null it cannot)."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError):  # no file descriptor (an in-memory stream) or a closed one
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
 
 
 def _decode(raw: bytes) -> str:
@@ -44,15 +56,20 @@ class StdinSource:
         return []
 
     async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
-        stream = self._stream if self._stream is not None else sys.stdin.buffer
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
-        try:
-            transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
-        except ValueError:
-            # A regular file (`--log-file - < llama-server.log`) cannot be watched by the event loop.
+        stream = self._stream
+        if stream is None:
+            if sys.stdin is None:  # started with standard input closed (`<&-`)
+                self._closed()
+                return
+            stream = sys.stdin.buffer
+        if not _is_pipe(stream):
+            # A regular file (`--log-file - < llama-server.log`) or /dev/null (systemd's StandardInput=null,
+            # `docker run` without -i): the event loop cannot watch those; they are read in a thread.
             await self._run_blocking(stream, on_lines, stop)
             return
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
         try:
             await self._run_reader(reader, on_lines, stop)
         finally:

@@ -27,10 +27,12 @@ format the report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import io
 import json
+import os
 import re
 import sys
 import textwrap
@@ -877,6 +879,8 @@ class ReadStats:
 
 def _open(path: str) -> IO[bytes]:
     if path == "-":
+        if sys.stdin is None:  # started with standard input closed (`<&-`)
+            raise InputError("-: standard input is closed")
         return sys.stdin.buffer
     p = Path(path)
     if p.is_dir():
@@ -898,10 +902,20 @@ def read_lines(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -
     Bytes that are not UTF-8 become U+FFFD. Memory is bounded by `max_line`, whatever the file size.
     """
     readline = f.readline
+    at_start = True  # NUL bytes before the first line: the hole a copytruncate leaves (see logs/tail.py), skipped
     while True:
         raw = readline(max_line)
         if not raw:
             return
+        if at_start:
+            text_start = raw.lstrip(b"\0")
+            stats.bytes += len(raw) - len(text_start)
+            if not text_start:
+                continue
+            at_start = False
+            if len(raw) == max_line and not text_start.endswith(b"\n"):
+                text_start += readline(max_line - len(text_start))
+            raw = text_start
         n = len(raw)
         if n == max_line and not raw.endswith(b"\n"):
             stats.long_lines += 1
@@ -956,6 +970,8 @@ def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> R
     d.long_lines = stats.long_lines
     if stats.bytes == 0:
         raise InputError(f"{path}: empty file, nothing to diagnose")
+    if stats.lines == 0:
+        raise InputError(f"{path}: only NUL bytes, no text")
     if d.specific_events == 0:
         if _looks_binary(stats):
             raise InputError(f"{path}: binary data, not a text log (expected llama-server's --log-file)")
@@ -1300,12 +1316,27 @@ def main(argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    out = sys.stdout
     try:
-        sys.stdout.write(to_json(report) + "\n" if ns.json else render_text(report))
-        sys.stdout.flush()
+        if out is None:  # started with standard output closed (`>&-`)
+            raise OSError("standard output is closed")
+        out.write(to_json(report) + "\n" if ns.json else render_text(report))
+        out.flush()
     except BrokenPipeError:  # `diagnose LOG | head`
+        _discard_stdout()
         return report.exit_status
+    except OSError as exc:  # e.g. ENOSPC: `diagnose LOG > /dev/full`
+        _discard_stdout()
+        print(f"{PROG}: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     return report.exit_status
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's own flush at exit does not fail a second time."""
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import gzip
 import importlib.util
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -606,6 +607,9 @@ def _garbage_files(tmp: Path) -> Iterator[tuple[str, Path | str, str]]:
     yield "another program", other, "no llama-server log lines in 2,001 lines"
     yield "missing", tmp / "nope.log", "no such file"
     yield "directory", tmp, "is a directory"
+    zeros = tmp / "zeros.log"
+    zeros.write_bytes(b"\x00" * 3_000_000)
+    yield "only NUL bytes", zeros, "only NUL bytes"
 
 
 def test_garbage_input_exits_2_with_one_line(tmp_path: Path) -> None:
@@ -620,6 +624,46 @@ def test_garbage_input_exits_2_with_one_line(tmp_path: Path) -> None:
     for args in (["--max-runs", "x", "a.log"], [], ["--nope", "a.log"]):
         result = _cli(*args)
         assert result.returncode == 2 and result.stderr.count("\n") == 1 and "(see --help)" in result.stderr
+
+
+def test_a_copytruncate_hole_before_the_log_is_skipped(tmp_path: Path) -> None:
+    """copytruncate without O_APPEND leaves NUL bytes where the old lines were (see logs/tail.py): not binary."""
+    log = FIXTURES / "exhaust-lv4" / "llama-server.log"
+    path = tmp_path / "llama-server.log"
+    path.write_bytes(b"\x00" * (2 * diagnose.SNIFF_BYTES + 3) + log.read_bytes())
+    with_hole, plain = diagnose_file(str(path)), diagnose_file(str(log))
+    _same_failures(plain, with_hole)
+    assert (with_hole.lines, with_hole.runs_total) == (plain.lines, plain.runs_total)
+
+
+@pytest.mark.parametrize(
+    ("log", "close_fd", "stdout_path", "message"),
+    [
+        ("-", 0, None, "standard input is closed"),  # diagnose - <&-
+        ("exhaust-lv4", 1, None, "standard output is closed"),  # diagnose LOG >&-
+        ("exhaust-lv4", None, "/dev/full", "No space left on device"),  # diagnose LOG > /dev/full
+    ],
+)
+def test_closed_or_full_standard_streams_are_one_line_errors(
+    log: str, close_fd: int | None, stdout_path: str | None, message: str
+) -> None:
+    if stdout_path and not Path(stdout_path).exists():
+        pytest.skip(f"no {stdout_path} here")
+    path = log if log == "-" else str(FIXTURES / log / "llama-server.log")
+    with Path(stdout_path or os.devnull).open("w") as stdout:
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter", "diagnose", path],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=None if close_fd is None else lambda: os.close(close_fd),
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
 
 
 def test_gzip_log(tmp_path: Path) -> None:

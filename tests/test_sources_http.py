@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from exporter.collector import ServerLogCollector
 from exporter.logs.parse import parse_line
+from exporter.sources import server_http
 from exporter.sources.live import LiveSources, merge_view
 from exporter.sources.server_cmdline import parse_command_line
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader, parse_props, parse_slots
@@ -209,6 +210,20 @@ async def test_unexpected_bodies_are_errors_not_crashes(fake: tuple[FakeServer, 
     server.slots = server.props = html
     snap = await _read(url)
     assert snap.up and not snap.ok and set(snap.errors) == {"/slots", "/props"}
+
+
+async def test_an_oversized_answer_is_not_read(fake: tuple[FakeServer, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A /slots answer beyond the cap is an error of that endpoint: neither decoded nor held in memory."""
+    monkeypatch.setattr(server_http, "MAX_BODY_BYTES", 100_000)
+    server, url = fake
+
+    async def huge(r: web.Request) -> web.Response:
+        return web.json_response([{"id": i, "n_ctx": 512, "params": {"grammar": "x" * 1000}} for i in range(200)])
+
+    server.slots = huge
+    snap = await _read(url)
+    assert snap.up and "/slots" in snap.errors and "/props" not in snap.errors
+    assert "more than" in snap.errors["/slots"]
 
 
 # ---------------------------------------------------------------- merging /slots into what is rendered

@@ -27,6 +27,8 @@ from prometheus_client.registry import Collector
 
 ENDPOINTS = ("/health", "/slots", "/props")
 _BUILD = re.compile(r"^b?(\d+)")
+#: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
+MAX_BODY_BYTES = 16 << 20
 # Statuses that say "this endpoint is not available here", not "the read failed".
 _UNAVAILABLE = {404: "not found (older build)", 501: "disabled on the server"}
 
@@ -155,8 +157,13 @@ class ServerHttpReader:
         """(status, decoded JSON or None, error). Status 0 = no answer."""
         try:
             async with self._client().get(self.base_url + endpoint, allow_redirects=False) as resp:
-                raw = await resp.read()
                 status = resp.status
+                raw = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    raw += chunk
+                    if len(raw) > MAX_BODY_BYTES:
+                        # Decoding it would stall every scrape and hold its size in memory.
+                        return 0, None, f"{endpoint} answered more than {MAX_BODY_BYTES / 2**20:g} MiB"
         except asyncio.TimeoutError:
             return 0, None, f"no answer within {self.timeout:g}s"
         except aiohttp.ClientError as exc:

@@ -113,6 +113,9 @@ def test_pid_and_pid_file(tmp_path: Path) -> None:
     pid_file.write_text("garbage")
     snap = reader.read()
     assert snap.process is None and snap.error is not None and "expected a pid" in snap.error
+    pid_file.write_bytes(b"\x1f\x8b\x08\x00binary")  # not UTF-8: still the same one-line message naming the file
+    snap = reader.read()
+    assert snap.error is not None and snap.error.startswith(f"--pid-file {pid_file}: expected a pid")
 
 
 def test_a_missing_proc_root_is_a_value_not_an_exception(tmp_path: Path) -> None:

@@ -200,7 +200,7 @@ class ProcReader:
             return self.pid, "pid", None
         if self.pid_file is not None:
             try:
-                text = Path(self.pid_file).read_text().strip()
+                text = Path(self.pid_file).read_text(encoding="utf-8", errors="replace").strip()
             except OSError as exc:
                 return None, "pid_file", f"--pid-file {self.pid_file}: {exc.strerror or exc}"
             if not text.isdigit():

@@ -902,20 +902,8 @@ def read_lines(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -
     Bytes that are not UTF-8 become U+FFFD. Memory is bounded by `max_line`, whatever the file size.
     """
     readline = f.readline
-    at_start = True  # NUL bytes before the first line: the hole a copytruncate leaves (see logs/tail.py), skipped
-    while True:
-        raw = readline(max_line)
-        if not raw:
-            return
-        if at_start:
-            text_start = raw.lstrip(b"\0")
-            stats.bytes += len(raw) - len(text_start)
-            if not text_start:
-                continue
-            at_start = False
-            if len(raw) == max_line and not text_start.endswith(b"\n"):
-                text_start += readline(max_line - len(text_start))
-            raw = text_start
+    raw = _first_text(f, stats, max_line)
+    while raw:
         n = len(raw)
         if n == max_line and not raw.endswith(b"\n"):
             stats.long_lines += 1
@@ -932,6 +920,20 @@ def read_lines(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -
         if stats.bytes <= SNIFF_BYTES + n and "\ufffd" in text:
             stats.replaced += text.count("\ufffd")
         yield text
+        raw = readline(max_line)
+
+
+def _first_text(f: IO[bytes], stats: ReadStats, max_line: int) -> bytes:
+    """What `readline(max_line)` would give after the NUL bytes at the start of the stream (counted in
+    `stats.bytes`): the hole a copytruncate leaves (see logs/tail.py) is skipped, not called binary."""
+    while raw := f.readline(max_line):
+        text = raw.lstrip(b"\0")
+        stats.bytes += len(raw) - len(text)
+        if text:
+            if len(raw) == max_line and not text.endswith(b"\n"):
+                text += f.readline(max_line - len(text))
+            return text
+    return b""
 
 
 def _looks_binary(stats: ReadStats) -> bool:

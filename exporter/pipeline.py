@@ -66,7 +66,6 @@ class LogPipeline:
         batch = lines if isinstance(lines, Sequence) else list(lines)
         self._apply(batch)
         self.lines += len(batch)
-        self._report_tailer_error()
         self._report_hidden_lines()
 
     def replay_existing(self) -> int:

@@ -511,14 +511,40 @@ class Seen:
         return bool(self.lines) and seqs(self.lines[-1:])[0] >= i
 
 
-@pytest.mark.parametrize("watch", ["inotify", "watchdog"])
-async def test_follow_watchdog_rotation_and_truncation(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
-) -> None:
+def use_watch(monkeypatch: pytest.MonkeyPatch, watch: str) -> None:
+    """Have follow() use watchdog, or our own inotify watch (skipped where there is none)."""
     if watch == "watchdog":
         monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)
     elif tail_mod._libc_with_inotify() is None:
         pytest.skip("no inotify here")
+
+
+def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], bool]) -> None:
+    """inotify_add_watch fails as it does at fs.inotify.max_user_watches (ENOSPC) for the masks `refused` picks."""
+    found = tail_mod._libc_with_inotify()
+    if found is None:
+        pytest.skip("no inotify here")
+    libc: ctypes.CDLL = found
+
+    class Refusing:
+        inotify_init1 = libc.inotify_init1
+        inotify_rm_watch = libc.inotify_rm_watch
+
+        @staticmethod
+        def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
+            if refused(mask):
+                ctypes.set_errno(errno.ENOSPC)
+                return -1
+            return int(libc.inotify_add_watch(fd, path, mask))
+
+    monkeypatch.setattr(tail_mod, "_libc_with_inotify", Refusing)
+
+
+@pytest.mark.parametrize("watch", ["inotify", "watchdog"])
+async def test_follow_watchdog_rotation_and_truncation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, watch: str
+) -> None:
+    use_watch(monkeypatch, watch)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -701,21 +727,7 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
 async def test_follow_falls_back_to_polling_when_inotify_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    found = tail_mod._libc_with_inotify()
-    if found is None:
-        pytest.skip("no inotify here")
-    libc: ctypes.CDLL = found
-
-    class NoWatchesLeft:  # inotify_add_watch fails as it does at fs.inotify.max_user_watches
-        inotify_init1 = libc.inotify_init1
-        inotify_rm_watch = libc.inotify_rm_watch
-
-        @staticmethod
-        def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
-            ctypes.set_errno(errno.ENOSPC)
-            return -1
-
-    monkeypatch.setattr(tail_mod, "_libc_with_inotify", NoWatchesLeft)
+    refuse_watches(monkeypatch, lambda mask: True)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -738,23 +750,7 @@ async def test_follow_without_the_close_watch_still_watches_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No watch left for the second instance: one warning, and changes still wake the follower."""
-    found = tail_mod._libc_with_inotify()
-    if found is None:
-        pytest.skip("no inotify here")
-    libc: ctypes.CDLL = found
-
-    class NoSecondWatch:
-        inotify_init1 = libc.inotify_init1
-        inotify_rm_watch = libc.inotify_rm_watch
-
-        @staticmethod
-        def inotify_add_watch(fd: int, path: bytes, mask: int) -> int:
-            if mask & tail_mod._IN_CHANGES == tail_mod._IN_CLOSE_WRITE:  # the "closes" watch
-                ctypes.set_errno(errno.ENOSPC)
-                return -1
-            return int(libc.inotify_add_watch(fd, path, mask))
-
-    monkeypatch.setattr(tail_mod, "_libc_with_inotify", NoSecondWatch)
+    refuse_watches(monkeypatch, lambda mask: mask & tail_mod._IN_CHANGES == tail_mod._IN_CLOSE_WRITE)  # "closes"
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -802,10 +798,7 @@ async def test_follow_reads_at_once_when_the_writer_closes(
 ) -> None:
     """A server's last lines are read when it closes the log, not after the batch wait: a restarted
     server truncates the file as it starts, so whatever is still unread at that moment is lost."""
-    if watch == "watchdog":
-        monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)
-    elif tail_mod._libc_with_inotify() is None:
-        pytest.skip("no inotify here")
+    use_watch(monkeypatch, watch)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()

@@ -758,6 +758,10 @@ class _WakeUps:
         self._loop, self._batch_interval = loop, batch_interval
         self._last_close = -math.inf
 
+    def clear(self) -> None:
+        self.any.clear()
+        self.urgent.clear()
+
     def changed(self) -> None:
         self.any.set()
 
@@ -874,8 +878,7 @@ async def follow(
             if watch is not None:
                 watch.ensure()
                 watch.take_events()  # what they announce, this drain reads
-            wake.any.clear()  # from here on, an event means one more pass
-            wake.urgent.clear()
+            wake.clear()  # from here on, an event means one more pass
             busy, last_drain = loop.time() - last_drain < 2 * batch_interval, loop.time()
             await _drain(tailer, on_lines, stop_event)
             if after_drain is not None:

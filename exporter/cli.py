@@ -14,7 +14,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.collector import CheckpointCacheCollector, ExporterCollector, ServerLogCollector
+from exporter.collector import CheckpointCacheCollector, ExporterCollector, KVForecastCollector, ServerLogCollector
 from exporter.config import Config, parse_config
 from exporter.demo import replay_forever
 from exporter.logs.journald import JournaldSource
@@ -41,6 +41,7 @@ def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources 
     registry = CollectorRegistry(auto_describe=True)
     view: Callable[[], ServerState] = live.view if live is not None else (lambda: state)
     registry.register(ServerLogCollector(view))
+    registry.register(KVForecastCollector(view))
     registry.register(CheckpointCacheCollector(view))
     registry.register(ExporterCollector(pipeline, live.statuses if live is not None else None))
     for collector in live.collectors() if live is not None else []:

@@ -77,6 +77,18 @@ class SlotState:
     cache_base: int | None = None
     # Live context checkpoints in host RAM, oldest first (llama-server keeps them in a list per slot).
     checkpoints: list[Checkpoint] = field(default_factory=list)
+    # The current task's forecast inputs (exporter.forecast): the prompt's full size in tokens and how it
+    # is known (`new_prompt` line, or `progress` lines: X / P narrowed to the bounds the rounding of P
+    # allows), and the slot's latest speeds in tokens/s as llama-server printed them.
+    prompt_size: int | None = None
+    prompt_size_source: str | None = None
+    phase: str | None = None  # prompt | generation (None: idle or not known)
+    prompt_rate: float | None = None
+    generation_rate: float | None = None
+    # Remaining generation budget in tokens (None = unknown or unlimited); only /slots tells (live view).
+    generation_budget: int | None = None
+    _size_bounds: tuple[float, float] | None = None
+    _last_progress: tuple[float, int] | None = None  # (seconds since the prompt started, tokens processed)
 
     @property
     def checkpoint_bytes(self) -> float:
@@ -87,6 +99,36 @@ class SlotState:
         """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""
         self.tokens = 0
         self.checkpoints = []
+
+    def new_task(self) -> None:
+        """A task starts or ends: forget the previous task's prompt size and speeds."""
+        self.prompt_size = self.prompt_size_source = self.phase = None
+        self.prompt_rate = self.generation_rate = None
+        self._size_bounds = self._last_progress = None
+
+    def note_prompt_progress(self, e: ev.PromptProgress, held: int) -> None:
+        """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch)."""
+        self.phase = "prompt"
+        if e.progress is not None and e.progress > 0 and self.prompt_size_source != "new_prompt":
+            # P is printed with 2 decimals (b9151+; %f before): the size lies where X / P rounds to P.
+            half = 0.005 if e.progress * 100 == round(e.progress * 100) and not e.absolute else 5e-7
+            lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
+            if self._size_bounds is not None:
+                lo, hi = max(lo, self._size_bounds[0]), min(hi, self._size_bounds[1])
+                if lo > hi:  # contradicting lines (a new prompt in the same task): start again
+                    lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
+            self._size_bounds = (lo, hi)
+            self.prompt_size = max(held, round((lo + hi) / 2)) if e.progress < 1 else held
+            self.prompt_size_source = "progress"
+            self.prompt_tokens = self.prompt_size  # what generation lines count on top of
+        if e.seconds is not None and e.rate is not None:
+            last = self._last_progress
+            # The line's rate is the average since the prompt started; two lines give the current one.
+            if last is not None and e.seconds > last[0] and e.n_tokens > last[1]:
+                self.prompt_rate = (e.n_tokens - last[1]) / (e.seconds - last[0])
+            else:
+                self.prompt_rate = e.rate
+            self._last_progress = (e.seconds, e.n_tokens)
 
 
 @dataclass
@@ -283,13 +325,18 @@ class ServerState:
         s = self._slot(e.slot)
         s.processing, s.task = True, e.task
         s.tokens = max(s.tokens, s.prompt_tokens + e.n_decoded)
+        s.phase = "generation"
+        s.generation_rate = e.rate
 
     def _on_prompt_progress(self, e: ev.PromptProgress) -> None:
         self._progress()
         s = self._slot(e.slot)
+        if s.task != e.task:
+            s.new_task()
         s.processing, s.task = True, e.task
         n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
         s.tokens = max(s.tokens, n)
+        s.note_prompt_progress(e, n)
 
     def _on_cached_tokens(self, e: ev.CachedTokens) -> None:
         self._progress()
@@ -306,6 +353,7 @@ class ServerState:
         self._progress()
         s = self._slot(e.slot)
         s.processing, s.task, s.cache_base = False, -1, None
+        s.new_task()
         aborted = e.task in self._aborted_tasks
         self._aborted_tasks.discard(e.task)
         if aborted and (self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE):
@@ -324,7 +372,9 @@ class ServerState:
     def _on_task_started(self, e: ev.TaskStarted) -> None:
         self._progress()
         s = self._slot(e.slot)
+        s.new_task()
         s.processing, s.task, s.cache_base = True, e.task, None
+        s.prompt_tokens, s.phase = 0, "prompt"
         if self._clears_idle_slots():
             for other_id, other in self.slots.items():
                 if other_id != e.slot and not other.processing:
@@ -333,8 +383,11 @@ class ServerState:
     def _on_new_prompt(self, e: ev.NewPrompt) -> None:
         self._progress()
         s = self._slot(e.slot)
+        if s.task != e.task:
+            s.new_task()
         s.processing, s.task, s.cache_base = True, e.task, None
         s.prompt_tokens = e.n_prompt_tokens
+        s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
         s.n_ctx = e.n_ctx_slot
         if self.n_ctx_slot is None:
             self.n_ctx_slot = e.n_ctx_slot
@@ -365,11 +418,13 @@ class ServerState:
         # b9752+: every in-flight slot was aborted; nothing is processing any more.
         for s in self.slots.values():
             s.processing = False
+            s.new_task()
 
     def _on_all_slots_idle(self, e: ev.AllSlotsIdle) -> None:
         self._progress()
         for s in self.slots.values():
             s.processing, s.task = False, -1
+            s.new_task()
 
     def _on_idle_slot_saved(self, e: ev.IdleSlotSaved) -> None:
         pass  # the `clearing prompt` line that follows carries the change

@@ -117,12 +117,12 @@ CASES: list[tuple[str, ev.Event]] = [
     ),
     (
         "slot update_slots: id  0 | task 42 | prompt processing progress, n_past = 2048, n_tokens = 2048, progress = 0.5",
-        ev.PromptProgress(0, 42, 2048, absolute=True),
+        ev.PromptProgress(0, 42, 2048, absolute=True, progress=0.5),
     ),
     (
         "slot update_slots: id  0 | task 42 | prompt processing progress, n_tokens = 2048, batch.n_tokens = 2048, "
         "progress = 0.500000",
-        ev.PromptProgress(0, 42, 2048, absolute=True),
+        ev.PromptProgress(0, 42, 2048, absolute=True, progress=0.5),
     ),
     (
         "slot update_slots: id  0 | task 42 | prompt done, n_past = 4096, n_tokens = 12",
@@ -135,19 +135,19 @@ CASES: list[tuple[str, ev.Event]] = [
     (
         "slot print_timing: id  0 | task 42 | prompt processing, n_tokens =   8192, progress = 0.35, "
         "t =   3.21 s / 2552.02 tokens per second",
-        ev.PromptProgress(0, 42, 8192, absolute=False),
+        ev.PromptProgress(0, 42, 8192, absolute=False, progress=0.35, seconds=3.21, rate=2552.02),
     ),
     (
         "slot print_timing: id  0 | task 42 | n_decoded =    300, tg =  41.23 t/s, tg_3s =  40.87 t/s",
-        ev.GenerationProgress(0, 42, 300),
+        ev.GenerationProgress(0, 42, 300, rate=40.87),
     ),
     (
         "slot print_timing: id  0 | task 42 | n_decoded =    300, tg =  41.23 t/s",
-        ev.GenerationProgress(0, 42, 300),
+        ev.GenerationProgress(0, 42, 300, rate=41.23),
     ),
     (
         "0.03.195.497 I slot print_timing: id  2 | task 20 | n_gen =   2714, tg = 904.33 t/s, tg_3s = 904.66 t/s",
-        ev.GenerationProgress(2, 20, 2714),
+        ev.GenerationProgress(2, 20, 2714, rate=904.66),
     ),
     (
         "slot      release: id  0 | task 42 | stop processing: n_past = 275, truncated = 0",

@@ -170,21 +170,30 @@ class PromptProgress:
 
     `absolute` lines (b3761–b9150: `prompt processing progress, n_tokens|n_past = N`, `prompt done`) give
     the slot's total tokens; b9151+ `prompt processing, n_tokens = N` counts only newly evaluated ones.
+    `progress` is the printed fraction of the prompt (None on `done` lines); `seconds` and `rate` are
+    the b9151+ `t = T s / R tokens per second` (time since the prompt started, tokens / that time).
     """
 
     slot: int
     task: int
     n_tokens: int
     absolute: bool
+    progress: float | None = None
+    seconds: float | None = None
+    rate: float | None = None
 
 
 @event
 class GenerationProgress:
-    """`n_gen = G, tg = …` / `n_decoded = G, tg = …` (every ≥3 s while generating, b9151+)."""
+    """`n_gen = G, tg = R t/s[, tg_3s = R3 t/s]` / `n_decoded = G, …` (every ≥3 s while generating, b9151+).
+
+    `rate` is the most recent speed the line gives (tg_3s, b9706+, else the average tg), tokens/s.
+    """
 
     slot: int
     task: int
     n_decoded: int
+    rate: float | None = None
 
 
 @event

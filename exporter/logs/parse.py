@@ -96,6 +96,20 @@ def _reason(message: str) -> str:
     return "other"
 
 
+# A decimal number as llama-server prints one (%f, %.2f): digits bounded, so float() cannot fail or stall.
+_FLOAT = r"\d{1,12}(?:\.\d{1,9}|)"
+
+
+def _opt_float(text: str | None) -> float | None:
+    return float(text) if text else None
+
+
+def _rate(text: str | None) -> float | None:
+    """A speed in tokens/s; 0 and absent are both 'unknown' (llama-server prints 0 before it can measure)."""
+    value = float(text) if text else 0.0
+    return value if value > 0 else None
+
+
 def _timing(prompt: str | None, ms: str, tokens: str) -> ev.Event:
     if prompt:
         return ev.PromptEvalTiming(float(ms), int(tokens))
@@ -107,11 +121,11 @@ _M = re.Match[str]
 # Group names must be unique over all rules: they share one regex.
 # Slot rules: the regex matches the text after `| task N | `; build gets the slot id, the task id and the match.
 _SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
-    ("n_gen", r"n_gen = +(?P<n_gen>\d+), tg =", lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]))),
     (
-        "n_decoded",
-        r"n_decoded = +(?P<n_decoded>\d+), tg =",
-        lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_decoded"])),
+        "n_gen n_decoded",
+        r"n_(?:gen|decoded) = +(?P<n_gen>\d+), tg = +(?P<tg>" + _FLOAT + r") t/s"
+        r"(?:, tg_3s = +(?P<tg_3s>" + _FLOAT + ")|)",
+        lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]), _rate(m["tg_3s"] or m["tg"])),
     ),
     (
         "prompt eval",
@@ -187,13 +201,22 @@ _SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
     ("kv", r"kv cache rm \[(?P<kv_rm>\d+), end\)", lambda s, t, m: ev.CachedTokens(s, t, int(m["kv_rm"]))),
     (
         "prompt",
-        r"prompt processing, n_tokens = +(?P<processed>\d+), progress",
-        lambda s, t, m: ev.PromptProgress(s, t, int(m["processed"]), absolute=False),
+        r"prompt processing, n_tokens = +(?P<processed>\d+), progress = (?P<pp_frac>" + _FLOAT + r")"
+        r"(?:, t = +(?P<pp_t>" + _FLOAT + r") s / (?P<pp_rate>" + _FLOAT + r") tokens per second|)",
+        lambda s, t, m: ev.PromptProgress(
+            s, t, int(m["processed"]), False, float(m["pp_frac"]), _opt_float(m["pp_t"]), _rate(m["pp_rate"])
+        ),
     ),
     (
         "prompt",
-        r"prompt processing progress, (?:n_past|n_tokens) = (?P<progress>\d+),",
-        lambda s, t, m: ev.PromptProgress(s, t, int(m["progress"]), absolute=True),
+        r"prompt processing progress, (?:n_past|n_tokens) = (?P<progress>\d+), (?:n_tokens|batch\.n_tokens) = \d+, "
+        r"progress = (?P<old_frac>" + _FLOAT + ")",
+        lambda s, t, m: ev.PromptProgress(s, t, int(m["progress"]), True, float(m["old_frac"])),
+    ),
+    (
+        "prompt",
+        r"prompt processing progress, (?:n_past|n_tokens) = (?P<progress_bare>\d+),",
+        lambda s, t, m: ev.PromptProgress(s, t, int(m["progress_bare"]), absolute=True),
     ),
     (
         "prompt",

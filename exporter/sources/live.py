@@ -266,6 +266,7 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
                 tokens=s.tokens if ls.tokens is None else ls.tokens,
                 processing=s.processing if ls.processing is None else ls.processing,
                 n_ctx=ls.n_ctx if ls.n_ctx is not None else s.n_ctx,
+                generation_budget=ls.generation_budget,
             )
         view.slots = slots
         view.n_slots = max(ls.id for ls in live) + 1

@@ -42,6 +42,17 @@ class LiveSlot:
     processing: bool | None
     tokens: int | None  # n_prompt_tokens
     n_decoded: int | None
+    n_remain: int | None = None  # next_token.n_remain: generation budget left (-1 = unlimited or not started)
+    n_predict: int | None = None  # params.n_predict (-1 = unlimited)
+
+    @property
+    def generation_budget(self) -> int | None:
+        """Tokens the slot may still generate; None when unknown or unlimited."""
+        if self.n_remain is not None and self.n_remain >= 0:
+            return self.n_remain
+        if self.n_predict is not None and self.n_predict >= 0:
+            return max(0, self.n_predict - (self.n_decoded or 0))
+        return None
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,9 @@ def parse_slots(body: object) -> tuple[LiveSlot, ...]:
         if isinstance(next_token, list):  # b6890+: an array of one object
             next_token = next_token[0] if next_token else None
         n_decoded = _int(next_token.get("n_decoded")) if isinstance(next_token, dict) else None
+        n_remain = _int(next_token.get("n_remain")) if isinstance(next_token, dict) else None
+        params = item.get("params")
+        n_predict = _int(params.get("n_predict")) if isinstance(params, dict) else _int(item.get("n_predict"))
         slot_id = _int(item.get("id"))
         tokens = _int(item.get("n_prompt_tokens"))
         if tokens is None and "id_task" not in item and processing is False:
@@ -107,6 +121,8 @@ def parse_slots(body: object) -> tuple[LiveSlot, ...]:
                 processing=processing,
                 tokens=tokens,
                 n_decoded=n_decoded,
+                n_remain=n_remain,
+                n_predict=n_predict,
             )
         )
     return tuple(slots)

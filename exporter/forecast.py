@@ -1,0 +1,162 @@
+"""Where the KV pool is heading: what the requests in flight will hold, and when the pool is full. Pure.
+
+The usage ratio moves in whole batches (`-b`, 2,048 cells by default) and says nothing about the
+prompts still being read, so a page on it alone comes one or two batches before the abort. The
+requests in flight tell much more, and earlier:
+
+- **prompt demand**: the cells every processing slot will hold once its prompt is processed. A
+  slot's prompt size comes from `new prompt … task.n_tokens = N` (`-lv 4`), else from its progress
+  lines (`prompt processing, n_tokens = X, progress = P` at the default verbosity: X / P, narrowed
+  by every further line), else it counts what it holds now (`held`). Above the capacity the
+  overflow is certain unless a request finishes or is cancelled first.
+- **max demand**: prompt demand plus each slot's remaining generation budget (`/slots`
+  `next_token.n_remain`, `params.n_predict`), each slot capped at its own window (`n_ctx`); a slot
+  whose budget is unknown or unlimited counts its whole window.
+- **time to full**: at the current fill speed (each slot's latest prompt-processing or generation
+  speed as llama-server printed it), the seconds until the requests in flight fill the pool; None
+  when nothing fills or when the requests in flight cannot fill it even at their limits.
+
+Idle slots are left out: with unified KV (b6925+) llama-server frees idle slots before it fails a
+batch (`try_clear_idle_slots`), and `--cache-idle-slots` clears them when a task starts. On older
+unified builds their cells stay and are counted as held.
+
+    >>> from exporter.state import ServerState, SlotState
+    >>> st = ServerState(n_slots=2, n_ctx_slot=1000, kv_cells=1000, kv_unified=True)
+    >>> st.slots = {0: SlotState(n_ctx=1000, tokens=300, processing=True, prompt_size=700,
+    ...                          prompt_size_source="new_prompt", prompt_rate=100.0)}
+    >>> f = forecast(st)
+    >>> f.prompt_demand, f.max_demand, f.eta_seconds
+    (700, 1000, 7.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.state import ServerState, SlotState
+
+HORIZONS = ("prompt", "max")
+#: How a processing slot's prompt size is known: the `new prompt` line, its progress lines, or not
+#: at all (it counts what it holds).
+SIZE_SOURCES = ("new_prompt", "progress", "held")
+# Unified KV builds that free idle slots before failing a batch (try_purge_idle_slots, #16302).
+_FREES_IDLE_SLOTS_SINCE = 6925
+
+
+@dataclass(frozen=True)
+class SlotDemand:
+    """One processing slot's part of the forecast."""
+
+    slot: int
+    held: int  # cells the slot holds now
+    prompt: int  # cells it will hold once its prompt is processed
+    max: int  # cells it may hold at most (prompt + remaining generation budget, capped at its window)
+    size_source: str  # new_prompt | progress | held
+    budget_known: bool  # the remaining generation budget is known (/slots) and finite
+    rate: float  # tokens/s it is adding now (0 = not known or not filling)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Demand of the requests in flight against the pool."""
+
+    capacity: int | None
+    slots: tuple[SlotDemand, ...]
+    idle_held: int  # cells of idle slots that llama-server would not free before failing (old builds)
+
+    @property
+    def held(self) -> int:
+        """Cells held now by the requests in flight (and by idle slots that cannot be freed)."""
+        return self.idle_held + sum(s.held for s in self.slots)
+
+    @property
+    def prompt_demand(self) -> int:
+        """Cells held once every prompt in flight is processed."""
+        return self.idle_held + sum(s.prompt for s in self.slots)
+
+    @property
+    def max_demand(self) -> int:
+        """Cells held at most, once every request in flight has used its generation budget."""
+        return self.idle_held + sum(s.max for s in self.slots)
+
+    def demand(self, horizon: str) -> int:
+        """`prompt_demand` or `max_demand` by horizon name."""
+        return self.prompt_demand if horizon == "prompt" else self.max_demand
+
+    def ratio(self, horizon: str) -> float | None:
+        """Demand / capacity (above 1: the pool overflows unless a request ends first)."""
+        return self.demand(horizon) / self.capacity if self.capacity else None
+
+    @property
+    def fill_rate(self) -> float:
+        """Tokens per second the requests in flight add to the pool now."""
+        return sum(s.rate for s in self.slots)
+
+    @property
+    def eta_seconds(self) -> float | None:
+        """Seconds until the pool is full at the current fill speed; None when it is not filling towards full."""
+        rate, capacity = self.fill_rate, self.capacity
+        if not capacity or rate <= 0 or self.max_demand < capacity:
+            return None
+        return max(0.0, (capacity - self.held) / rate)
+
+    def sources(self) -> dict[str, int]:
+        """Number of processing slots sized by each source."""
+        out = dict.fromkeys(SIZE_SOURCES, 0)
+        for s in self.slots:
+            out[s.size_source] += 1
+        return out
+
+    @property
+    def unknown_budgets(self) -> int:
+        """Processing slots whose generation budget is not known (counted at their whole window)."""
+        return sum(not s.budget_known for s in self.slots)
+
+
+def slot_demand(slot_id: int, s: SlotState, window: int | None) -> SlotDemand:
+    """The forecast for one processing slot. `window` caps it: the slot's n_ctx (else the pool)."""
+    held = s.tokens
+    if s.prompt_size is not None and s.prompt_size_source is not None:
+        source = s.prompt_size_source
+        # A new prompt's size is exact: cells left over from the slot's previous request are dropped
+        # (`memory_seq_rm`) before it is processed. An estimate never goes below what the slot holds.
+        exact = source == "new_prompt" and s.phase == "prompt"
+        prompt = s.prompt_size if exact else max(held, s.prompt_size)
+    else:
+        prompt, source = held, "held"
+    if window is not None:
+        prompt = min(prompt, max(window, held))
+    budget = s.generation_budget
+    if budget is not None and budget >= 0:
+        most = prompt + budget
+        budget_known = True
+    else:
+        most = window if window is not None else prompt
+        budget_known = False
+    if window is not None:
+        most = min(most, window)
+    most = max(most, prompt)
+    in_prompt = s.prompt_size is None or held < s.prompt_size
+    if in_prompt and s.prompt_rate is not None and s.phase == "prompt":
+        rate = s.prompt_rate
+    elif s.phase == "generation" and s.generation_rate is not None and held < most:
+        rate = s.generation_rate
+    else:
+        rate = 0.0
+    return SlotDemand(slot_id, held, prompt, most, source, budget_known, rate)
+
+
+def forecast(state: ServerState) -> Forecast:
+    """The forecast for a server state (the live view, with `/slots` merged in, where there is one)."""
+    capacity, _ = state.pool_capacity()
+    frees_idle = state.kv_unified is not True or state.build is None or state.build >= _FREES_IDLE_SLOTS_SINCE
+    demands: list[SlotDemand] = []
+    idle_held = 0
+    for slot_id in sorted(state.slots):
+        s = state.slots[slot_id]
+        if s.processing:
+            window = state.slot_context(slot_id) or capacity
+            demands.append(slot_demand(slot_id, s, window))
+        elif not frees_idle:
+            idle_held += s.tokens
+    return Forecast(capacity, tuple(demands), idle_held)

@@ -88,6 +88,9 @@ class SlotState:
     # Remaining generation budget in tokens (None = unknown or unlimited); only /slots tells (live view).
     generation_budget: int | None = None
     _size_bounds: tuple[float, float] | None = None
+    # The last progress line's (new tokens X, fraction P): P counts the cached prefix, which only
+    # `-lv 4` or /slots (n_prompt_tokens_cache) tells; `size_with_cache` redoes X / P with it.
+    _last_fraction: tuple[int, float] | None = None
     _last_progress: tuple[float, int] | None = None  # (seconds since the prompt started, tokens processed)
 
     @property
@@ -104,11 +107,20 @@ class SlotState:
         """A task starts or ends: forget the previous task's prompt size and speeds."""
         self.prompt_size = self.prompt_size_source = self.phase = None
         self.prompt_rate = self.generation_rate = None
-        self._size_bounds = self._last_progress = None
+        self._size_bounds = self._last_progress = self._last_fraction = None
+
+    def size_with_cache(self, cached: int) -> int | None:
+        """The prompt size from the last progress line, given the cached prefix (from /slots) the log hid."""
+        if self.prompt_size_source != "progress" or self.cache_base is not None or self._last_fraction is None:
+            return None
+        processed, fraction = self._last_fraction
+        return round((cached + processed) / fraction) if fraction > 0 else None
 
     def note_prompt_progress(self, e: ev.PromptProgress, held: int) -> None:
         """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch)."""
         self.phase = "prompt"
+        if e.progress is not None and not e.absolute:
+            self._last_fraction = (e.n_tokens, e.progress)
         if e.progress is not None and e.progress > 0 and self.prompt_size_source != "new_prompt":
             # P is printed with 2 decimals (b9151+; %f before): the size lies where X / P rounds to P.
             half = 0.005 if e.progress * 100 == round(e.progress * 100) and not e.absolute else 5e-7

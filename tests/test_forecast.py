@@ -187,3 +187,25 @@ def test_slots_endpoint_gives_the_generation_budget() -> None:
     expected = sum(min(32768, (s.tokens or 0) + (s.n_remain or 0)) for s in live if s.processing)
     assert f.max_demand == expected
     assert f.prompt_demand == sum(s.tokens or 0 for s in live if s.processing)
+
+
+def test_a_cached_prefix_from_slots_corrects_the_progress_estimate() -> None:
+    """P counts the cached prefix; at the default verbosity only /slots says how long it is."""
+    state = ServerState(n_slots=1, n_ctx_slot=65536, kv_cells=65536, kv_streams=1, kv_unified=True, build=11434)
+    for line in (
+        "slot launch_slot_: id  0 | task 7 | processing task, is_child = 0",
+        "slot print_timing: id  0 | task 7 | prompt processing, n_tokens = 2048, progress = 0.61, "
+        "t = 3.10 s / 660.65 tokens per second",
+    ):
+        e = parse_message(normalize(line))
+        assert e is not None
+        state.apply(e)
+    assert forecast(state).prompt_demand == pytest.approx(2048 / 0.61, rel=0.01)  # the log alone: new tokens only
+    live = parse_slots(
+        [{"id": 0, "n_ctx": 65536, "is_processing": True, "id_task": 7, "n_prompt_tokens": 32000,
+          "n_prompt_tokens_cache": 27904, "params": {"n_predict": 100},
+          "next_token": [{"has_next_token": True, "n_remain": 100, "n_decoded": 0}]}]
+    )  # fmt: skip
+    f = forecast(merge_view(state, HttpSnapshot(up=True, slots=live)))
+    assert f.prompt_demand == round((27904 + 2048) / 0.61)
+    assert f.max_demand == f.prompt_demand + 100

@@ -267,6 +267,7 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
                 processing=s.processing if ls.processing is None else ls.processing,
                 n_ctx=ls.n_ctx if ls.n_ctx is not None else s.n_ctx,
                 generation_budget=ls.generation_budget,
+                prompt_size=(ls.n_cached and s.size_with_cache(ls.n_cached)) or s.prompt_size,
             )
         view.slots = slots
         view.n_slots = max(ls.id for ls in live) + 1

@@ -44,6 +44,7 @@ class LiveSlot:
     n_decoded: int | None
     n_remain: int | None = None  # next_token.n_remain: generation budget left (-1 = unlimited or not started)
     n_predict: int | None = None  # params.n_predict (-1 = unlimited)
+    n_cached: int | None = None  # n_prompt_tokens_cache (b9276+): the prompt's prefix reused from the cache
 
     @property
     def generation_budget(self) -> int | None:
@@ -123,6 +124,7 @@ def parse_slots(body: object) -> tuple[LiveSlot, ...]:
                 n_decoded=n_decoded,
                 n_remain=n_remain,
                 n_predict=n_predict,
+                n_cached=_int(item.get("n_prompt_tokens_cache")),
             )
         )
     return tuple(slots)

@@ -36,9 +36,19 @@ class Config:
     selector: str = ""
     #: Where runbook.md is published; each alert links to ``<this>#<alert name in lower case>``.
     runbook_url: str = "alerts/runbook.md"
-    #: LlamaCppKVPoolSaturated: KV pool usage ratio above this while a request runs (pages).
+    #: LlamaCppKVPoolOverflowAhead: the prompts in flight need more than this share of the pool (pages).
+    kv_overflow_ahead_ratio: float = 1.0
+    kv_overflow_ahead_for: str = "0s"
+    #: LlamaCppKVPoolSaturated: KV pool usage ratio above this while a request runs (pages). The pool
+    #: moves in whole batches (6 % of a 32K pool at -b 2048): a `for:` longer than a batch or two pages
+    #: after the abort, and the requests in flight must hold that much too (idle slots' cells are freed).
     kv_saturated_ratio: float = 0.9
-    kv_saturated_for: str = "15s"
+    kv_saturated_for: str = "0s"
+    #: LlamaCppKVPoolOverflowPossible: at most (prompt + generation budget) the requests in flight
+    #: need more than this share of the pool, while at least this many run.
+    kv_overflow_possible_ratio: float = 1.0
+    kv_overflow_possible_min_processing: int = 2
+    kv_overflow_possible_for: str = "1m"
     #: LlamaCppKVPoolFillingUp: predict_linear over this window says the pool is full within N minutes.
     kv_fill_window: str = "10m"
     kv_fill_minutes: int = 15
@@ -128,18 +138,54 @@ class _Rules:
         c, m = self.cfg, self.m
         busy = "instance:llamacpp_slots_processing:sum"
         out: list[dict[str, Any]] = []
+        demand = "llamacpp_kv_pool_demand_ratio"
+        prompt_demand = m(demand, 'horizon="prompt"')
+        max_demand = m(demand, 'horizon="max"')
+        usage = m("llamacpp_kv_pool_usage_ratio")
+        out.append(
+            self.alert(
+                "LlamaCppKVPoolOverflowAhead",
+                f"{prompt_demand} > {_num(c.kv_overflow_ahead_ratio)}\n"
+                f"and ignoring (horizon) {busy} > 0",
+                c.kv_overflow_ahead_for,
+                "critical",
+                "The prompts in flight on llama-server do not fit its KV pool: every request will be aborted.",
+                "Once the prompts now being processed on {{ $labels.instance }} are read, they need {{ $value | "
+                "humanizePercentage }} of the shared KV pool. When it is full llama-server aborts EVERY in-flight "
+                "request ('Context size has been exceeded', HTTP 500), small ones included, unless a request ends "
+                "first. Act in the seconds left: cancel the request that holds the most (dashboard: demand per "
+                "slot; close that client's connection), then hold back new long prompts.",
+            )
+        )
         out.append(
             self.alert(
                 "LlamaCppKVPoolSaturated",
-                f"{m('llamacpp_kv_pool_usage_ratio')} > {_num(c.kv_saturated_ratio)}\nand {busy} > 0",
+                f"{usage} > {_num(c.kv_saturated_ratio)}\n"
+                f"and ignoring (horizon) {prompt_demand} > {_num(c.kv_saturated_ratio)}\nand {busy} > 0",
                 c.kv_saturated_for,
                 "critical",
                 "llama-server's shared KV pool is almost full while requests run.",
-                "The KV pool of {{ $labels.instance }} is {{ $value | humanizePercentage }} full while requests "
-                "are running. When it is full, llama-server halves its batch down to 1 and then aborts EVERY "
-                "in-flight request with 'Context size has been exceeded' (HTTP 500). Act now: stop sending new "
-                "long requests to this instance or drain it; then size the pool so every slot's promise can "
-                "be kept: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots (-np) or no -kvu, a smaller -c.",
+                "The KV pool of {{ $labels.instance }} is {{ $value | humanizePercentage }} full and the requests "
+                "in flight hold that much. When it is full, llama-server halves its batch down to 1 and then "
+                "aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500). Act now: cancel "
+                "the request that holds the most, stop sending new long requests to this instance or drain it; "
+                "then size the pool so every slot's promise can be kept: --kv-unified-per-slot, -ctk/-ctv q8_0, "
+                "fewer slots (-np) or no -kvu, a smaller -c.",
+            )
+        )
+        out.append(
+            self.alert(
+                "LlamaCppKVPoolOverflowPossible",
+                f"{max_demand} > {_num(c.kv_overflow_possible_ratio)}\n"
+                f"and ignoring (horizon) {busy} >= {c.kv_overflow_possible_min_processing}",
+                c.kv_overflow_possible_for,
+                "warning",
+                "The requests in flight on llama-server may together outgrow its KV pool.",
+                "If the requests running on {{ $labels.instance }} generate up to their limits (n_predict, or the "
+                "slot's whole window where the limit is unknown: see llamacpp_kv_pool_demand_unknown_budget_slots; "
+                "--server-url gives it), they need {{ $value | humanizePercentage }} of the shared KV pool, and "
+                "an overflow aborts all of them. Cap generations (max_tokens / n_predict), keep long requests "
+                "apart, or size the pool: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots.",
             )
         )
         out.append(

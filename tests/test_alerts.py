@@ -26,6 +26,7 @@ rules_generator = load_script(ALERTS / "generate_rules.py")
 
 #: The alert names of the metric contract (shared/DESIGN.md) and issue #5.
 CONTRACT_ALERTS = {
+    "LlamaCppKVPoolOverflowAhead",  # the prompts in flight do not fit: pages before the abort
     "LlamaCppKVPoolSaturated",
     "LlamaCppKVPoolFillingUp",  # the predict_linear "pool full within N minutes" warning
     "LlamaCppKVPoolOvercommitted",
@@ -42,6 +43,8 @@ CONTRACT_ALERTS = {
 #: What each description must tell the operator to do (checked as substrings), after
 #: nvidia_gpu_exporter's "every annotation names its corrective action".
 REQUIRED_ACTIONS: dict[str, list[str]] = {
+    "LlamaCppKVPoolOverflowAhead": ["cancel the request that holds the most", "close that client's connection"],
+    "LlamaCppKVPoolOverflowPossible": ["max_tokens", "--kv-unified-per-slot", "--server-url"],
     "LlamaCppKVPoolSaturated": ["drain", "--kv-unified-per-slot", "-ctk/-ctv q8_0", "fewer slots", "-kvu", "-c"],
     "LlamaCppKVPoolFillingUp": ["n_predict", "--kv-unified-per-slot"],
     "LlamaCppKVPoolOvercommitted": ["--kv-unified-per-slot", "-kvu", "-ctk/-ctv q8_0", "fewer slots"],
@@ -178,10 +181,11 @@ def test_every_alert_has_for_severity_and_annotations() -> None:
         assert url.split("#", 1)[1] in anchors, f"{name}: {url} has no section in alerts/runbook.md"
 
 
-def test_only_the_kv_saturation_page_and_real_outages_are_critical() -> None:
+def test_only_the_kv_pool_pages_and_real_outages_are_critical() -> None:
     severities = {r["alert"]: r["labels"]["severity"] for r in _alert_rules()}
     assert severities["LlamaCppKVPoolSaturated"] == "critical"
     assert {n for n, s in severities.items() if s == "critical"} == {
+        "LlamaCppKVPoolOverflowAhead",
         "LlamaCppKVPoolSaturated",
         "LlamaCppContextExceeded",
         "LlamaCppServerDown",

@@ -35,11 +35,11 @@ RED, ORANGE, GREEN, BLUE = "red", "orange", "green", "blue"
 
 
 def q(expr: str, legend: str = "__auto", ref: str = "A", **extra: Any) -> dict[str, Any]:
-    """A Prometheus target; ``{S}`` in ``expr`` becomes the job/instance matchers."""
+    """A Prometheus target; ``{S}`` in ``expr`` becomes the job/instance matchers (``{S, x="y"}`` adds one)."""
     target: dict[str, Any] = {
         "datasource": DS,
         "editorMode": "code",
-        "expr": expr.replace("{S}", SEL),
+        "expr": expr.replace("{S}", SEL).replace("{S, ", SEL[:-1] + ", "),
         "legendFormat": legend,
         "range": True,
         "refId": ref,
@@ -318,6 +318,75 @@ def panels() -> list[dict[str, Any]]:
     ]
     for panel in glance:
         lay.add(panel, 3, 4)
+
+    lay.row("KV pool forecast")
+    lay.add(
+        timeseries(
+            "KV pool: used vs demand vs capacity",
+            "llamacpp_kv_pool_used_tokens (cells held now), llamacpp_kv_pool_demand_tokens{horizon=\"prompt\"} "
+            "(what the requests in flight hold once their prompts are read: above the capacity the abort is "
+            "certain unless a request ends first, and LlamaCppKVPoolOverflowAhead pages), "
+            "llamacpp_kv_pool_demand_tokens{horizon=\"max\"} (at most: plus their generation budgets) and "
+            "llamacpp_kv_pool_capacity_tokens (red line).",
+            [
+                q("llamacpp_kv_pool_used_tokens{S}", "{{instance}} used", "A"),
+                q('llamacpp_kv_pool_demand_tokens{S, horizon="prompt"}', "{{instance}} demand (prompts)", "B"),
+                q('llamacpp_kv_pool_demand_tokens{S, horizon="max"}', "{{instance}} demand (at most)", "C"),
+                q("llamacpp_kv_pool_capacity_tokens{S}", "{{instance}} capacity", "D"),
+            ],
+            unit="short",
+            axis_label="tokens (KV cells)",
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "D"},
+                    "properties": [
+                        {"id": "custom.lineWidth", "value": 2},
+                        {"id": "custom.fillOpacity", "value": 0},
+                        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+                        {"id": "color", "value": {"fixedColor": RED, "mode": "fixed"}},
+                    ],
+                },
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "C"},
+                    "properties": [
+                        {"id": "custom.fillOpacity", "value": 0},
+                        {"id": "custom.lineStyle", "value": {"dash": [2, 4], "fill": "dot"}},
+                    ],
+                },
+            ],
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        stat(
+            "Pool full in",
+            "llamacpp_kv_pool_full_eta_seconds: at the current prompt-processing and generation speeds, the "
+            "time until the requests in flight fill the KV pool. Empty while the pool is not filling or the "
+            "requests in flight cannot fill it.",
+            q("llamacpp_kv_pool_full_eta_seconds{S}", "{{instance}}", instant=True),
+            unit="s",
+            steps=thresholds((None, RED), (60, ORANGE), (600, GREEN)),
+            decimals=0,
+        ),
+        4,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Demand per slot",
+            'llamacpp_slot_demand_tokens{horizon="prompt"}: the cells each request in flight will hold once its '
+            "prompt is read (0 for an idle slot). The largest band is the request to cancel when the pool "
+            "would overflow. llamacpp_kv_pool_demand_slots says how the sizes are known (new_prompt at -lv 4, "
+            "progress lines, or held: not known yet).",
+            [q('llamacpp_slot_demand_tokens{S, horizon="prompt"}', "{{instance}} slot {{slot}}")],
+            unit="short",
+            stack=True,
+            axis_label="tokens (KV cells)",
+        ),
+        8,
+        8,
+    )
 
     lay.row("KV pool")
     lay.add(
@@ -742,7 +811,7 @@ def annotation_list() -> dict[str, Any]:
             "hide": False,
             "iconColor": color,
             "name": name,
-            "expr": expr.replace("{S}", SEL),
+            "expr": expr.replace("{S}", SEL).replace("{S, ", SEL[:-1] + ", "),
             "step": "15s",
             "titleFormat": title,
             "tagKeys": "instance",

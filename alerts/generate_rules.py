@@ -145,8 +145,7 @@ class _Rules:
         out.append(
             self.alert(
                 "LlamaCppKVPoolOverflowAhead",
-                f"{prompt_demand} > {_num(c.kv_overflow_ahead_ratio)}\n"
-                f"and ignoring (horizon) {busy} > 0",
+                f"{prompt_demand} > {_num(c.kv_overflow_ahead_ratio)}\nand ignoring (horizon) {busy} > 0",
                 c.kv_overflow_ahead_for,
                 "critical",
                 "The prompts in flight on llama-server do not fit its KV pool: every request will be aborted.",

@@ -323,10 +323,10 @@ def panels() -> list[dict[str, Any]]:
     lay.add(
         timeseries(
             "KV pool: used vs demand vs capacity",
-            "llamacpp_kv_pool_used_tokens (cells held now), llamacpp_kv_pool_demand_tokens{horizon=\"prompt\"} "
+            'llamacpp_kv_pool_used_tokens (cells held now), llamacpp_kv_pool_demand_tokens{horizon="prompt"} '
             "(what the requests in flight hold once their prompts are read: above the capacity the abort is "
             "certain unless a request ends first, and LlamaCppKVPoolOverflowAhead pages), "
-            "llamacpp_kv_pool_demand_tokens{horizon=\"max\"} (at most: plus their generation budgets) and "
+            'llamacpp_kv_pool_demand_tokens{horizon="max"} (at most: plus their generation budgets) and '
             "llamacpp_kv_pool_capacity_tokens (red line).",
             [
                 q("llamacpp_kv_pool_used_tokens{S}", "{{instance}} used", "A"),

@@ -43,11 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
+from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line, parse_text_indexed, unwrap
 from exporter.state import ServerState
 
-SCHEMA = "llamacpp-exporter/diagnose/v1"
+SCHEMA = "llamacpp-exporter/diagnose/v2"
 PROG = "llamacpp-exporter diagnose"
 MIB = 1024 * 1024
 #: Lines longer than this are cut (the rest is read and dropped), as the tailer does.
@@ -102,6 +103,10 @@ _PROGRESS = frozenset(
         ev.AllSlotsIdle,
     }
 )
+# Events after which the forecast of the requests in flight may change.
+_DEMAND_CHANGES = frozenset(
+    {ev.NewPrompt, ev.PromptProgress, ev.TaskStarted, ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle}
+)
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Lines other programs write too: alone they do not make a file a llama-server log.
 _GENERIC = frozenset({ev.ServerReady, ev.ModelLoading})
@@ -148,6 +153,13 @@ class Failure:
     heaviest_slot: int | None
     equal_share: int | None  # pool cells / slots: what a private pool per slot would hold
     victims: list[int]  # aborted slots that held no more than an equal share
+    # When the overflow became certain from the prompts in flight (their prompt demand passed the pool,
+    # as the exporter's LlamaCppKVPoolOverflowAhead sees it), and from which lines their sizes came.
+    predictable_line: int | None = None
+    predictable_elapsed_s: float | None = None
+    predictable_lead_s: float | None = None  # seconds from that line to the failure line
+    predictable_demand: int | None = None  # the prompt demand at that line (cells)
+    predictable_from: list[str] = field(default_factory=list)  # new_prompt | progress (how the sizes were known)
 
 
 @dataclass
@@ -356,6 +368,17 @@ class _Abort:
     cascade: _Cascade
     errored_tasks: list[int] = field(default_factory=list)
     releases: list[ev.SlotReleased] = field(default_factory=list)
+    predictable: _Predictable | None = None
+
+
+@dataclass
+class _Predictable:
+    """The line at which the prompts in flight first needed more than the pool (since they last fitted)."""
+
+    line: int
+    elapsed_s: float | None
+    demand: int
+    sources: list[str]
 
 
 class _Run:
@@ -383,6 +406,7 @@ class _Run:
         self.kv_swa_mib = 0.0
         self.cascade: _Cascade | None = None
         self.abort: _Abort | None = None
+        self.predictable: _Predictable | None = None
         # Failures kept in detail: the first half and the last half of `max_failures` (0 = all).
         self.head_max = (max_failures + 1) // 2 if max_failures > 0 else None
         self.head: list[Failure] = []
@@ -402,6 +426,8 @@ class _Run:
                 return
             self._close_abort()
         self.state.apply(e)
+        if kind in _DEMAND_CHANGES:
+            self._note_demand(lineno, line)
 
         if kind in _PROGRESS:
             self.in_startup = False
@@ -440,8 +466,10 @@ class _Run:
                 reason=e.reason,
                 offset=int(pos[1]) if pos else None,
                 cascade=self.cascade or _Cascade(),
+                predictable=self.predictable,
             )
             self.cascade = None
+            self.predictable = None
         elif isinstance(e, ev.ServerReady):
             self.in_startup = False
         elif isinstance(e, ev.KVCacheSection):
@@ -451,6 +479,16 @@ class _Run:
                 self.kv_swa_mib += e.k_mib + e.v_mib
             elif e.cells is not None:
                 self.kv_full = e
+
+    def _note_demand(self, lineno: int, line: str) -> None:
+        """Remember the first line at which the prompts in flight needed more than the pool; forget it when they fit."""
+        f = forecast(self.state)
+        ratio = f.ratio("prompt")
+        if ratio is None or ratio <= 1:
+            self.predictable = None
+        elif self.predictable is None:
+            sources = [name for name, n in f.sources().items() if n and name != "held"]
+            self.predictable = _Predictable(lineno, elapsed_seconds(line), f.prompt_demand, sources)
 
     def note_stamp(self, line: str) -> None:
         """Remember the last line that may carry a time stamp (for the run's duration)."""
@@ -514,6 +552,12 @@ class _Run:
             equal_share=share,
             victims=victims,
         )
+        if a.predictable is not None:
+            p = a.predictable
+            f.predictable_line, f.predictable_elapsed_s = p.line, p.elapsed_s
+            f.predictable_demand, f.predictable_from = p.demand, p.sources
+            if p.elapsed_s is not None and a.elapsed_s is not None:
+                f.predictable_lead_s = round(a.elapsed_s - p.elapsed_s, 6)
         s = self.summary
         s.total += 1
         s.aborted_requests += f.aborted_requests
@@ -1113,6 +1157,18 @@ def _failure_lines(i: int, f: Failure) -> list[str]:
     when = f" ({_duration(f.elapsed_s)} after start)" if f.elapsed_s is not None else ""
     out = [f"Failure {i} at line {f.line:,}{when}: {_DECODE_MESSAGES.get(f.reason, f.reason)}"]
     body: list[str] = []
+    if f.predictable_line is not None:
+        how = {"new_prompt": "'new prompt' lines", "progress": "progress lines"}
+        lead = f", {_duration(f.predictable_lead_s)} before the abort" if f.predictable_lead_s is not None else ""
+        pool = f" of {f.pool_cells:,}" if f.pool_cells else ""
+        text = (
+            f"predictable from line {f.predictable_line:,}{lead}: the prompts in flight needed "
+            f"{f.predictable_demand or 0:,} cells{pool} (sizes from "
+            f"{' and '.join(how.get(x, x) for x in f.predictable_from) or 'the cells held'})"
+        )
+        body.extend(_wrap(text, "", "  ", width=92))
+    elif f.reason == "context_exceeded":
+        body.append("not predictable from the prompts: they fitted; generation (or unknown sizes) filled the pool")
     if f.retries or f.memory_slot_failures:
         cascade = f"cascade: {_plural(f.retries, 'retry', 'retries')}"
         if f.idle_slots_purged:

@@ -464,13 +464,18 @@ _FAILURE_KEYS = [
     "heaviest_slot",
     "equal_share",
     "victims",
+    "predictable_line",
+    "predictable_elapsed_s",
+    "predictable_lead_s",
+    "predictable_demand",
+    "predictable_from",
 ]
 
 
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v1" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v2" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",

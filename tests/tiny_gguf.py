@@ -67,9 +67,12 @@ def _write(
     n_ff: int = N_FF,
     sliding_window: int | None = None,
     zero_ffn: bool = False,
+    n_embd: int = N_EMBD,
+    n_layer: int = N_LAYER,
 ) -> Path:
     rng = np.random.default_rng(0)  # fixed seed: identical bytes on every run
     toks, scores, types = _vocab()
+    N_EMBD, N_LAYER = n_embd, n_layer
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
 
@@ -145,6 +148,15 @@ def write_tiny_llama(path: Path, *, ctx_train: int = CTX_TRAIN) -> Path:
     It loads in ~25 ms and generates ~18k tokens/s on 2 CPU cores. Returns ``path``.
     """
     return _write(path, "llama", ctx_train=ctx_train)
+
+
+def write_slow_llama(path: Path, *, n_embd: int = 512, n_layer: int = 12, n_ff: int = 1024) -> Path:
+    """Write a random llama big enough to be slow on 2 CPU cores (512 wide, 12 layers: ~19M weights, 76 MB).
+
+    For tests that must watch a KV pool fill over minutes, not milliseconds: on 2 cores it reads a
+    prompt at a few hundred tokens per second, slower as the context grows. Returns ``path``.
+    """
+    return _write(path, "llama", ctx_train=CTX_TRAIN, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff)
 
 
 def write_tiny_gemma2(path: Path, *, ctx_train: int = CTX_TRAIN, sliding_window: int = GEMMA2_SLIDING_WINDOW) -> Path:

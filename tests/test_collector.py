@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collector import ExporterCollector, ServerLogCollector
+from exporter.collector import ExporterCollector, KVForecastCollector, ServerLogCollector
 from exporter.logs.parse import parse_line
 from exporter.state import ServerState
 
@@ -28,6 +28,7 @@ def _state(name: str, *, counting: bool = True) -> ServerState:
 def _registry(state: ServerState) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ServerLogCollector(lambda: state))
+    registry.register(KVForecastCollector(lambda: state))
     return registry
 
 
@@ -96,9 +97,37 @@ def test_exporter_self_metrics() -> None:
     assert registry.get_sample_value("llamacpp_exporter_build_info", {"version": "0.1.0"}) == 1
 
 
+def _state_until(name: str, last_line: int) -> ServerState:
+    state = ServerState()
+    lines = (FIXTURES / "b11434" / name / "llama-server.log").read_text(encoding="utf-8").splitlines()
+    for line in lines[:last_line]:
+        event = parse_line(line)
+        if event is not None:
+            state.apply(event)
+    return state
+
+
+def test_forecast_mid_fill() -> None:
+    """exhaust-long-lv4 after its 21 s `n_gen` lines: four slots generating at their printed tg_3s speeds."""
+    reg = _registry(_state_until("exhaust-long-lv4", 328))
+    assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 4 * 339 + 4 * 7244 + 1
+    assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "max"}) == 4 * 32768
+    assert reg.get_sample_value("llamacpp_kv_pool_demand_slots", {"source": "new_prompt"}) == 4
+    assert reg.get_sample_value("llamacpp_kv_pool_demand_unknown_budget_slots") == 4
+    rate = reg.get_sample_value("llamacpp_kv_pool_fill_rate_tokens_per_second")
+    assert rate == pytest.approx(4 * 217.80)
+    used = reg.get_sample_value("llamacpp_kv_pool_used_tokens")
+    assert reg.get_sample_value("llamacpp_kv_pool_full_eta_seconds") == pytest.approx((32768 - used) / rate)
+    assert reg.get_sample_value("llamacpp_slot_demand_tokens", {"slot": "0", "horizon": "prompt"}) == 339 + 7244
+    # After the abort nothing is in flight: demand 0, no ETA.
+    done = _registry(_state("exhaust-long-lv4"))
+    assert done.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0
+    assert done.get_sample_value("llamacpp_kv_pool_full_eta_seconds") is None
+
+
 @pytest.mark.promtool
 def test_promtool_check_metrics_is_silent(promtool_bin: Path) -> None:
-    registry = _registry(_state("exhaust-long-lv4"))
+    registry = _registry(_state_until("exhaust-long-lv4", 328))
     registry.register(ExporterCollector(_LogStatus()))
     text = generate_latest(registry)
     result = subprocess.run([str(promtool_bin), "check", "metrics"], input=text, capture_output=True, timeout=30)

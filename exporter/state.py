@@ -116,8 +116,12 @@ class SlotState:
         processed, fraction = self._last_fraction
         return round((cached + processed) / fraction) if fraction > 0 else None
 
-    def note_prompt_progress(self, e: ev.PromptProgress, held: int) -> None:
-        """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch)."""
+    def note_prompt_progress(self, e: ev.PromptProgress, held: int, throughput: float | None = None) -> None:
+        """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch).
+
+        `throughput` is the server's latest prompt speed (from another slot): a slot's first line
+        averages over its whole wait, so it is not the speed now.
+        """
         self.phase = "prompt"
         if e.progress is not None and not e.absolute:
             self._last_fraction = (e.n_tokens, e.progress)
@@ -139,7 +143,7 @@ class SlotState:
             if last is not None and e.seconds > last[0] and e.n_tokens > last[1]:
                 self.prompt_rate = (e.n_tokens - last[1]) / (e.seconds - last[0])
             else:
-                self.prompt_rate = e.rate
+                self.prompt_rate = throughput or e.rate
             self._last_progress = (e.seconds, e.n_tokens)
 
 
@@ -192,6 +196,7 @@ class ServerState:
     generated_tokens: int = 0
 
     _in_startup: bool = False
+    _prompt_throughput: float | None = None  # the latest prompt speed measured between two progress lines
     _kv_section_swa: bool = False
     _aborted_tasks: set[int] = field(default_factory=set)
     _selected_slot: int | None = None
@@ -302,6 +307,7 @@ class ServerState:
             "prompt_cache_prompts",
             "prompt_cache_limit_bytes",
             "_selected_slot",
+            "_prompt_throughput",
         ):
             setattr(self, name, None)
         self._cache_entries = {}
@@ -348,7 +354,23 @@ class ServerState:
         s.processing, s.task = True, e.task
         n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
         s.tokens = max(s.tokens, n)
-        s.note_prompt_progress(e, n)
+        self._prompt_turn(e.slot)
+        had = s._last_progress
+        s.note_prompt_progress(e, n, self._prompt_throughput)
+        if had is not None and s._last_progress is not had and s.prompt_rate is not None:
+            self._prompt_throughput = s.prompt_rate
+
+    def _prompt_turn(self, slot_id: int) -> None:
+        """A slot reads prompt tokens: every lower slot that was reading its prompt has finished it.
+
+        llama-server fills each batch greedily in slot order (generated tokens first, then each slot's
+        prompt until it ends or the batch is full), so concurrent prompts are read one after another.
+        Neither level's lines say when a prompt's last batch was queued; the next slot's turn does.
+        """
+        for other_id, other in self.slots.items():
+            if other_id < slot_id and other.processing and other.phase == "prompt" and other.prompt_size is not None:
+                other.tokens = max(other.tokens, other.prompt_size)
+                other.phase, other.prompt_rate = "generation", None
 
     def _on_cached_tokens(self, e: ev.CachedTokens) -> None:
         self._progress()
@@ -400,6 +422,8 @@ class ServerState:
         s.processing, s.task, s.cache_base = True, e.task, None
         s.prompt_tokens = e.n_prompt_tokens
         s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
+        s.prompt_rate = self._prompt_throughput  # its turn: it is read at the server's current prompt speed
+        self._prompt_turn(e.slot)
         s.n_ctx = e.n_ctx_slot
         if self.n_ctx_slot is None:
             self.n_ctx_slot = e.n_ctx_slot

@@ -209,3 +209,44 @@ def test_a_cached_prefix_from_slots_corrects_the_progress_estimate() -> None:
     f = forecast(merge_view(state, HttpSnapshot(up=True, slots=live)))
     assert f.prompt_demand == round((27904 + 2048) / 0.61)
     assert f.max_demand == f.prompt_demand + 100
+
+
+def _stamp(line: str) -> float:
+    minutes, seconds, ms, us = line.split(" ", 1)[0].split(".")
+    return int(minutes) * 60 + int(seconds) + int(ms) / 1e3 + int(us) / 1e6
+
+
+def test_a_real_prompt_driven_overflow_is_foreseen_with_a_right_eta() -> None:
+    """prompt-overflow-lv4: four ~9,000-token prompts read one after another into a 32,768-cell pool.
+
+    Each slot's `new prompt` line comes at its turn; the earlier prompts are then complete (their
+    last batch is never printed), the demand passes the pool at the fourth, and the ETA from the
+    server's own prompt speed matches the time that was really left to the abort.
+    """
+    lines = (FIXTURES / "prompt-overflow-lv4" / "llama-server.log").read_text().splitlines()
+    abort = _stamp(next(line for line in lines if "Context size has been exceeded" in line))
+    state = ServerState()
+    sizes: list[int] = []
+    over_at = eta_checked = None
+    for line in lines:
+        e = parse_message(normalize(line))
+        if e is None:
+            continue
+        state.apply(e)
+        f = forecast(state)
+        if isinstance(e, ev.NewPrompt):
+            sizes.append(e.n_prompt_tokens)
+            assert f.prompt_demand == sum(sizes)  # the earlier prompts are complete
+            assert f.held == sum(sizes[:-1])
+        if over_at is None and (f.ratio("prompt") or 0) > 1:
+            over_at = _stamp(line)
+        if eta_checked is None and f.held >= POOL_CELLS / 2 and f.eta_seconds is not None:
+            left = abort - _stamp(line)
+            assert abs(f.eta_seconds - left) <= 0.25 * left, (f.eta_seconds, left)
+            eta_checked = left
+    assert len(sizes) == 4 and sum(sizes) > POOL_CELLS
+    assert over_at is not None and abort - over_at >= 10, abort - over_at
+    assert eta_checked is not None
+
+
+POOL_CELLS = 32768

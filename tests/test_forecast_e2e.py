@@ -51,6 +51,10 @@ CRITICAL = ("LlamaCppKVPoolOverflowAhead", "LlamaCppKVPoolSaturated")
 #: The acceptance bound: a page this many seconds before the first abort line at least.
 MIN_LEAD_S = 10.0
 SCENARIO_TIMEOUT = 600.0
+#: n_predict of the requests that must stay in flight: llama-server reads concurrent prompts one after
+#: another, and a request that finished before the last prompt is read would leave room (its idle slot
+#: is purged) instead of being aborted.
+LONG = 4000
 _WORDS = [
     "the",
     "quick",
@@ -324,7 +328,7 @@ def test_1_no_false_page(env: Env) -> None:
 
 def test_2_prompt_overflow_at_lv4(env: Env) -> None:
     """Four ~9,000-token prompts at -lv 4: the page comes at the `new prompt` lines, the ETA is right."""
-    sent, statuses = _overflow(env, "a", [9000] * 4, 4)
+    sent, statuses = _overflow(env, "a", [9000] * 4, LONG)
     assert statuses == [500] * 4, statuses
     lead = _lead(env, "a_log", "a", sent)
     abort = env.watch.exceeded["a"]
@@ -349,7 +353,7 @@ def test_2_prompt_overflow_at_lv4(env: Env) -> None:
 
 def test_3_prompt_overflow_at_default_verbosity(env: Env) -> None:
     """Incident-shaped prompts (small ones first, the large one read last) at the default verbosity."""
-    sent, statuses = _overflow(env, "b", [1500, 4500, 9000, 21000], 4)
+    sent, statuses = _overflow(env, "b", [1500, 4500, 9000, 21000], LONG)
     assert statuses == [500] * 4, statuses
     figures = {name: _lead(env, name, "b", sent) for name in ("b_http", "b_log")}
     env.figures["prompt_overflow_default_verbosity"] = figures

@@ -28,6 +28,14 @@ from exporter.logs import events as ev
 from exporter.sources.server_cmdline import ServerCommandLine
 
 MIB = 1024 * 1024
+#: What llama-server can write, and so what a line may say (the log is untrusted input: clients write
+#: request paths and, at debug levels, prompts into it). A line past these bounds is rejected, counted
+#: in `rejected["out_of_range"]` and never applied. They also bound the series: at most MAX_SLOTS slots.
+MAX_SLOTS = 1024
+MAX_TOKENS = 1 << 26  # 67M cells: far above any context llama.cpp supports
+MAX_BYTES = float(1 << 44)  # 16 TiB: no host or GPU holds a bigger KV cache, checkpoint or prompt cache
+MAX_CHECKPOINTS = 4096  # per slot
+_MAX_MS = 1e10  # a request of 115 days
 # llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
 _CLEARS_ABORTED_SLOTS_SINCE = 7078
 _FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
@@ -179,6 +187,8 @@ class ServerState:
     prompt_cache_limit_bytes: float | None = None  # inf = no limit, 0 = disabled
 
     # Counters (exporter lifetime; never reset by a server restart).
+    rejected: Counter[str] = field(default_factory=Counter)  # lines not applied, by bounded reason
+    last_unexpected: str | None = None  # the last error of an `unexpected` rejection (for the exporter's log)
     server_starts: int = 0
     kv_retries: int = 0
     memory_slot_failures: int = 0
@@ -333,16 +343,55 @@ class ServerState:
         self._end_cascade("recovered")
 
     def apply(self, e: ev.Event) -> None:
-        """Apply one event (a dict lookup by the event's type, not a chain of isinstance checks)."""
-        handler = _HANDLERS.get(type(e))
-        if handler is not None:
+        """Apply one event (a dict lookup by the event's type, not a chain of isinstance checks).
+
+        Never raises: an event whose values the running server cannot have written is rejected and
+        counted (`rejected`), and so is one that trips a bug here (`unexpected`), so that no line can
+        stop the pipeline.
+        """
+        kind = type(e)
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            return
+        check = _CHECKS.get(kind)
+        if check is not None and not check(self, e):
+            self._reject("out_of_range")
+            return
+        try:
             handler(self, e)
+        except Exception as exc:  # a bug must cost one line, not the pipeline
+            self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
+            self._reject("unexpected")
+
+    def _reject(self, reason: str) -> None:
+        if self.counting:
+            self.rejected[reason] += 1
+
+    def _on_rejected(self, e: ev.Rejected) -> None:
+        self._reject(e.reason)
+
+    def slot_limit(self) -> int:
+        """Slot ids a line may name: below the server's slot count, or MAX_SLOTS while it is not known."""
+        n = self.n_slots
+        return n if n is not None else MAX_SLOTS
+
+    def _slot_ok(self, slot: int) -> bool:
+        return 0 <= slot < (self.n_slots if self.n_slots is not None else MAX_SLOTS)
+
+    def _tokens_ok(self, slot: int, n: int) -> bool:
+        """A slot id this server has and a token count its window can hold."""
+        if not 0 <= slot < (self.n_slots if self.n_slots is not None else MAX_SLOTS):
+            return False
+        s = self.slots.get(slot)
+        limit = s.n_ctx if s is not None and s.n_ctx else self.n_ctx_slot or MAX_TOKENS
+        return 0 <= n <= limit
 
     def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
         self._progress()
         s = self._slot(e.slot)
         s.processing, s.task = True, e.task
-        s.tokens = max(s.tokens, s.prompt_tokens + e.n_decoded)
+        # With context shift a request may generate past its window; the slot never holds more than it.
+        s.tokens = max(s.tokens, min(s.prompt_tokens + e.n_decoded, s.n_ctx or MAX_TOKENS))
         s.phase = "generation"
         s.generation_rate = e.rate
 
@@ -448,6 +497,8 @@ class ServerState:
         if self.counting:
             self.requests_aborted[e.reason] += 1
         if e.reason in _FATAL_REASONS:
+            if len(self._aborted_tasks) >= 4 * MAX_SLOTS:  # forged errors for tasks that never end
+                self._aborted_tasks.clear()
             self._aborted_tasks.add(e.task)
 
     def _on_decode_failed(self, e: ev.DecodeFailed) -> None:
@@ -558,7 +609,7 @@ class ServerState:
         if isinstance(e, ev.CheckpointCreated):
             s.checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
             # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
-            while len(s.checkpoints) > e.index > 0:
+            while len(s.checkpoints) > e.index > 0 or len(s.checkpoints) > MAX_CHECKPOINTS:
                 s.checkpoints.pop(0)
             if e.max_per_slot:
                 self.checkpoint_limit = e.max_per_slot
@@ -603,6 +654,8 @@ class ServerState:
         elif isinstance(e, ev.PromptSaved):
             if self._selected_slot is not None:
                 # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
+                if len(self._cache_entries) >= MAX_CHECKPOINTS:  # forged saves without a cache state line
+                    del self._cache_entries[next(iter(self._cache_entries))]
                 self._cache_entries[e.length] = list(self._slot(self._selected_slot).checkpoints)
         elif isinstance(e, ev.PromptCacheCandidate):
             self._cache_candidates.append(e)
@@ -680,8 +733,65 @@ class ServerState:
             self._unmatched_log_starts += 1
 
 
+def _bytes_ok(*mib: float | None) -> bool:
+    return all(m is None or 0 <= m * MIB <= MAX_BYTES for m in mib)
+
+
+def _count_ok(*n: int | None) -> bool:
+    return all(x is None or 0 <= x <= MAX_TOKENS for x in n)
+
+
+# Bounds each event must keep before it is applied (see MAX_SLOTS …): slot ids the running server has,
+# token counts its windows can hold, sizes a machine can have. Events not listed carry nothing to bound.
+_CHECKS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
+    ev.GenerationProgress: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_decoded),
+    ev.PromptProgress: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.CachedTokens: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.SlotReleased: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.SlotCleared: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_tokens),
+    ev.SlotPurged: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_tokens),
+    ev.TaskStarted: lambda st, e: st._slot_ok(e.slot),
+    ev.NewPrompt: lambda st, e: (
+        st._slot_ok(e.slot) and _count_ok(e.n_ctx_slot) and 0 <= e.n_prompt_tokens <= e.n_ctx_slot
+    ),
+    ev.KVRetry: lambda st, e: _count_ok(e.offset, e.n_batch),
+    ev.MemorySlotFailure: lambda st, e: _count_ok(e.batch_size),
+    ev.PromptEvalTiming: lambda st, e: 0 <= e.ms <= _MAX_MS and _count_ok(e.tokens),
+    ev.GenerationTiming: lambda st, e: 0 <= e.ms <= _MAX_MS and _count_ok(e.tokens),
+    ev.CheckpointConfig: lambda st, e: 0 <= e.max_per_slot <= MAX_CHECKPOINTS,
+    ev.CheckpointCreated: lambda st, e: (
+        st._slot_ok(e.slot)
+        and 0 <= e.index <= MAX_CHECKPOINTS
+        and 0 <= e.max_per_slot <= MAX_CHECKPOINTS
+        and _bytes_ok(e.size_mib)
+    ),
+    ev.CheckpointRemoved: lambda st, e: st._slot_ok(e.slot) and _bytes_ok(e.size_mib),
+    ev.CheckpointSuperseded: lambda st, e: st._slot_ok(e.slot),
+    ev.CheckpointRestored: lambda st, e: st._slot_ok(e.slot),
+    ev.CheckpointRestoreFailed: lambda st, e: st._slot_ok(e.slot),
+    ev.FullReprocess: lambda st, e: st._slot_ok(e.slot),
+    ev.PromptCacheLimit: lambda st, e: _bytes_ok(e.limit_mib),
+    ev.PromptCacheState: lambda st, e: _count_ok(e.prompts) and _bytes_ok(e.size_mib, e.limit_mib),
+    ev.PromptSaved: lambda st, e: _count_ok(e.length) and _bytes_ok(e.size_mib),
+    ev.PromptCacheCandidate: lambda st, e: _count_ok(e.length),
+    ev.SlotSelected: lambda st, e: st._slot_ok(e.slot),
+    ev.IdleSlotSaved: lambda st, e: st._slot_ok(e.slot),
+    ev.SlotsInitialized: lambda st, e: 1 <= e.n_slots <= MAX_SLOTS and _count_ok(e.n_ctx_slot),
+    ev.SlotCreated: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_ctx),
+    ev.ContextParam: lambda st, e: _count_ok(e.value),
+    ev.KVCacheSection: lambda st, e: _count_ok(e.cells),
+    ev.KVCacheSize: lambda st, e: (
+        _count_ok(e.cells)
+        and (e.seqs is None or 0 <= e.seqs <= MAX_SLOTS)
+        and (e.streams is None or 0 <= e.streams <= MAX_SLOTS)
+        and _bytes_ok(e.size_mib, e.k_mib, e.v_mib)
+    ),
+    ev.PerSlotCap: lambda st, e: _count_ok(e.requested, e.cap),
+}
+
 # Which method of ServerState applies which event.
 _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
+    ev.Rejected: ServerState._on_rejected,
     ev.GenerationProgress: ServerState._on_generation_progress,
     ev.PromptProgress: ServerState._on_prompt_progress,
     ev.CachedTokens: ServerState._on_cached_tokens,

@@ -117,6 +117,7 @@ def test_forecast_mid_fill() -> None:
     rate = reg.get_sample_value("llamacpp_kv_pool_fill_rate_tokens_per_second")
     assert rate == pytest.approx(4 * 217.80)
     used = reg.get_sample_value("llamacpp_kv_pool_used_tokens")
+    assert used is not None and rate is not None
     assert reg.get_sample_value("llamacpp_kv_pool_full_eta_seconds") == pytest.approx((32768 - used) / rate)
     assert reg.get_sample_value("llamacpp_slot_demand_tokens", {"slot": "0", "horizon": "prompt"}) == 339 + 7244
     # After the abort nothing is in flight: demand 0, no ETA.

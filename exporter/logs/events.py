@@ -420,8 +420,21 @@ class GenerationTiming:
     tokens: int
 
 
+@event
+class Rejected:
+    """A line that looked like a metric line but cannot be true: it is counted, never applied.
+
+    `reason` is bounded: `malformed` (a number that cannot be read, e.g. `1.2.3` or thousands of
+    digits) from the parser; the state adds `out_of_range` (a slot id, count or size that the running
+    server cannot have written).
+    """
+
+    reason: str
+
+
 Event: TypeAlias = (
-    ServerStarting
+    Rejected
+    | ServerStarting
     | BuildInfo
     | Verbosity
     | ModelLoading

@@ -1,0 +1,145 @@
+"""The log is untrusted input: no line may raise, freeze the pipeline, or blow up state and series.
+
+Clients write into llama-server's log (request paths, prompts at debug levels), and old builds pass
+raw newlines through. Each case below is a line an attacker or a fuzzer produced against the real
+b11434 captures; each failed on the exporter before it treated lines as untrusted.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+from pathlib import Path
+
+import pytest
+
+from exporter.forecast import forecast
+from exporter.logs import events as ev
+from exporter.logs.parse import parse_line, parse_lines
+from exporter.state import MAX_BYTES, MAX_SLOTS, MAX_TOKENS, ServerState
+
+FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
+HUGE = "9" * 5000  # more digits than int() reads (4,300 by default): ValueError
+
+#: (line, the rejection reason it must be counted under)
+POISON: list[tuple[str, str]] = [
+    ("slot print_timing: id  0 | task 1 | prompt eval time = 1.2.3 ms / 1 tokens", "malformed"),
+    (f"slot print_timing: id  0 | task 1 | prompt eval time = 1{HUGE} ms / 1 tokens", "out_of_range"),  # float: inf
+    (f"srv    send_error: task id = {HUGE}, error: Context size has been exceeded.", "malformed"),
+    (f"slot launch_slot_: id  {HUGE} | task 5 | processing task, is_child = 0", "malformed"),
+    ("srv    load_model: initializing, n_slots = 1000000000, n_ctx_slot = 512, kv_unified = 'true'", "out_of_range"),
+    ("slot launch_slot_: id  1000000 | task 5 | processing task, is_child = 0", "out_of_range"),
+    (
+        "slot      release: id  0 | task 9 | stop processing: n_tokens = 100000000000000000000, truncated = 0",
+        "out_of_range",
+    ),
+    (
+        "slot update_slots: id  0 | task 9 | created context checkpoint 1 of 3 (pos_min = 0, pos_max = 10, "
+        "size = 99999999999999.0 MiB)",
+        "out_of_range",
+    ),
+    ("llama_context: n_ctx         = 99999999999999", "out_of_range"),
+]
+
+
+def _captured(name: str) -> list[str]:
+    return (FIXTURES / name / "llama-server.log").read_text(encoding="utf-8").splitlines()
+
+
+def _apply_all(state: ServerState, lines: list[str]) -> None:
+    for e in parse_lines(lines):
+        state.apply(e)
+
+
+@pytest.mark.parametrize(("line", "reason"), POISON, ids=[p[0][:50] for p in POISON])
+def test_a_poison_line_is_rejected_and_counted(line: str, reason: str) -> None:
+    state = ServerState()
+    _apply_all(state, _captured("exhaust-lv4")[:200])  # a running server: 4 slots, 512 cells
+    before = (state.n_slots, dict(state.slots), state.kv_cells)
+    state.apply_all = None  # type: ignore[attr-defined]
+    _apply_all(state, [line])
+    assert state.rejected == {reason: 1}
+    assert (state.n_slots, state.kv_cells) == (before[0], before[2])
+    assert set(state.slots) <= set(range(4))
+    # The next real line still counts.
+    _apply_all(state, ["W srv        decode: failed to find free space in the KV cache, retrying with smaller batch "
+                       "size, off = 0, n_batch = 256, ret = 1"])  # fmt: skip
+    assert state.kv_retries == 1
+
+
+def test_parse_never_raises_on_a_malformed_number() -> None:
+    for line, _ in POISON:
+        parse_line(line)  # must not raise
+    e = parse_line(POISON[0][0])
+    assert isinstance(e, ev.Rejected) and e.reason == "malformed"
+
+
+def test_slot_ids_and_counts_are_bounded_before_the_server_says_how_many_slots() -> None:
+    state = ServerState()
+    lines = [f"slot launch_slot_: id {i} | task {i} | processing task, is_child = 0" for i in range(0, 5000, 3)]
+    _apply_all(state, lines)
+    assert len(state.slots) <= MAX_SLOTS and all(i < MAX_SLOTS for i in state.slots)
+    assert state.rejected["out_of_range"] == sum(1 for i in range(0, 5000, 3) if i >= MAX_SLOTS)
+
+
+def _mutate(rng: random.Random, line: str) -> str:
+    """One fuzzer step: flip, insert or delete characters, splice digits, or graft another line's tail."""
+    kind = rng.randrange(6)
+    if not line:
+        return line
+    i = rng.randrange(len(line))
+    if kind == 0:
+        return line[:i] + chr(rng.randrange(32, 127)) + line[i + 1 :]
+    if kind == 1:
+        return line[:i] + rng.choice(["9" * rng.randrange(1, 40), "1.2.3", "-", "\x1b[31m", "|", "= ", " "]) + line[i:]
+    if kind == 2:
+        return line[:i] + line[i + rng.randrange(1, 8) :]
+    if kind == 3:
+        return line.replace(rng.choice("0123456789"), rng.choice(["99999999999", "1e9", "", "7"]))
+    if kind == 4:
+        return line[:i]
+    return line + line[i:]
+
+
+def test_fuzz_a_million_mutated_real_lines() -> None:
+    """Seeded and bounded: 1,000,000 mutated lines of every capture through parse + state.
+
+    No exception, every later valid line still counted, slots within the bound, every gauge inside
+    its physical range, memory bounded.
+    """
+    corpus = [
+        line for p in sorted(FIXTURES.iterdir()) if (p / "llama-server.log").exists() for line in _captured(p.name)
+    ]
+    rng = random.Random(20261201)
+    state = ServerState()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    total, batch = 0, 4096
+    retry = (
+        "W srv        decode: failed to find free space in the KV cache, retrying with smaller batch size, off = 0, "
+        "n_batch = 256, ret = 1"
+    )
+    while total < 1_000_000:
+        lines = [_mutate(rng, rng.choice(corpus)) for _ in range(batch)]
+        _apply_all(state, lines)
+        total += batch
+        before = state.kv_retries
+        _apply_all(state, [retry])
+        assert state.kv_retries == before + 1  # a valid line after the garbage still counts
+        assert len(state.slots) <= MAX_SLOTS
+        for s in state.slots.values():
+            assert 0 <= s.tokens <= MAX_TOKENS
+            assert 0 <= s.checkpoint_bytes <= MAX_BYTES * 64
+        f = forecast(state)
+        assert 0 <= f.prompt_demand <= MAX_TOKENS * MAX_SLOTS
+    assert sum(state.rejected.values()) > 0
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    assert grown_kib < 200 * 1024, f"RSS grew by {grown_kib} KiB"
+
+
+def test_no_real_line_is_rejected() -> None:
+    """The bounds are far from what a real server writes: not one line of the captures is rejected."""
+    for path in sorted(FIXTURES.iterdir()):
+        if (path / "llama-server.log").exists():
+            state = ServerState()
+            _apply_all(state, _captured(path.name))
+            assert state.rejected == {}, (path.name, state.rejected, state.last_unexpected)

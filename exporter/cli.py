@@ -121,10 +121,14 @@ async def serve(config: Config) -> int:
     registry = build_registry(state, pipeline, live)
 
     def health() -> dict[str, object]:
+        log_status: dict[str, object] = {"path": log_description, "up": pipeline.up}
+        if pipeline.stopped is not None:
+            log_status["stopped"] = pipeline.stopped
         return {
-            "status": "ok",
+            # A pipeline that stopped following the log never recovers by itself: restart the exporter.
+            "status": "ok" if pipeline.stopped is None else "failing",
             "version": __version__,
-            "log": {"path": log_description, "up": pipeline.up},
+            "log": log_status,
             "sources": {name: {"up": st.up, "error": st.error} for name, st in live.statuses.items()},
             "server_pid": live.pid,
         }

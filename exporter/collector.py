@@ -28,6 +28,7 @@ from exporter.state import PROMPT_EVAL_BUCKETS, ServerState
 CASCADE_OUTCOMES = ("recovered", "failed")
 ABORT_REASONS = ("context_exceeded",)
 DECODE_FAILURE_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
+REJECT_REASONS = ("malformed", "out_of_range", "unexpected")
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -197,6 +198,14 @@ class ServerLogCollector(Collector):
         )
         yield _counter(
             "llamacpp_slots_purged", "Idle slots purged to make room in the unified KV pool.", st.slots_purged
+        )
+        yield _labelled_counter(
+            "llamacpp_exporter_log_lines_rejected",
+            "Log lines read but not applied: malformed (a number that cannot be read), out_of_range (a slot, "
+            "count or size the running server cannot have written: forged or corrupt), unexpected (an exporter bug).",
+            "reason",
+            st.rejected,
+            REJECT_REASONS,
         )
 
 

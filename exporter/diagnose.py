@@ -34,6 +34,7 @@ import io
 import json
 import os
 import re
+import stat
 import sys
 import textwrap
 import zlib
@@ -840,9 +841,13 @@ class Diagnoser:
         """Apply one parsed event; `line` is the raw line (read only for a fatal decode's offset and time)."""
         self.events += 1
         kind = type(e)
+        run = self._current.get(source)
+        if kind is ev.Rejected or (run is not None and not run.state.accepts(e)):
+            if run is not None:
+                run.state.apply(e)  # counted as rejected, never acted on (a forged start must not split a run)
+            return
         if kind not in _GENERIC:
             self.specific_events += 1
-        run = self._current.get(source)
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
         if kind in _BANNER or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
@@ -921,6 +926,9 @@ class ReadStats:
     replaced: int = 0  # undecodable bytes in the first SNIFF_BYTES
 
 
+_NOT_LOGS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+
+
 def _open(path: str) -> IO[bytes]:
     if path == "-":
         if sys.stdin is None:  # started with standard input closed (`<&-`)
@@ -929,6 +937,12 @@ def _open(path: str) -> IO[bytes]:
     p = Path(path)
     if p.is_dir():
         raise InputError(f"{path}: is a directory, not a log file")
+    with contextlib.suppress(OSError):  # a file that cannot be stat'ed fails to open below, with the reason
+        mode = p.stat().st_mode
+        # /dev/zero and /dev/urandom never end; a pipe is a stream like standard input and is read.
+        kind = next((k for test, k in _NOT_LOGS if test(mode)), None)
+        if kind is not None:
+            raise InputError(f"{path}: is a {kind}, not a log file (give a file, or - for standard input)")
     try:
         f: IO[bytes] = p.open("rb")
     except FileNotFoundError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
 from exporter.logs.parse import parse_lines
@@ -19,6 +20,8 @@ from exporter.logs.tail import LogTailer, follow
 from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
+#: Rejected log lines are reported at most this often (seconds) per reason: a flood is one line, not a flood.
+REJECT_LOG_INTERVAL = 600
 
 
 class LogPipeline:
@@ -35,11 +38,15 @@ class LogPipeline:
         self.replayed_lines = 0
         self._reported_error: str | None = None
         self._warned_hidden = False
+        self._rejected_reported: dict[str, tuple[int, float]] = {}  # reason -> (count, when) last logged
+        self.stopped: str | None = None  # why the pipeline stopped following the log, if it did
 
     # -- LogSourceStatus (read by the collector) -----------------------------------------------
     @property
     def up(self) -> bool:
-        """True while the log is open and readable."""
+        """True while the log is open and readable, and the pipeline still follows it."""
+        if self.stopped is not None:
+            return False
         if self.tailer is None:
             return self.source is not None and self.source.up
         return self.tailer.is_open and self.tailer.last_error is None
@@ -67,6 +74,27 @@ class LogPipeline:
         self._apply(batch)
         self.lines += len(batch)
         self._report_hidden_lines()
+        if self.state.rejected:
+            self._report_rejected()
+
+    def _report_rejected(self, now: float | None = None) -> None:
+        """Log rejected lines once per reason when they start, then at most every REJECT_LOG_INTERVAL seconds."""
+        now = time.monotonic() if now is None else now
+        for reason, count in self.state.rejected.items():
+            last_count, last_when = self._rejected_reported.get(reason, (0, -REJECT_LOG_INTERVAL))
+            if count > last_count and now - last_when >= REJECT_LOG_INTERVAL:
+                detail = (
+                    f" ({self.state.last_unexpected})" if reason == "unexpected" and self.state.last_unexpected else ""
+                )
+                log.warning(
+                    "%d log line(s) rejected as %s so far%s: not applied, counted in "
+                    "llamacpp_exporter_log_lines_rejected_total (next report in %d s at the earliest)",
+                    count,
+                    reason,
+                    detail,
+                    REJECT_LOG_INTERVAL,
+                )
+                self._rejected_reported[reason] = (count, now)
 
     def replay_existing(self) -> int:
         """Read the log as it is now, rebuilding gauges without counting events. Returns lines read."""
@@ -111,7 +139,13 @@ class LogPipeline:
     def _apply(self, lines: Sequence[str]) -> None:
         """Parse a batch of lines (one regex scan, see `parse_lines`) and apply their events in order."""
         apply = self.state.apply
-        for event in parse_lines(lines):
+        try:
+            events = parse_lines(lines)
+        except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline
+            self.state.last_unexpected = f"parse: {type(exc).__name__}: {exc}"[:200]
+            self.state.rejected["unexpected"] += len(lines)
+            return
+        for event in events:
             apply(event)
 
     def _report_hidden_lines(self) -> None:
@@ -138,17 +172,27 @@ class LogPipeline:
     async def run(
         self, *, poll_interval: float, batch_interval: float, use_watchdog: bool, stop: asyncio.Event
     ) -> None:
-        """Follow the log until `stop` is set."""
-        if self.tailer is None:
-            if self.source is not None:
-                await self.source.run(self.feed, stop)
-            return
-        await follow(
-            self.tailer,
-            self.feed,
-            after_drain=self._report_tailer_error,  # problems that arrive without lines are logged too
-            poll_interval=poll_interval,
-            use_watchdog=use_watchdog,
-            stop=stop,
-            batch_interval=batch_interval,
-        )
+        """Follow the log until `stop` is set. If it ends for any other reason, `up` turns False for good."""
+        try:
+            if self.tailer is None:
+                if self.source is not None:
+                    await self.source.run(self.feed, stop)
+                return
+            await follow(
+                self.tailer,
+                self.feed,
+                after_drain=self._report_tailer_error,  # problems that arrive without lines are logged too
+                poll_interval=poll_interval,
+                use_watchdog=use_watchdog,
+                stop=stop,
+                batch_interval=batch_interval,
+            )
+        except asyncio.CancelledError:
+            self.stopped = "cancelled"
+            raise
+        except Exception as exc:
+            self.stopped = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if self.stopped is None and not stop.is_set():
+                self.stopped = "the log source ended"

@@ -363,6 +363,13 @@ class ServerState:
             self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
             self._reject("unexpected")
 
+    def accepts(self, e: ev.Event) -> bool:
+        """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""
+        if type(e) is ev.Rejected:
+            return False
+        check = _CHECKS.get(type(e))
+        return check is None or check(self, e)
+
     def _reject(self, reason: str) -> None:
         if self.counting:
             self.rejected[reason] += 1

@@ -48,7 +48,9 @@ def make_app(
         return web.Response(text=page, content_type="text/html")
 
     async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(health()), content_type="application/json")
+        body = health()
+        status = 200 if body.get("status") == "ok" else 503
+        return web.Response(text=json.dumps(body), content_type="application/json", status=status)
 
     app = web.Application()
     app.router.add_get("/", landing)

@@ -7,15 +7,23 @@ b11434 captures; each failed on the exporter before it treated lines as untruste
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import random
 import resource
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from llama_harness import ExporterProcess, wait_for
 
+from exporter import diagnose
 from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line, parse_lines
+from exporter.pipeline import REJECT_LOG_INTERVAL, LogPipeline
 from exporter.state import MAX_BYTES, MAX_SLOTS, MAX_TOKENS, ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
@@ -56,7 +64,6 @@ def test_a_poison_line_is_rejected_and_counted(line: str, reason: str) -> None:
     state = ServerState()
     _apply_all(state, _captured("exhaust-lv4")[:200])  # a running server: 4 slots, 512 cells
     before = (state.n_slots, dict(state.slots), state.kv_cells)
-    state.apply_all = None  # type: ignore[attr-defined]
     _apply_all(state, [line])
     assert state.rejected == {reason: 1}
     assert (state.n_slots, state.kv_cells) == (before[0], before[2])
@@ -143,3 +150,91 @@ def test_no_real_line_is_rejected() -> None:
             state = ServerState()
             _apply_all(state, _captured(path.name))
             assert state.rejected == {}, (path.name, state.rejected, state.last_unexpected)
+
+
+class _Source:
+    """A line source that feeds some lines and then fails, as a broken journal reader or pipe would."""
+
+    description = "test source"
+    up = True
+
+    def __init__(self, lines: list[str], error: Exception | None) -> None:
+        self.lines, self.error = lines, error
+
+    def history(self) -> list[str]:
+        return []
+
+    async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+        on_lines(self.lines)
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("reader died"), None], ids=["raises", "ends"])
+async def test_a_pipeline_that_stops_shows_as_down(error: Exception | None) -> None:
+    """Whatever ends the pipeline (an error, a source that ends), the log source reads down, not a frozen up."""
+    state = ServerState()
+    pipeline = LogPipeline(state, None, _Source([POISON[0][0], "srv  update_slots: all slots are idle"], error))
+    assert pipeline.up
+    stop = asyncio.Event()
+    with contextlib.suppress(RuntimeError):
+        await pipeline.run(poll_interval=1, batch_interval=0, use_watchdog=False, stop=stop)
+    assert not pipeline.up and pipeline.stopped is not None
+    assert state.rejected == {"malformed": 1}
+
+
+def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCaptureFixture) -> None:
+    state = ServerState()
+    pipeline = LogPipeline(state, None, _Source([], None))
+    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
+        for _ in range(1000):
+            pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
+        assert len(caplog.records) == 1 and "rejected as malformed" in caplog.records[0].getMessage()
+        pipeline._report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
+        assert len(caplog.records) == 2 and "1000 log line(s)" in caplog.records[1].getMessage()
+    assert state.rejected == {"malformed": 1000}
+
+
+def test_the_exporter_keeps_following_a_poisoned_log(tmp_path: Path) -> None:
+    """A poison line in the log at start and while running: /metrics up, counted, later lines counted, restartable."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("\n".join([*_captured("exhaust-lv4")[:200], POISON[0][0], POISON[2][0]]) + "\n")
+    with ExporterProcess(log, ["--http", "off", "--proc", "off", "--nvml", "off"]) as exp:
+        assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        with log.open("a") as f:
+            f.write("\n".join(line for line, _ in POISON) + "\n")
+            f.write(
+                "W srv        decode: failed to find free space in the KV cache, retrying with smaller batch size, "
+                "off = 0, n_batch = 256, ret = 1\n"
+            )
+        wait_for(lambda: exp.sample("llamacpp_kv_retries_total") == 1, timeout=15, what="the retry after the poison")
+        assert exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "malformed"}) == 3
+        assert exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "out_of_range"}) == len(POISON) - 3
+        assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        assert exp.sample("llamacpp_slots") == 4
+        exp.restart()  # the whole poisoned log is replayed at start: no crash loop
+        assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        assert exp.sample("llamacpp_slots") == 4
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_diagnose_refuses_a_device(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A device never ends: one line and exit 2 at once, not a read that never returns."""
+    assert diagnose.main([device]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"llamacpp-exporter diagnose: error: {device}: is a character device, not a log file "
+        "(give a file, or - for standard input)"
+    )
+
+
+def test_diagnose_reads_poison_lines_without_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Poison lines in a real log: the failure in it is still reported, exit 1 (a failure found), no traceback."""
+    lines = _captured("exhaust-lv4")
+    log = tmp_path / "poisoned.log"
+    log.write_text("\n".join([*lines[:250], *(line for line, _ in POISON), *lines[250:]]) + "\n")
+    assert diagnose.main([str(log)]) == 1
+    out = capsys.readouterr()
+    assert "Failure 1 at line" in out.out and out.err == ""
+    report = diagnose.diagnose_file(str(log))
+    assert report.runs_total == 1  # the forged `initializing, n_slots = 1000000000` starts no second run
+    assert report.runs[0].configuration.n_slots == 4

@@ -113,6 +113,8 @@ class SlotState:
 
     def new_task(self) -> None:
         """A task starts or ends: forget the previous task's prompt size and speeds."""
+        if self.phase is None:  # set whenever any of them is: nothing to forget (the common idle case)
+            return
         self.prompt_size = self.prompt_size_source = self.phase = None
         self.prompt_rate = self.generation_rate = None
         self._size_bounds = self._last_progress = self._last_fraction = None
@@ -350,10 +352,10 @@ class ServerState:
         stop the pipeline.
         """
         kind = type(e)
-        handler = _HANDLERS.get(kind)
-        if handler is None:
+        entry = _DISPATCH.get(kind)
+        if entry is None:
             return
-        check = _CHECKS.get(kind)
+        handler, check = entry
         if check is not None and not check(self, e):
             self._reject("out_of_range")
             return
@@ -377,21 +379,12 @@ class ServerState:
     def _on_rejected(self, e: ev.Rejected) -> None:
         self._reject(e.reason)
 
-    def slot_limit(self) -> int:
-        """Slot ids a line may name: below the server's slot count, or MAX_SLOTS while it is not known."""
-        n = self.n_slots
-        return n if n is not None else MAX_SLOTS
-
-    def _slot_ok(self, slot: int) -> bool:
-        return 0 <= slot < (self.n_slots if self.n_slots is not None else MAX_SLOTS)
-
     def _tokens_ok(self, slot: int, n: int) -> bool:
         """A slot id this server has and a token count its window can hold."""
-        if not 0 <= slot < (self.n_slots if self.n_slots is not None else MAX_SLOTS):
+        if slot >= (self.n_slots or MAX_SLOTS):
             return False
         s = self.slots.get(slot)
-        limit = s.n_ctx if s is not None and s.n_ctx else self.n_ctx_slot or MAX_TOKENS
-        return 0 <= n <= limit
+        return n <= ((s.n_ctx if s is not None else None) or self.n_ctx_slot or MAX_TOKENS)
 
     def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
         self._progress()
@@ -740,60 +733,61 @@ class ServerState:
             self._unmatched_log_starts += 1
 
 
-def _bytes_ok(*mib: float | None) -> bool:
-    return all(m is None or 0 <= m * MIB <= MAX_BYTES for m in mib)
+_MAX_MIB = MAX_BYTES / MIB
 
 
-def _count_ok(*n: int | None) -> bool:
-    return all(x is None or 0 <= x <= MAX_TOKENS for x in n)
+def _mib_ok(mib: float | None) -> bool:
+    return mib is None or 0 <= mib <= _MAX_MIB
 
 
 # Bounds each event must keep before it is applied (see MAX_SLOTS …): slot ids the running server has,
 # token counts its windows can hold, sizes a machine can have. Events not listed carry nothing to bound.
+# Numbers come from `\d+` groups, so they are never negative; `n_slots` is never 0 (checked below), so
+# `n_slots or MAX_SLOTS` is the slot bound. Plain comparisons: this runs for every event of the log.
 _CHECKS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
-    ev.GenerationProgress: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_decoded),
+    ev.GenerationProgress: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_decoded <= MAX_TOKENS,
     ev.PromptProgress: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
     ev.CachedTokens: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
     ev.SlotReleased: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
-    ev.SlotCleared: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_tokens),
-    ev.SlotPurged: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_tokens),
-    ev.TaskStarted: lambda st, e: st._slot_ok(e.slot),
-    ev.NewPrompt: lambda st, e: (
-        st._slot_ok(e.slot) and _count_ok(e.n_ctx_slot) and 0 <= e.n_prompt_tokens <= e.n_ctx_slot
-    ),
-    ev.KVRetry: lambda st, e: _count_ok(e.offset, e.n_batch),
-    ev.MemorySlotFailure: lambda st, e: _count_ok(e.batch_size),
-    ev.PromptEvalTiming: lambda st, e: 0 <= e.ms <= _MAX_MS and _count_ok(e.tokens),
-    ev.GenerationTiming: lambda st, e: 0 <= e.ms <= _MAX_MS and _count_ok(e.tokens),
-    ev.CheckpointConfig: lambda st, e: 0 <= e.max_per_slot <= MAX_CHECKPOINTS,
+    ev.SlotCleared: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
+    ev.SlotPurged: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
+    ev.TaskStarted: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.NewPrompt: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_prompt_tokens <= e.n_ctx_slot <= MAX_TOKENS,
+    ev.KVRetry: lambda st, e: e.offset <= MAX_TOKENS and e.n_batch <= MAX_TOKENS,
+    ev.MemorySlotFailure: lambda st, e: e.batch_size <= MAX_TOKENS,
+    ev.PromptEvalTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
+    ev.GenerationTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
+    ev.CheckpointConfig: lambda st, e: e.max_per_slot <= MAX_CHECKPOINTS,
     ev.CheckpointCreated: lambda st, e: (
-        st._slot_ok(e.slot)
-        and 0 <= e.index <= MAX_CHECKPOINTS
-        and 0 <= e.max_per_slot <= MAX_CHECKPOINTS
-        and _bytes_ok(e.size_mib)
+        e.slot < (st.n_slots or MAX_SLOTS)
+        and e.index <= MAX_CHECKPOINTS
+        and e.max_per_slot <= MAX_CHECKPOINTS
+        and e.size_mib <= _MAX_MIB
     ),
-    ev.CheckpointRemoved: lambda st, e: st._slot_ok(e.slot) and _bytes_ok(e.size_mib),
-    ev.CheckpointSuperseded: lambda st, e: st._slot_ok(e.slot),
-    ev.CheckpointRestored: lambda st, e: st._slot_ok(e.slot),
-    ev.CheckpointRestoreFailed: lambda st, e: st._slot_ok(e.slot),
-    ev.FullReprocess: lambda st, e: st._slot_ok(e.slot),
-    ev.PromptCacheLimit: lambda st, e: _bytes_ok(e.limit_mib),
-    ev.PromptCacheState: lambda st, e: _count_ok(e.prompts) and _bytes_ok(e.size_mib, e.limit_mib),
-    ev.PromptSaved: lambda st, e: _count_ok(e.length) and _bytes_ok(e.size_mib),
-    ev.PromptCacheCandidate: lambda st, e: _count_ok(e.length),
-    ev.SlotSelected: lambda st, e: st._slot_ok(e.slot),
-    ev.IdleSlotSaved: lambda st, e: st._slot_ok(e.slot),
-    ev.SlotsInitialized: lambda st, e: 1 <= e.n_slots <= MAX_SLOTS and _count_ok(e.n_ctx_slot),
-    ev.SlotCreated: lambda st, e: st._slot_ok(e.slot) and _count_ok(e.n_ctx),
-    ev.ContextParam: lambda st, e: _count_ok(e.value),
-    ev.KVCacheSection: lambda st, e: _count_ok(e.cells),
+    ev.CheckpointRemoved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.size_mib <= _MAX_MIB,
+    ev.CheckpointSuperseded: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.CheckpointRestored: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.CheckpointRestoreFailed: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.FullReprocess: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.PromptCacheLimit: lambda st, e: _mib_ok(e.limit_mib),
+    ev.PromptCacheState: lambda st, e: e.prompts <= MAX_TOKENS and e.size_mib <= _MAX_MIB and e.limit_mib <= _MAX_MIB,
+    ev.PromptSaved: lambda st, e: e.length <= MAX_TOKENS and e.size_mib <= _MAX_MIB,
+    ev.PromptCacheCandidate: lambda st, e: e.length <= MAX_TOKENS,
+    ev.SlotSelected: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.IdleSlotSaved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.SlotsInitialized: lambda st, e: 1 <= e.n_slots <= MAX_SLOTS and (e.n_ctx_slot or 0) <= MAX_TOKENS,
+    ev.SlotCreated: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_ctx <= MAX_TOKENS,
+    ev.ContextParam: lambda st, e: e.value <= MAX_TOKENS,
+    ev.KVCacheSection: lambda st, e: e.cells <= MAX_TOKENS,
     ev.KVCacheSize: lambda st, e: (
-        _count_ok(e.cells)
-        and (e.seqs is None or 0 <= e.seqs <= MAX_SLOTS)
-        and (e.streams is None or 0 <= e.streams <= MAX_SLOTS)
-        and _bytes_ok(e.size_mib, e.k_mib, e.v_mib)
+        (e.cells or 0) <= MAX_TOKENS
+        and (e.seqs or 0) <= MAX_SLOTS
+        and (e.streams or 0) <= MAX_SLOTS
+        and e.size_mib <= _MAX_MIB
+        and e.k_mib <= _MAX_MIB
+        and e.v_mib <= _MAX_MIB
     ),
-    ev.PerSlotCap: lambda st, e: _count_ok(e.requested, e.cap),
+    ev.PerSlotCap: lambda st, e: e.requested <= MAX_TOKENS and e.cap <= MAX_TOKENS,
 }
 
 # Which method of ServerState applies which event.
@@ -842,6 +836,12 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.KVCacheSize: ServerState._on_kv_cache_size,
     ev.PerSlotCap: ServerState._on_per_slot_cap,
     ev.IdleSlotPolicy: ServerState._on_idle_slot_policy,
+}
+
+
+# One lookup per event on the hot path: its handler and its check.
+_DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerState, Any], bool] | None]] = {
+    kind: (handler, _CHECKS.get(kind)) for kind, handler in _HANDLERS.items()
 }
 
 

@@ -323,6 +323,8 @@ class LogSourceStatus(Protocol):
     def lost_bytes(self) -> int: ...
     @property
     def long_lines(self) -> int: ...
+    @property
+    def understood(self) -> bool | None: ...
 
 
 @dataclass
@@ -382,6 +384,13 @@ class ExporterCollector(Collector):
             "Bytes known to be lost, e.g. written just before a copytruncate.",
             log.lost_bytes,
         )
+        if log.understood is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_exporter_log_understood",
+                "1 once a line that only llama-server writes was read; 0 when the first 1000 lines held none "
+                "(not llama-server's log, or its format is not known).",
+                value=1 if log.understood else 0,
+            )
         yield _counter(
             "llamacpp_exporter_log_long_lines",
             "Lines cut because they exceeded the maximum line length.",

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
+from exporter.logs import events as ev
 from exporter.logs.parse import parse_lines
 from exporter.logs.source import LineSource
 from exporter.logs.stdin import StdinSource
@@ -20,6 +21,10 @@ from exporter.logs.tail import LogTailer, follow
 from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
+#: A log with this many lines and no line that only llama-server writes is reported as not understood.
+UNRECOGNIZED_AFTER_LINES = 1000
+# Lines other programs write too: alone they do not make a file a llama-server log.
+_GENERIC = frozenset({ev.ServerReady, ev.ModelLoading, ev.Rejected})
 #: Rejected log lines are reported at most this often (seconds) per reason: a flood is one line, not a flood.
 REJECT_LOG_INTERVAL = 600
 
@@ -40,6 +45,8 @@ class LogPipeline:
         self._warned_hidden = False
         self._rejected_reported: dict[str, tuple[int, float]] = {}  # reason -> (count, when) last logged
         self.stopped: str | None = None  # why the pipeline stopped following the log, if it did
+        self._recognized = False  # a line only llama-server writes was seen
+        self._warned_unrecognized = False
 
     # -- LogSourceStatus (read by the collector) -----------------------------------------------
     @property
@@ -50,6 +57,13 @@ class LogPipeline:
         if self.tailer is None:
             return self.source is not None and self.source.up
         return self.tailer.is_open and self.tailer.last_error is None
+
+    @property
+    def understood(self) -> bool | None:
+        """True once a llama-server line was read; False when UNRECOGNIZED_AFTER_LINES lines held none; else None."""
+        if self._recognized:
+            return True
+        return False if self.lines + self.replayed_lines >= UNRECOGNIZED_AFTER_LINES else None
 
     @property
     def truncations(self) -> int:
@@ -76,6 +90,15 @@ class LogPipeline:
         self._report_hidden_lines()
         if self.state.rejected:
             self._report_rejected()
+        if self.understood is False and not self._warned_unrecognized:
+            self._report_unrecognized()
+
+    def _report_unrecognized(self) -> None:
+        self._warned_unrecognized = True
+        log.warning(
+            "%d lines read and not one written by llama-server: is this its log? (llamacpp_exporter_log_understood 0)",
+            self.lines + self.replayed_lines,
+        )
 
     def _report_rejected(self, now: float | None = None) -> None:
         """Log rejected lines once per reason when they start, then at most every REJECT_LOG_INTERVAL seconds."""
@@ -122,6 +145,8 @@ class LogPipeline:
             self.state.counting = True
         self._report_tailer_error()
         self._report_hidden_lines()
+        if self.understood is False:
+            self._report_unrecognized()
         return self.replayed_lines
 
     def _replay_source(self) -> int:
@@ -145,6 +170,8 @@ class LogPipeline:
             self.state.last_unexpected = f"parse: {type(exc).__name__}: {exc}"[:200]
             self.state.rejected["unexpected"] += len(lines)
             return
+        if not self._recognized:  # until the first one only: free afterwards
+            self._recognized = any(type(e) not in _GENERIC for e in events)
         for event in events:
             apply(event)
 

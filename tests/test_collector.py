@@ -40,6 +40,7 @@ class _LogStatus:
     rotations = 0
     lost_bytes = 0
     long_lines = 0
+    understood = True
 
 
 @pytest.mark.parametrize("name", ["exhaust-lv4", "recover-purge-lv4", "exhaust-default-verbosity"])

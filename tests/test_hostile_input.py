@@ -189,9 +189,11 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
     with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         for _ in range(1000):
             pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
-        assert len(caplog.records) == 1 and "rejected as malformed" in caplog.records[0].getMessage()
+        rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+        assert len(rejected) == 1 and "rejected as malformed" in rejected[0]
         pipeline._report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
-        assert len(caplog.records) == 2 and "1000 log line(s)" in caplog.records[1].getMessage()
+        rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+        assert len(rejected) == 2 and "1000 log line(s)" in rejected[1]
     assert state.rejected == {"malformed": 1000}
 
 
@@ -238,3 +240,26 @@ def test_diagnose_reads_poison_lines_without_a_traceback(tmp_path: Path, capsys:
     report = diagnose.diagnose_file(str(log))
     assert report.runs_total == 1  # the forged `initializing, n_slots = 1000000000` starts no second run
     assert report.runs[0].configuration.n_slots == 4
+
+
+def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """Another program's log, random bytes: after 1,000 lines without one llama-server line, one warning and a 0."""
+    rng = random.Random(7)
+    other = [
+        f'127.0.0.1 - - [01/Dec/2026:10:00:{i % 60:02d}] "GET /x{i} HTTP/1.1" 200 {rng.randrange(999)}'
+        for i in range(600)
+    ]
+    noise = ["".join(chr(rng.randrange(32, 127)) for _ in range(80)) for _ in range(600)]
+    state = ServerState()
+    pipeline = LogPipeline(state, None, _Source([], None))
+    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
+        pipeline.feed(other)
+        assert pipeline.understood is None  # not enough lines to tell yet
+        pipeline.feed(noise)
+        pipeline.feed(noise)
+    assert pipeline.understood is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "1200 lines read and not one written by llama-server: is this its log? (llamacpp_exporter_log_understood 0)"
+    ]
+    pipeline.feed(_captured("exhaust-lv4")[:50])
+    assert pipeline.understood is True

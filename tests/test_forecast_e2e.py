@@ -15,8 +15,8 @@ Server B runs at the default verbosity (sizes from progress lines), followed by 
 `--server-url` and one reading only the log:
   3. a prompt-driven overflow shaped like the incident that started this project (a few small
      prompts and one large one, the large one read last): both exporters page ahead of the abort.
-Server C (default verbosity, a 8,192-cell pool and two slots, followed with `--server-url`):
-  4. a generation-driven overflow (prompts for 59 %, long generations): the page comes ahead of
+Server C (default verbosity, a 16,384-cell pool and two slots, followed with `--server-url`):
+  4. a generation-driven overflow (prompts for 80 %, long generations): the page comes ahead of
      the abort, and the warning that the requests may outgrow the pool before it.
 
 The figures are printed (`pytest -s`). Slow (~10 minutes on 2 cores): every scenario runs once.
@@ -48,8 +48,9 @@ RULES = ROOT / "alerts" / "llamacpp-rules.yml"
 POOL = 32768
 SERVER_ARGS = ["-c", str(POOL), "-np", "4", "-kvu", "-t", "2"]
 #: Generation over a large unified pool is slow on CPU (every token attends over all its cells): the
-#: generation-driven scenario gets a smaller pool of its own so that it fills in about a minute and a half.
-GENERATION_POOL = 8192
+#: generation-driven scenario gets a smaller pool of its own (two slots) so that it fills in about two
+#: minutes, the last 10 % in about 40 s.
+GENERATION_POOL = 16384
 GENERATION_ARGS = ["-c", str(GENERATION_POOL), "-np", "2", "-kvu", "-t", "2"]
 EXCEEDED = "Context size has been exceeded"
 CRITICAL = ("LlamaCppKVPoolOverflowAhead", "LlamaCppKVPoolSaturated")
@@ -376,8 +377,8 @@ def test_3_prompt_overflow_at_default_verbosity(env: Env) -> None:
 
 
 def test_4_generation_overflow_with_server_url(env: Env) -> None:
-    """Prompts for 59 % of a pool and long generations: the page comes while the pool grows token by token."""
-    sent, statuses = _overflow(env, "c", [2400, 2400], 8000)
+    """Prompts for 80 % of a pool and long generations: the page comes while the pool grows token by token."""
+    sent, statuses = _overflow(env, "c", [6550, 6550], 8000)
     assert statuses == [500] * 2, statuses
     lead = _lead(env, "c_http", "c", sent)
     with env.watch._lock:

@@ -221,6 +221,18 @@ def state_timeline(
     }
 
 
+def capacity_line(ref: str, *, unstacked: bool = False) -> dict[str, Any]:
+    """Override: the query `ref` drawn as the red dashed limit line (outside the stack when `unstacked`)."""
+    props: list[dict[str, Any]] = [
+        {"id": "custom.stacking", "value": {"group": "capacity", "mode": "none"}},
+        {"id": "custom.fillOpacity", "value": 0},
+        {"id": "custom.lineWidth", "value": 2},
+        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+        {"id": "color", "value": {"fixedColor": RED, "mode": "fixed"}},
+    ]
+    return {"matcher": {"id": "byFrameRefID", "options": ref}, "properties": props if unstacked else props[1:]}
+
+
 def value_map(*pairs: tuple[str, str, str]) -> list[dict[str, Any]]:
     """[(value, text, colour)] -> a Grafana value mapping."""
     return [
@@ -337,15 +349,7 @@ def panels() -> list[dict[str, Any]]:
             unit="short",
             axis_label="tokens (KV cells)",
             overrides=[
-                {
-                    "matcher": {"id": "byFrameRefID", "options": "D"},
-                    "properties": [
-                        {"id": "custom.lineWidth", "value": 2},
-                        {"id": "custom.fillOpacity", "value": 0},
-                        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
-                        {"id": "color", "value": {"fixedColor": RED, "mode": "fixed"}},
-                    ],
-                },
+                capacity_line("D"),
                 {
                     "matcher": {"id": "byFrameRefID", "options": "C"},
                     "properties": [
@@ -402,18 +406,7 @@ def panels() -> list[dict[str, Any]]:
             unit="short",
             stack=True,
             axis_label="tokens (KV cells)",
-            overrides=[
-                {
-                    "matcher": {"id": "byFrameRefID", "options": "B"},
-                    "properties": [
-                        {"id": "custom.stacking", "value": {"group": "capacity", "mode": "none"}},
-                        {"id": "custom.fillOpacity", "value": 0},
-                        {"id": "custom.lineWidth", "value": 2},
-                        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
-                        {"id": "color", "value": {"fixedColor": RED, "mode": "fixed"}},
-                    ],
-                }
-            ],
+            overrides=[capacity_line("B", unstacked=True)],
         ),
         16,
         9,

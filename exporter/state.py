@@ -2,7 +2,7 @@
 
 `ServerState.apply(event)` is the only way in. No I/O, no clock, no prometheus_client: feed it the
 events of a captured log and compare the result with what the log (or the server's own `/slots`)
-says. Slot semantics follow `shared/DESIGN.md`:
+says. Slot semantics (as the README explains them):
 
 - `new prompt … task.n_tokens = C` then `cached n_tokens = N`: the slot keeps N and will grow to ~C;
   prompt and generation progress lines move the estimate; `stop processing: n_tokens = N` leaves the
@@ -24,18 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.logs import events as ev
+from exporter.slot import Checkpoint, SlotState
 from exporter.sources.server_cmdline import ServerCommandLine
 
-MIB = 1024 * 1024
-#: What llama-server can write, and so what a line may say (the log is untrusted input: clients write
-#: request paths and, at debug levels, prompts into it). A line past these bounds is rejected, counted
-#: in `rejected["out_of_range"]` and never applied. They also bound the series: at most MAX_SLOTS slots.
-MAX_SLOTS = 1024
-MAX_TOKENS = 1 << 26  # 67M cells: far above any context llama.cpp supports
-MAX_BYTES = float(1 << 44)  # 16 TiB: no host or GPU holds a bigger KV cache, checkpoint or prompt cache
-MAX_CHECKPOINTS = 4096  # per slot
-_MAX_MS = 1e10  # a request of 115 days
 # llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
 _CLEARS_ABORTED_SLOTS_SINCE = 7078
 _FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
@@ -61,100 +54,6 @@ PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
     300.0,
     600.0,
 )
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One context checkpoint: the positions it covers and its size in host RAM."""
-
-    pos_min: int
-    pos_max: int
-    size_bytes: float
-
-
-@dataclass
-class SlotState:
-    """One slot, as far as the log tells."""
-
-    n_ctx: int | None = None
-    tokens: int = 0
-    processing: bool = False
-    task: int = -1
-    prompt_tokens: int = 0
-    # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
-    cache_base: int | None = None
-    # Live context checkpoints in host RAM, oldest first (llama-server keeps them in a list per slot).
-    checkpoints: list[Checkpoint] = field(default_factory=list)
-    # The current task's forecast inputs (exporter.forecast): the prompt's full size in tokens and how it
-    # is known (`new_prompt` line, or `progress` lines: X / P narrowed to the bounds the rounding of P
-    # allows), and the slot's latest speeds in tokens/s as llama-server printed them.
-    prompt_size: int | None = None
-    prompt_size_source: str | None = None
-    phase: str | None = None  # prompt | generation (None: idle or not known)
-    prompt_rate: float | None = None
-    generation_rate: float | None = None
-    # Remaining generation budget in tokens (None = unknown or unlimited); only /slots tells (live view).
-    generation_budget: int | None = None
-    _size_bounds: tuple[float, float] | None = None
-    # The last progress line's (new tokens X, fraction P): P counts the cached prefix, which only
-    # `-lv 4` or /slots (n_prompt_tokens_cache) tells; `size_with_cache` redoes X / P with it.
-    _last_fraction: tuple[int, float] | None = None
-    _last_progress: tuple[float, int] | None = None  # (seconds since the prompt started, tokens processed)
-
-    @property
-    def checkpoint_bytes(self) -> float:
-        """Host RAM held by this slot's live checkpoints."""
-        return sum(c.size_bytes for c in self.checkpoints)
-
-    def clear(self) -> None:
-        """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""
-        self.tokens = 0
-        self.checkpoints = []
-
-    def new_task(self) -> None:
-        """A task starts or ends: forget the previous task's prompt size and speeds."""
-        if self.phase is None:  # set whenever any of them is: nothing to forget (the common idle case)
-            return
-        self.prompt_size = self.prompt_size_source = self.phase = None
-        self.prompt_rate = self.generation_rate = None
-        self._size_bounds = self._last_progress = self._last_fraction = None
-
-    def size_with_cache(self, cached: int) -> int | None:
-        """The prompt size from the last progress line, given the cached prefix (from /slots) the log hid."""
-        if self.prompt_size_source != "progress" or self.cache_base is not None or self._last_fraction is None:
-            return None
-        processed, fraction = self._last_fraction
-        return round((cached + processed) / fraction) if fraction > 0 else None
-
-    def note_prompt_progress(self, e: ev.PromptProgress, held: int, throughput: float | None = None) -> None:
-        """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch).
-
-        `throughput` is the server's latest prompt speed (from another slot): a slot's first line
-        averages over its whole wait, so it is not the speed now.
-        """
-        self.phase = "prompt"
-        if e.progress is not None and not e.absolute:
-            self._last_fraction = (e.n_tokens, e.progress)
-        if e.progress is not None and e.progress > 0 and self.prompt_size_source != "new_prompt":
-            # P is printed with 2 decimals (b9151+; %f before): the size lies where X / P rounds to P.
-            half = 0.005 if e.progress * 100 == round(e.progress * 100) and not e.absolute else 5e-7
-            lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
-            if self._size_bounds is not None:
-                lo, hi = max(lo, self._size_bounds[0]), min(hi, self._size_bounds[1])
-                if lo > hi:  # contradicting lines (a new prompt in the same task): start again
-                    lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
-            self._size_bounds = (lo, hi)
-            self.prompt_size = max(held, round((lo + hi) / 2)) if e.progress < 1 else held
-            self.prompt_size_source = "progress"
-            self.prompt_tokens = self.prompt_size  # what generation lines count on top of
-        if e.seconds is not None and e.rate is not None:
-            last = self._last_progress
-            # The line's rate is the average since the prompt started; two lines give the current one.
-            if last is not None and e.seconds > last[0] and e.n_tokens > last[1]:
-                self.prompt_rate = (e.n_tokens - last[1]) / (e.seconds - last[0])
-            else:
-                self.prompt_rate = throughput or e.rate
-            self._last_progress = (e.seconds, e.n_tokens)
 
 
 @dataclass
@@ -369,7 +268,7 @@ class ServerState:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""
         if type(e) is ev.Rejected:
             return False
-        check = _CHECKS.get(type(e))
+        check = CHECKS.get(type(e))
         return check is None or check(self, e)
 
     def _reject(self, reason: str) -> None:
@@ -733,63 +632,6 @@ class ServerState:
             self._unmatched_log_starts += 1
 
 
-_MAX_MIB = MAX_BYTES / MIB
-
-
-def _mib_ok(mib: float | None) -> bool:
-    return mib is None or 0 <= mib <= _MAX_MIB
-
-
-# Bounds each event must keep before it is applied (see MAX_SLOTS …): slot ids the running server has,
-# token counts its windows can hold, sizes a machine can have. Events not listed carry nothing to bound.
-# Numbers come from `\d+` groups, so they are never negative; `n_slots` is never 0 (checked below), so
-# `n_slots or MAX_SLOTS` is the slot bound. Plain comparisons: this runs for every event of the log.
-_CHECKS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
-    ev.GenerationProgress: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_decoded <= MAX_TOKENS,
-    ev.PromptProgress: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
-    ev.CachedTokens: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
-    ev.SlotReleased: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
-    ev.SlotCleared: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
-    ev.SlotPurged: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
-    ev.TaskStarted: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.NewPrompt: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_prompt_tokens <= e.n_ctx_slot <= MAX_TOKENS,
-    ev.KVRetry: lambda st, e: e.offset <= MAX_TOKENS and e.n_batch <= MAX_TOKENS,
-    ev.MemorySlotFailure: lambda st, e: e.batch_size <= MAX_TOKENS,
-    ev.PromptEvalTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
-    ev.GenerationTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
-    ev.CheckpointConfig: lambda st, e: e.max_per_slot <= MAX_CHECKPOINTS,
-    ev.CheckpointCreated: lambda st, e: (
-        e.slot < (st.n_slots or MAX_SLOTS)
-        and e.index <= MAX_CHECKPOINTS
-        and e.max_per_slot <= MAX_CHECKPOINTS
-        and e.size_mib <= _MAX_MIB
-    ),
-    ev.CheckpointRemoved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.size_mib <= _MAX_MIB,
-    ev.CheckpointSuperseded: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.CheckpointRestored: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.CheckpointRestoreFailed: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.FullReprocess: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.PromptCacheLimit: lambda st, e: _mib_ok(e.limit_mib),
-    ev.PromptCacheState: lambda st, e: e.prompts <= MAX_TOKENS and e.size_mib <= _MAX_MIB and e.limit_mib <= _MAX_MIB,
-    ev.PromptSaved: lambda st, e: e.length <= MAX_TOKENS and e.size_mib <= _MAX_MIB,
-    ev.PromptCacheCandidate: lambda st, e: e.length <= MAX_TOKENS,
-    ev.SlotSelected: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.IdleSlotSaved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
-    ev.SlotsInitialized: lambda st, e: 1 <= e.n_slots <= MAX_SLOTS and (e.n_ctx_slot or 0) <= MAX_TOKENS,
-    ev.SlotCreated: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_ctx <= MAX_TOKENS,
-    ev.ContextParam: lambda st, e: e.value <= MAX_TOKENS,
-    ev.KVCacheSection: lambda st, e: e.cells <= MAX_TOKENS,
-    ev.KVCacheSize: lambda st, e: (
-        (e.cells or 0) <= MAX_TOKENS
-        and (e.seqs or 0) <= MAX_SLOTS
-        and (e.streams or 0) <= MAX_SLOTS
-        and e.size_mib <= _MAX_MIB
-        and e.k_mib <= _MAX_MIB
-        and e.v_mib <= _MAX_MIB
-    ),
-    ev.PerSlotCap: lambda st, e: e.requested <= MAX_TOKENS and e.cap <= MAX_TOKENS,
-}
-
 # Which method of ServerState applies which event.
 _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.Rejected: ServerState._on_rejected,
@@ -841,7 +683,7 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
 
 # One lookup per event on the hot path: its handler and its check.
 _DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerState, Any], bool] | None]] = {
-    kind: (handler, _CHECKS.get(kind)) for kind, handler in _HANDLERS.items()
+    kind: (handler, CHECKS.get(kind)) for kind, handler in _HANDLERS.items()
 }
 
 

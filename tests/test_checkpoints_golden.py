@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.bounds import MIB
 from exporter.logs.parse import normalize, parse_message
-from exporter.state import MIB, ServerState
+from exporter.state import ServerState
 
 LOG = Path(__file__).parent / "fixtures" / "b11434" / "checkpoints-swa-lv4" / "llama-server.log"
 

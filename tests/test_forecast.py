@@ -16,9 +16,10 @@ import pytest
 from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_message
+from exporter.slot import SlotState
 from exporter.sources.live import merge_view
 from exporter.sources.server_http import HttpSnapshot, parse_slots
-from exporter.state import ServerState, SlotState
+from exporter.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 LV4_CAPTURES = sorted(p.name for p in FIXTURES.iterdir() if "lv4" in p.name)

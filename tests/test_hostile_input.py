@@ -20,11 +20,12 @@ import pytest
 from llama_harness import ExporterProcess, wait_for
 
 from exporter import diagnose
+from exporter.bounds import MAX_BYTES, MAX_SLOTS, MAX_TOKENS
 from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line, parse_lines
 from exporter.pipeline import REJECT_LOG_INTERVAL, LogPipeline
-from exporter.state import MAX_BYTES, MAX_SLOTS, MAX_TOKENS, ServerState
+from exporter.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 HUGE = "9" * 5000  # more digits than int() reads (4,300 by default): ValueError

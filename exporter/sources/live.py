@@ -32,11 +32,13 @@ from typing import Generic, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.bounds import MIB
 from exporter.collector import SourceHealth
+from exporter.slot import SlotState
 from exporter.sources.nvml import NvmlCollector, NvmlReader, NvmlSnapshot
 from exporter.sources.procfs import ProcCollector, ProcReader, ProcSnapshot
 from exporter.sources.server_http import HttpSnapshot, ServerHttpCollector, ServerHttpReader
-from exporter.state import MIB, ServerState, SlotState
+from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
 

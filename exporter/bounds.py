@@ -1,0 +1,79 @@
+"""What a log line may say: the bounds of what a running llama-server can write. Pure.
+
+The log is untrusted input (clients write request paths and, at debug levels, prompts into it). An
+event past these bounds is rejected by `ServerState.apply`, counted in `rejected["out_of_range"]`,
+and never applied. The bounds also bound the series: at most MAX_SLOTS slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from exporter.logs import events as ev
+
+if TYPE_CHECKING:
+    from exporter.state import ServerState
+
+MIB = 1024 * 1024
+MAX_SLOTS = 1024
+MAX_TOKENS = 1 << 26  # 67M cells: far above any context llama.cpp supports
+MAX_BYTES = float(1 << 44)  # 16 TiB: no host or GPU holds a bigger KV cache, checkpoint or prompt cache
+MAX_CHECKPOINTS = 4096  # per slot
+_MAX_MS = 1e10  # a request of 115 days
+_MAX_MIB = MAX_BYTES / MIB
+
+
+def _mib_ok(mib: float | None) -> bool:
+    return mib is None or 0 <= mib <= _MAX_MIB
+
+
+# Bounds each event must keep before it is applied (see MAX_SLOTS …): slot ids the running server has,
+# token counts its windows can hold, sizes a machine can have. Events not listed carry nothing to bound.
+# Numbers come from `\d+` groups, so they are never negative; `n_slots` is never 0 (checked below), so
+# `n_slots or MAX_SLOTS` is the slot bound. Plain comparisons: this runs for every event of the log.
+CHECKS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
+    ev.GenerationProgress: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_decoded <= MAX_TOKENS,
+    ev.PromptProgress: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.CachedTokens: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.SlotReleased: lambda st, e: st._tokens_ok(e.slot, e.n_tokens),
+    ev.SlotCleared: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
+    ev.SlotPurged: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_tokens <= MAX_TOKENS,
+    ev.TaskStarted: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.NewPrompt: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_prompt_tokens <= e.n_ctx_slot <= MAX_TOKENS,
+    ev.KVRetry: lambda st, e: e.offset <= MAX_TOKENS and e.n_batch <= MAX_TOKENS,
+    ev.MemorySlotFailure: lambda st, e: e.batch_size <= MAX_TOKENS,
+    ev.PromptEvalTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
+    ev.GenerationTiming: lambda st, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
+    ev.CheckpointConfig: lambda st, e: e.max_per_slot <= MAX_CHECKPOINTS,
+    ev.CheckpointCreated: lambda st, e: (
+        e.slot < (st.n_slots or MAX_SLOTS)
+        and e.index <= MAX_CHECKPOINTS
+        and e.max_per_slot <= MAX_CHECKPOINTS
+        and e.size_mib <= _MAX_MIB
+    ),
+    ev.CheckpointRemoved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.size_mib <= _MAX_MIB,
+    ev.CheckpointSuperseded: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.CheckpointRestored: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.CheckpointRestoreFailed: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.FullReprocess: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.PromptCacheLimit: lambda st, e: _mib_ok(e.limit_mib),
+    ev.PromptCacheState: lambda st, e: e.prompts <= MAX_TOKENS and e.size_mib <= _MAX_MIB and e.limit_mib <= _MAX_MIB,
+    ev.PromptSaved: lambda st, e: e.length <= MAX_TOKENS and e.size_mib <= _MAX_MIB,
+    ev.PromptCacheCandidate: lambda st, e: e.length <= MAX_TOKENS,
+    ev.SlotSelected: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.IdleSlotSaved: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS),
+    ev.SlotsInitialized: lambda st, e: 1 <= e.n_slots <= MAX_SLOTS and (e.n_ctx_slot or 0) <= MAX_TOKENS,
+    ev.SlotCreated: lambda st, e: e.slot < (st.n_slots or MAX_SLOTS) and e.n_ctx <= MAX_TOKENS,
+    ev.ContextParam: lambda st, e: e.value <= MAX_TOKENS,
+    ev.KVCacheSection: lambda st, e: e.cells <= MAX_TOKENS,
+    ev.KVCacheSize: lambda st, e: (
+        (e.cells or 0) <= MAX_TOKENS
+        and (e.seqs or 0) <= MAX_SLOTS
+        and (e.streams or 0) <= MAX_SLOTS
+        and e.size_mib <= _MAX_MIB
+        and e.k_mib <= _MAX_MIB
+        and e.v_mib <= _MAX_MIB
+    ),
+    ev.PerSlotCap: lambda st, e: e.requested <= MAX_TOKENS and e.cap <= MAX_TOKENS,
+}

@@ -104,10 +104,9 @@ _PROGRESS = frozenset(
         ev.AllSlotsIdle,
     }
 )
-# Events after which the forecast of the requests in flight may change.
-_DEMAND_CHANGES = frozenset(
-    {ev.NewPrompt, ev.PromptProgress, ev.TaskStarted, ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle}
-)
+# Events after which the forecast of the requests in flight may grow, or shrink.
+_DEMAND_GROWS = frozenset({ev.NewPrompt, ev.PromptProgress, ev.TaskStarted})
+_DEMAND_SHRINKS = frozenset({ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle})
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Lines other programs write too: alone they do not make a file a llama-server log.
 _GENERIC = frozenset({ev.ServerReady, ev.ModelLoading})
@@ -420,14 +419,16 @@ class _Run:
         self.events += 1
         self.last_line = lineno
         kind = type(e)
-        if self.abort is not None and kind not in _ABORT_TRAIL:
+        if self.abort is not None and kind not in _ABORT_TRAIL and self.state.accepts(e):
             if kind is ev.DecodeFailed:
                 self.state.apply(e)
                 self._close_abort()
                 return
             self._close_abort()
-        self.state.apply(e)
-        if kind in _DEMAND_CHANGES:
+        if not self.state.apply(e):
+            return  # rejected: counted by the state, never acted on here
+        # Demand only grows with a new task or prompt: the other changes matter once it passed the pool.
+        if kind in _DEMAND_GROWS or (kind in _DEMAND_SHRINKS and self.predictable is not None):
             self._note_demand(lineno, line)
 
         if kind in _PROGRESS:
@@ -842,9 +843,11 @@ class Diagnoser:
         self.events += 1
         kind = type(e)
         run = self._current.get(source)
-        if kind is ev.Rejected or (run is not None and not run.state.accepts(e)):
+        # A forged start must not split a run: a start line the state rejects is only counted. (Other
+        # rejected events reach `_Run.apply`, which counts them and acts on none.)
+        if kind is ev.Rejected or (kind is ev.SlotsInitialized and run is not None and not run.state.accepts(e)):
             if run is not None:
-                run.state.apply(e)  # counted as rejected, never acted on (a forged start must not split a run)
+                run.state.apply(e)
             return
         if kind not in _GENERIC:
             self.specific_events += 1

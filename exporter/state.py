@@ -243,26 +243,28 @@ class ServerState:
         self._in_startup = False
         self._end_cascade("recovered")
 
-    def apply(self, e: ev.Event) -> None:
+    def apply(self, e: ev.Event) -> bool:
         """Apply one event (a dict lookup by the event's type, not a chain of isinstance checks).
 
         Never raises: an event whose values the running server cannot have written is rejected and
         counted (`rejected`), and so is one that trips a bug here (`unexpected`), so that no line can
-        stop the pipeline.
+        stop the pipeline. Returns False for a rejected event.
         """
         kind = type(e)
         entry = _DISPATCH.get(kind)
         if entry is None:
-            return
+            return True
         handler, check = entry
         if check is not None and not check(self, e):
             self._reject("out_of_range")
-            return
+            return False
         try:
             handler(self, e)
         except Exception as exc:  # a bug must cost one line, not the pipeline
             self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
             self._reject("unexpected")
+            return False
+        return kind is not ev.Rejected
 
     def accepts(self, e: ev.Event) -> bool:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""

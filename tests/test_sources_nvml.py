@@ -209,7 +209,16 @@ def _live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
         reg.register(c)
     reg.register(
         ExporterCollector(
-            SimpleNamespace(up=True, lines=0, replayed_lines=0, truncations=0, rotations=0, lost_bytes=0, long_lines=0),
+            SimpleNamespace(
+                up=True,
+                lines=0,
+                replayed_lines=0,
+                truncations=0,
+                rotations=0,
+                lost_bytes=0,
+                long_lines=0,
+                understood=True,
+            ),
             live.statuses,
         )
     )

@@ -264,3 +264,36 @@ def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixtur
     ]
     pipeline.feed(_captured("exhaust-lv4")[:50])
     assert pipeline.understood is True
+
+
+def test_hostile_counts_neither_blow_up_the_scrape_nor_block_sigterm(tmp_path: Path) -> None:
+    """`n_slots = 1000000000` and slot ids up to 10⁶ after a start banner: a small scrape, and SIGTERM works at once."""
+    log = tmp_path / "llama-server.log"
+    hostile = [
+        "srv    load_model: initializing, n_slots = 1000000000, n_ctx_slot = 512, kv_unified = 'true'",
+        *(f"slot launch_slot_: id {i} | task {i} | processing task, is_child = 0" for i in range(0, 1_000_000, 997)),
+    ]
+    log.write_text("\n".join([*_captured("exhaust-lv4")[:200], *hostile]) + "\n")
+    exp = ExporterProcess(log, ["--http", "off", "--proc", "off", "--nvml", "off"]).start()
+    try:
+        text = exp.scrape()
+        assert len(text) < 64 * 1024, len(text)  # 4 slots' series, not a million
+        assert exp.sample("llamacpp_slots") == 4
+        with log.open("a") as f:  # the same while running: counted, not applied
+            f.write("\n".join(hostile) + "\n")
+        wait_for(
+            lambda: (
+                (exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "out_of_range"}) or 0)
+                >= len(hostile) - 4
+            ),
+            timeout=30,
+            what="the hostile lines counted",
+        )
+        proc = exp._proc
+        assert proc is not None
+        started = time.monotonic()
+        proc.terminate()
+        assert proc.wait(10) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        exp.stop()

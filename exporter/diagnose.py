@@ -108,8 +108,6 @@ _PROGRESS = frozenset(
 _DEMAND_GROWS = frozenset({ev.NewPrompt, ev.PromptProgress, ev.TaskStarted})
 _DEMAND_SHRINKS = frozenset({ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle})
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
-# Lines other programs write too: alone they do not make a file a llama-server log.
-_GENERIC = frozenset({ev.ServerReady, ev.ModelLoading})
 # What does not end an abort's trail of lines (the aborted requests' errors and releases).
 _ABORT_TRAIL = frozenset({ev.RequestError, ev.SlotReleased, ev.SlotCleared})
 
@@ -849,7 +847,7 @@ class Diagnoser:
             if run is not None:
                 run.state.apply(e)
             return
-        if kind not in _GENERIC:
+        if kind not in ev.GENERIC:
             self.specific_events += 1
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
         if kind in _BANNER or restart:

@@ -23,8 +23,6 @@ from exporter.state import ServerState
 log = logging.getLogger(__name__)
 #: A log with this many lines and no line that only llama-server writes is reported as not understood.
 UNRECOGNIZED_AFTER_LINES = 1000
-# Lines other programs write too: alone they do not make a file a llama-server log.
-_GENERIC = frozenset({ev.ServerReady, ev.ModelLoading, ev.Rejected})
 #: Rejected log lines are reported at most this often (seconds) per reason: a flood is one line, not a flood.
 REJECT_LOG_INTERVAL = 600
 
@@ -171,7 +169,7 @@ class LogPipeline:
             self.state.rejected["unexpected"] += len(lines)
             return
         if not self._recognized:  # until the first one only: free afterwards
-            self._recognized = any(type(e) not in _GENERIC for e in events)
+            self._recognized = any(type(e) not in ev.GENERIC for e in events)
         for event in events:
             apply(event)
 

@@ -70,11 +70,12 @@ class SlotState:
         processed, fraction = self._last_fraction
         return round((cached + processed) / fraction) if fraction > 0 else None
 
-    def note_prompt_progress(self, e: ev.PromptProgress, held: int, throughput: float | None = None) -> None:
+    def note_prompt_progress(self, e: ev.PromptProgress, held: int, throughput: float | None = None) -> float | None:
         """Prompt size and speed from a progress line (`held`: the slot's tokens after this batch).
 
         `throughput` is the server's latest prompt speed (from another slot): a slot's first line
-        averages over its whole wait, so it is not the speed now.
+        averages over its whole wait, so it is not the speed now. Returns the speed measured between
+        this line and the slot's previous one, when there is one (the server's speed now).
         """
         self.phase = "prompt"
         if e.progress is not None and not e.absolute:
@@ -84,18 +85,19 @@ class SlotState:
             half = 0.005 if e.progress * 100 == round(e.progress * 100) and not e.absolute else 5e-7
             lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
             if self._size_bounds is not None:
-                lo, hi = max(lo, self._size_bounds[0]), min(hi, self._size_bounds[1])
-                if lo > hi:  # contradicting lines (a new prompt in the same task): start again
-                    lo, hi = held / (e.progress + half), held / max(e.progress - half, 1e-9)
+                both = max(lo, self._size_bounds[0]), min(hi, self._size_bounds[1])
+                if both[0] <= both[1]:  # else contradicting lines (a new prompt in the same task): start again
+                    lo, hi = both
             self._size_bounds = (lo, hi)
             self.prompt_size = max(held, round((lo + hi) / 2)) if e.progress < 1 else held
             self.prompt_size_source = "progress"
             self.prompt_tokens = self.prompt_size  # what generation lines count on top of
+        measured = None
         if e.seconds is not None and e.rate is not None:
             last = self._last_progress
             # The line's rate is the average since the prompt started; two lines give the current one.
             if last is not None and e.seconds > last[0] and e.n_tokens > last[1]:
-                self.prompt_rate = (e.n_tokens - last[1]) / (e.seconds - last[0])
-            else:
-                self.prompt_rate = throughput or e.rate
+                measured = (e.n_tokens - last[1]) / (e.seconds - last[0])
+            self.prompt_rate = measured or throughput or e.rate
             self._last_progress = (e.seconds, e.n_tokens)
+        return measured

@@ -268,10 +268,9 @@ class ServerState:
 
     def accepts(self, e: ev.Event) -> bool:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""
-        if type(e) is ev.Rejected:
-            return False
-        check = CHECKS.get(type(e))
-        return check is None or check(self, e)
+        kind = type(e)
+        check = _DISPATCH[kind][1] if kind in _DISPATCH else None
+        return kind is not ev.Rejected and (check is None or check(self, e))
 
     def _reject(self, reason: str) -> None:
         if self.counting:
@@ -305,10 +304,9 @@ class ServerState:
         n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
         s.tokens = max(s.tokens, n)
         self._prompt_turn(e.slot)
-        had = s._last_progress
-        s.note_prompt_progress(e, n, self._prompt_throughput)
-        if had is not None and s._last_progress is not had and s.prompt_rate is not None:
-            self._prompt_throughput = s.prompt_rate
+        measured = s.note_prompt_progress(e, n, self._prompt_throughput)
+        if measured is not None:
+            self._prompt_throughput = measured
 
     def _prompt_turn(self, slot_id: int) -> None:
         """A slot reads prompt tokens: every lower slot that was reading its prompt has finished it.

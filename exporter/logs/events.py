@@ -432,6 +432,10 @@ class Rejected:
     reason: str
 
 
+#: Events that do not show that a file is llama-server's log: lines other programs write too, and lines
+#: that could not be read.
+GENERIC: frozenset[type] = frozenset({ServerReady, ModelLoading, Rejected})
+
 Event: TypeAlias = (
     Rejected
     | ServerStarting

@@ -13,7 +13,7 @@ deterministic corpus stitched from real llama-server b11434 captures (bench/make
 - follow: a writer appends the steady corpus at 2,000 lines/s for 60 s while the exporter and mtail
   both follow the file, side by side in the same seconds (paired per window); then an idle window
   without writes; CPU from /proc/<pid>/stat, idle CPU from the threads' schedstat (ns resolution).
-- latency: a retry line is appended to a quiet log and both /metrics are polled until their retry
+- latency: a task start and a retry line are appended to a quiet log and both /metrics are polled until their retry
   counter moves; and, while the follow writer goes on, the time from a flush until each /metrics
   counts its lines.
 - scrape: /metrics response time with 4 slots, and with 64 slots plus 8 GPUs' worth of NVML series
@@ -649,13 +649,15 @@ def measure_load_latency(
 def measure_latency(
     log: Path, se: Scraper, sm: Scraper | None, samples: int, step: float
 ) -> tuple[list[float], list[float]]:
-    """Per sample: append one retry line, poll both until their retry counters moved; ms each."""
+    """Per sample: append a task start and a retry line, poll both until their retry counters moved; ms each."""
     e_ms: list[float] = []
     m_ms: list[float] = []
     e_last = se.value("llamacpp_kv_retries_total") or 0.0
     m_last = (sm.value("llama_kv_retry_total") or 0.0) if sm else 0.0
     with log.open("a", encoding="utf-8") as f:
         for i in range(samples):
+            # A request starts, then its batch is retried: a retry while nothing runs would be forged.
+            f.write(f"{ts(i)} I slot launch_slot_: id  0 | task {900000 + i} | processing task, is_child = 0\n")
             f.write(f"{ts(i)} {RETRY_LINE}\n")
             f.flush()
             t0 = time.perf_counter()

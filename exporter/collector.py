@@ -28,7 +28,7 @@ from exporter.state import PROMPT_EVAL_BUCKETS, ServerState
 CASCADE_OUTCOMES = ("recovered", "failed")
 ABORT_REASONS = ("context_exceeded",)
 DECODE_FAILURE_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
-REJECT_REASONS = ("malformed", "out_of_range", "unexpected")
+REJECT_REASONS = ("malformed", "out_of_range", "format", "inconsistent", "unexpected")
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -202,7 +202,9 @@ class ServerLogCollector(Collector):
         yield _labelled_counter(
             "llamacpp_exporter_log_lines_rejected",
             "Log lines read but not applied: malformed (a number that cannot be read), out_of_range (a slot, "
-            "count or size the running server cannot have written: forged or corrupt), unexpected (an exporter bug).",
+            "count or size the running server cannot have written: forged or corrupt), format (not written the "
+            "way its run writes lines: forged), inconsistent (contradicts what its run said before: forged), "
+            "unexpected (an exporter bug).",
             "reason",
             st.rejected,
             REJECT_REASONS,

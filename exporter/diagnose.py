@@ -46,7 +46,7 @@ from typing import IO, Any, NoReturn, cast
 
 from exporter.forecast import forecast
 from exporter.logs import events as ev
-from exporter.logs.parse import parse_line, parse_text_indexed, unwrap
+from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.state import ServerState
 
 SCHEMA = "llamacpp-exporter/diagnose/v2"
@@ -774,6 +774,7 @@ class Diagnoser:
         self.events = 0
         self.specific_events = 0  # events only llama-server writes (not `listening on …`, `loading model '…'`)
         self._current: dict[str | None, _Run] = {}
+        self._line_format: dict[str | None, ev.LineFormat] = {}  # of the latest line with an event, by source
         self._done: deque[RunReport] = deque(maxlen=max_runs if max_runs > 0 else None)
         self._omitted = OmittedRuns()
         self._runs = 0
@@ -784,16 +785,17 @@ class Diagnoser:
         """Parse one raw line (any format the exporter reads) and apply it."""
         if lineno > self.lines:
             self.lines = lineno
-        e = parse_line(line)
+        events = parse_line_events(line)
         source = router_source(line) if line[:1] == "[" else None
-        if e is None:
+        if not events:
             run = self._current.get(source)
             if run is not None:
                 run.last_line = lineno
                 if line[:1] in _STAMP_FIRST:
                     run.note_stamp(line)
             return
-        self.feed_event(e, lineno, line, source=source)
+        for e in events:
+            self.feed_event(e, lineno, line, source=source)
 
     def feed_lines(self, lines: Sequence[str], first_lineno: int) -> None:
         """`feed_line` for consecutive lines, numbered from `first_lineno`, with one regex scan for all.
@@ -809,7 +811,7 @@ class Diagnoser:
             return
         if _ODD_LINES.search(text) is not None or text[:1] == "{":
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
-            text = "\n".join([unwrap(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+            text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
         done = 0  # lines[:done] are applied
         for index, e in parse_text_indexed(text):
             self._skip(lines, done, index, first_lineno)
@@ -838,9 +840,14 @@ class Diagnoser:
 
     def feed_event(self, e: ev.Event, lineno: int, line: str = "", *, source: str | None = None) -> None:
         """Apply one parsed event; `line` is the raw line (read only for a fatal decode's offset and time)."""
-        self.events += 1
         kind = type(e)
         run = self._current.get(source)
+        if isinstance(e, ev.LineFormat):  # how the next line is written: for the run's state, and for a run it starts
+            self._line_format[source] = e
+            if run is not None:
+                run.state.apply(e)
+            return
+        self.events += 1
         # A forged start must not split a run: a start line the state rejects is only counted. (Other
         # rejected events reach `_Run.apply`, which counts them and acts on none.)
         if kind is ev.Rejected or (kind is ev.SlotsInitialized and run is not None and not run.state.accepts(e)):
@@ -870,6 +877,10 @@ class Diagnoser:
     def _new_run(self, source: str | None, lineno: int) -> _Run:
         self._runs += 1
         run = _Run(self._runs, source, lineno, self.max_failures)
+        run.state.provenance.banners_reformat = True  # a file holds one run after another: each start may change it
+        line_format = self._line_format.get(source)
+        if line_format is not None:
+            run.state.apply(line_format)
         self._current[source] = run
         return run
 

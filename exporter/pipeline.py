@@ -45,6 +45,10 @@ class LogPipeline:
         self.stopped: str | None = None  # why the pipeline stopped following the log, if it did
         self._recognized = False  # a line only llama-server writes was seen
         self._warned_unrecognized = False
+        self._file_starts = 0  # opens, rotations and truncations of the log file so far
+        # A file is rewritten at every server start (llama-server truncates it), so a new format can only
+        # begin in a new file; the journal and standard input have no files: any start banner may.
+        state.provenance.banners_reformat = tailer is None
 
     # -- LogSourceStatus (read by the collector) -----------------------------------------------
     @property
@@ -162,6 +166,12 @@ class LogPipeline:
     def _apply(self, lines: Sequence[str]) -> None:
         """Parse a batch of lines (one regex scan, see `parse_lines`) and apply their events in order."""
         apply = self.state.apply
+        if self.tailer is not None:
+            stats = self.tailer.stats
+            starts = stats.opens + stats.rotations + stats.truncations
+            if starts != self._file_starts:  # these lines may begin a new file: a new server, maybe a new format
+                self._file_starts = starts
+                self.state.provenance.may_reformat = True
         try:
             events = parse_lines(lines)
         except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline

@@ -26,6 +26,7 @@ from typing import Any
 
 from exporter.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.logs import events as ev
+from exporter.provenance import CHECKED, NotOwnLine, Provenance
 from exporter.slot import Checkpoint, SlotState
 from exporter.sources.server_cmdline import ServerCommandLine
 
@@ -89,6 +90,7 @@ class ServerState:
 
     # Counters (exporter lifetime; never reset by a server restart).
     rejected: Counter[str] = field(default_factory=Counter)  # lines not applied, by bounded reason
+    provenance: Provenance = field(default_factory=Provenance)  # which lines are the server's own
     last_unexpected: str | None = None  # the last error of an `unexpected` rejection (for the exporter's log)
     server_starts: int = 0
     kv_retries: int = 0
@@ -231,6 +233,7 @@ class ServerState:
         self._aborted_tasks = set()
         self._kv_section_swa = False
         self._in_startup = True
+        self.provenance.start()
 
     def _end_cascade(self, outcome: str) -> None:
         if self.in_cascade:
@@ -253,31 +256,44 @@ class ServerState:
         kind = type(e)
         entry = _DISPATCH.get(kind)
         if entry is None:
+            if isinstance(e, ev.LineFormat):
+                self.provenance.line_format = e.code
+            elif isinstance(e, ev.Rejected):
+                self._reject(e.reason)
+                return False
             return True
         handler, check = entry
         if check is not None and not check(self, e):
             self._reject("out_of_range")
             return False
+        provenance = self.provenance
+        if kind in CHECKED or provenance.line_format != provenance.run_format:
+            reason = provenance.admit(self, kind, e)
+            if reason is not None:
+                self._reject(reason)
+                return False
         try:
             handler(self, e)
+        except NotOwnLine:
+            self._reject("inconsistent")
+            return False
         except Exception as exc:  # a bug must cost one line, not the pipeline
             self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
             self._reject("unexpected")
             return False
-        return kind is not ev.Rejected
+        return True
 
     def accepts(self, e: ev.Event) -> bool:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""
         kind = type(e)
-        check = _DISPATCH[kind][1] if kind in _DISPATCH else None
-        return kind is not ev.Rejected and (check is None or check(self, e))
+        if kind not in _DISPATCH:
+            return kind is not ev.Rejected
+        check = _DISPATCH[kind][1]
+        return (check is None or check(self, e)) and self.provenance.check(self, kind, e) is None
 
     def _reject(self, reason: str) -> None:
         if self.counting:
             self.rejected[reason] += 1
-
-    def _on_rejected(self, e: ev.Rejected) -> None:
-        self._reject(e.reason)
 
     def _tokens_ok(self, slot: int, n: int) -> bool:
         """A slot id this server has and a token count its window can hold."""
@@ -286,9 +302,16 @@ class ServerState:
         s = self.slots.get(slot)
         return n <= ((s.n_ctx if s is not None else None) or self.n_ctx_slot or MAX_TOKENS)
 
-    def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
+    def _own_slot(self, e: ev.GenerationProgress | ev.PromptProgress | ev.CachedTokens | ev.SlotReleased) -> SlotState:
+        """Work got done on the slot a line names, for the task it names (`NotOwnLine` if the run never started it)."""
+        s = self.slots.get(e.slot)
+        if (s is None or s.task != e.task) and not self.provenance.knows(e.task):
+            raise NotOwnLine  # checked here, where the slot is at hand, rather than before every such line
         self._progress()
-        s = self._slot(e.slot)
+        return s if s is not None else self._slot(e.slot)
+
+    def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
+        s = self._own_slot(e)
         s.processing, s.task = True, e.task
         # With context shift a request may generate past its window; the slot never holds more than it.
         s.tokens = max(s.tokens, min(s.prompt_tokens + e.n_decoded, s.n_ctx or MAX_TOKENS))
@@ -296,8 +319,7 @@ class ServerState:
         s.generation_rate = e.rate
 
     def _on_prompt_progress(self, e: ev.PromptProgress) -> None:
-        self._progress()
-        s = self._slot(e.slot)
+        s = self._own_slot(e)
         if s.task != e.task:
             s.new_task()
         s.processing, s.task = True, e.task
@@ -321,8 +343,7 @@ class ServerState:
                 other.phase, other.prompt_rate = "generation", None
 
     def _on_cached_tokens(self, e: ev.CachedTokens) -> None:
-        self._progress()
-        s = self._slot(e.slot)
+        s = self._own_slot(e)
         s.processing, s.task = True, e.task
         if s.cache_base is None:
             s.cache_base = e.n_tokens
@@ -332,8 +353,7 @@ class ServerState:
             s.tokens = max(s.tokens, e.n_tokens)
 
     def _on_slot_released(self, e: ev.SlotReleased) -> None:
-        self._progress()
-        s = self._slot(e.slot)
+        s = self._own_slot(e)
         s.processing, s.task, s.cache_base = False, -1, None
         s.new_task()
         aborted = e.task in self._aborted_tasks
@@ -414,6 +434,9 @@ class ServerState:
 
     def _on_idle_slot_saved(self, e: ev.IdleSlotSaved) -> None:
         pass  # the `clearing prompt` line that follows carries the change
+
+    def _on_timings_head(self, e: ev.TimingsHead) -> None:
+        pass  # the timings lines that follow carry the figures (and `provenance` believes them)
 
     def _on_server_starting(self, e: ev.ServerStarting) -> None:
         self._count_start()
@@ -618,6 +641,7 @@ class ServerState:
         self._in_startup = False
         try:
             self._count_start()
+            self.provenance.from_start = False  # the log has not shown this start yet: nothing to check against
         finally:
             self.counting = counting
             self._in_startup = False
@@ -634,7 +658,6 @@ class ServerState:
 
 # Which method of ServerState applies which event.
 _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
-    ev.Rejected: ServerState._on_rejected,
     ev.GenerationProgress: ServerState._on_generation_progress,
     ev.PromptProgress: ServerState._on_prompt_progress,
     ev.CachedTokens: ServerState._on_cached_tokens,
@@ -649,6 +672,7 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.RequestError: ServerState._on_request_error,
     ev.DecodeFailed: ServerState._on_decode_failed,
     ev.AllSlotsIdle: ServerState._on_all_slots_idle,
+    ev.TimingsHead: ServerState._on_timings_head,
     ev.PromptEvalTiming: ServerState._apply_timing,
     ev.GenerationTiming: ServerState._apply_timing,
     ev.CheckpointConfig: ServerState._apply_checkpoint,

@@ -94,6 +94,7 @@ def test_missing_log_is_waited_for_while_metrics_serve(tmp_path: Path) -> None:
         log_file.parent.mkdir()
         log_file.write_text(
             "0.00.003.960 I srv  llama_server: initializing ...\n"
+            "0.00.050.115 I slot launch_slot_: id  0 | task 0 | processing task, is_child = 0\n"
             "0.00.063.012 W srv        decode: failed to find free space in the KV cache, retrying with smaller "
             "batch size, off = 0, n_batch = 64, ret = 1\n"
         )

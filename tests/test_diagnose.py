@@ -796,6 +796,8 @@ def test_older_build_wording_and_order() -> None:
         "slot         init: id  1 | task -1 | new slot n_ctx_slot = 512",
         "slot         init: id  2 | task -1 | new slot n_ctx_slot = 512",
         "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
+        "slot launch_slot_: id  2 | task 2 | processing task",  # slot 2's last task: stale by the failure
+        "slot      release: id  2 | task 2 | stop processing: n_past = 20, truncated = 0",
         "slot launch_slot_: id  0 | task 5 | processing task",
         "slot launch_slot_: id  1 | task 6 | processing task",
         "decode: failed to find a memory slot for batch of size 18",

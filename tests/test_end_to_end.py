@@ -80,6 +80,9 @@ def test_seed_incident_is_visible(seed_server: LlamaServer, tmp_path: Path, prom
         assert exporter.sample("llamacpp_context_exceeded_total") == exceeded
         assert exporter.sample("llamacpp_kv_cascades_total", {"outcome": "failed"}) == 1
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        # Every line of a real server is its own: none rejected, whatever the reason.
+        for reason in ("malformed", "out_of_range", "format", "inconsistent", "unexpected"):
+            assert exporter.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": reason}) == 0, reason
 
         # Acceptance: promtool's linter has nothing to say about a scrape taken in the real scenario.
         scrape = exporter.scrape()

@@ -65,14 +65,16 @@ def test_a_poison_line_is_rejected_and_counted(line: str, reason: str) -> None:
     state = ServerState()
     _apply_all(state, _captured("exhaust-lv4")[:200])  # a running server: 4 slots, 512 cells
     before = (state.n_slots, dict(state.slots), state.kv_cells)
-    _apply_all(state, [line])
+    _apply_all(state, [f"0.00.100.000 I {line}"])  # in its run's format: the poison is the number
     assert state.rejected == {reason: 1}
     assert (state.n_slots, state.kv_cells) == (before[0], before[2])
     assert set(state.slots) <= set(range(4))
-    # The next real line still counts.
-    _apply_all(state, ["W srv        decode: failed to find free space in the KV cache, retrying with smaller batch "
-                       "size, off = 0, n_batch = 256, ret = 1"])  # fmt: skip
-    assert state.kv_retries == 1
+    # The lines after it still count: the rest of the log gives what it gives without the poison.
+    _apply_all(state, _captured("exhaust-lv4")[200:])
+    clean = ServerState()
+    _apply_all(clean, _captured("exhaust-lv4"))
+    assert clean.kv_retries > 0 and clean.requests_aborted
+    assert (state.kv_retries, state.requests_aborted) == (clean.kv_retries, clean.requests_aborted)
 
 
 def test_parse_never_raises_on_a_malformed_number() -> None:
@@ -122,16 +124,16 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
     state = ServerState()
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     total, batch = 0, 4096
-    retry = (
-        "W srv        decode: failed to find free space in the KV cache, retrying with smaller batch size, off = 0, "
-        "n_batch = 256, ret = 1"
-    )
+    # A real server start up to its first retry: after the garbage, a restarted server's lines count.
+    real = _captured("exhaust-default-verbosity")
+    restart = real[: next(i for i, line in enumerate(real) if "retrying with smaller batch" in line) + 1]
     while total < 1_000_000:
         lines = [_mutate(rng, rng.choice(corpus)) for _ in range(batch)]
         _apply_all(state, lines)
         total += batch
         before = state.kv_retries
-        _apply_all(state, [retry])
+        state.provenance.may_reformat = True  # what the pipeline does when the file is rewritten
+        _apply_all(state, restart)
         assert state.kv_retries == before + 1  # a valid line after the garbage still counts
         assert len(state.slots) <= MAX_SLOTS
         for s in state.slots.values():
@@ -201,16 +203,24 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
 def test_the_exporter_keeps_following_a_poisoned_log(tmp_path: Path) -> None:
     """A poison line in the log at start and while running: /metrics up, counted, later lines counted, restartable."""
     log = tmp_path / "llama-server.log"
-    log.write_text("\n".join([*_captured("exhaust-lv4")[:200], POISON[0][0], POISON[2][0]]) + "\n")
+    real = _captured("exhaust-lv4")
+    poison = [f"0.00.100.000 I {line}" for line, _ in POISON]  # in the run's format: the numbers are the poison
+    log.write_text("\n".join([*real[:200], poison[0], poison[2]]) + "\n")
+    expected = ServerState()
+    expected.counting = False
+    _apply_all(expected, real[:200])
+    expected.counting = True
+    _apply_all(expected, real[200:])
+    assert expected.kv_retries > 0
     with ExporterProcess(log, ["--http", "off", "--proc", "off", "--nvml", "off"]) as exp:
         assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
         with log.open("a") as f:
-            f.write("\n".join(line for line, _ in POISON) + "\n")
-            f.write(
-                "W srv        decode: failed to find free space in the KV cache, retrying with smaller batch size, "
-                "off = 0, n_batch = 256, ret = 1\n"
-            )
-        wait_for(lambda: exp.sample("llamacpp_kv_retries_total") == 1, timeout=15, what="the retry after the poison")
+            f.write("\n".join([*poison, *real[200:]]) + "\n")
+        wait_for(
+            lambda: exp.sample("llamacpp_kv_retries_total") == expected.kv_retries,
+            timeout=15,
+            what="the retries after the poison",
+        )
         assert exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "malformed"}) == 3
         assert exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "out_of_range"}) == len(POISON) - 3
         assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1

@@ -15,7 +15,7 @@ import pytest
 from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "prepend" import mode)
 
 from exporter.logs import events as ev
-from exporter.logs.parse import normalize, parse_line, parse_lines, parse_message
+from exporter.logs.parse import normalize, parse_line, parse_line_events, parse_lines, parse_message
 from exporter.logs.tail import LogTailer
 from exporter.state import _HANDLERS
 
@@ -24,7 +24,25 @@ LOGS = sorted(FIXTURES.glob("*/llama-server.log"))
 
 
 def one_by_one(lines: list[str]) -> list[ev.Event]:
-    return [e for e in map(parse_line, lines) if e is not None]
+    """The events of each line on its own, with a `LineFormat` only where the format changes (as a batch has)."""
+    return collapsed([e for line in lines for e in parse_line_events(line)])
+
+
+def collapsed(events: list[ev.Event]) -> list[ev.Event]:
+    """`events` without a `LineFormat` that repeats the one before it."""
+    out: list[ev.Event] = []
+    last: ev.Event | None = None
+    for e in events:
+        if isinstance(e, ev.LineFormat):
+            if e == last:
+                continue
+            last = e
+        out.append(e)
+    return out
+
+
+def without_formats(events: list[ev.Event]) -> list[ev.Event]:
+    return [e for e in events if not isinstance(e, ev.LineFormat)]
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.parent.name for p in LOGS])
@@ -33,14 +51,16 @@ def test_batch_parse_equals_line_by_line_on_real_logs(log: Path) -> None:
     events = one_by_one(lines)
     assert events, "a capture without events"
     assert parse_lines(lines) == events
-    assert [e for e in (parse_message(normalize(line)) for line in lines) if e is not None] == events
+    bare = without_formats(events)
+    assert [e for e in (parse_message(normalize(line)) for line in lines) if e is not None] == bare
+    assert [e for e in map(parse_line, lines) if e is not None] == bare
     # Batch boundaries do not matter.
-    assert [e for i in range(0, len(lines), 7) for e in parse_lines(lines[i : i + 7])] == events
+    assert collapsed([e for i in range(0, len(lines), 7) for e in parse_lines(lines[i : i + 7])]) == events
 
 
 def test_batch_parse_equals_line_by_line_on_every_wording() -> None:
     lines = [line for line, _ in CASES]
-    assert parse_lines(lines) == [expected for _, expected in CASES]
+    assert without_formats(parse_lines(lines)) == [expected for _, expected in CASES]
 
 
 def test_mixed_batch_of_wrappers() -> None:
@@ -57,11 +77,14 @@ def test_mixed_batch_of_wrappers() -> None:
         "",
     ]
     assert parse_lines(lines) == one_by_one(lines)
-    assert len(parse_lines(lines)) == 6
+    assert len(without_formats(parse_lines(lines))) == 6
+    formats = [e.describe() for e in parse_lines(lines) if isinstance(e, ev.LineFormat)]
+    assert formats == ["timestamp+level", "jsonl", "colours+timestamp+level", "timestamp+level"]
 
 
 def test_every_event_type_has_a_state_handler() -> None:
-    assert set(_HANDLERS) == set(typing.get_args(ev.Event))
+    """All but the two the state reads itself: a line's format, and a rejected line."""
+    assert set(_HANDLERS) == set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected}
 
 
 def test_tailer_block_decoding_equals_per_line_decoding(tmp_path: Path) -> None:

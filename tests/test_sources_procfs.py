@@ -19,7 +19,7 @@ import pytest
 from llama_harness import wait_for
 from prometheus_client import CollectorRegistry
 
-from exporter.logs.events import BuildInfo, ServerStarting, SlotReleased
+from exporter.logs.events import BuildInfo, ServerStarting, SlotReleased, TaskStarted
 from exporter.sources.live import LiveSources
 from exporter.sources.procfs import ProcCollector, ProcReader, ProcSnapshot
 from exporter.state import ServerState
@@ -159,6 +159,7 @@ def _started_state() -> ServerState:
     st = ServerState()
     st.apply(ServerStarting())
     st.apply(BuildInfo(11434, "b11434"))
+    st.apply(TaskStarted(0, 1))
     st.apply(SlotReleased(0, 1, 100))
     return st
 

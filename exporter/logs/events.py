@@ -7,7 +7,7 @@ them. Field names follow llama-server's own wording. Slot ids are ints, task ids
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 _T = TypeVar("_T")
@@ -406,18 +406,59 @@ class SlotSelected:
 
 @event
 class PromptEvalTiming:
-    """`prompt eval time = X ms / N tokens`: prompt evaluation of one request (cached tokens excluded)."""
+    """`prompt eval time = X ms / N tokens`: prompt evaluation of one request (cached tokens excluded).
+
+    `continuation`: the line had no slot tag, so it is a continuation line of a `print_timing` entry
+    (before b9230), believable only right after that entry's first line (`TimingsHead`).
+    """
 
     ms: float
     tokens: int
+    continuation: bool = field(default=False, compare=False)
 
 
 @event
 class GenerationTiming:
-    """`eval time = X ms / N tokens`: token generation of one request."""
+    """`eval time = X ms / N tokens`: token generation of one request (`continuation`: see `PromptEvalTiming`)."""
 
     ms: float
     tokens: int
+    continuation: bool = field(default=False, compare=False)
+
+
+@event
+class TimingsHead:
+    """`slot print_timing: id 0 | task 42 | ` and nothing more: the first line of a timings entry before b9230.
+
+    Its continuation lines (`prompt eval time = …`, `eval time = …`) follow without slot tag or prefix.
+    """
+
+    slot: int
+    task: int
+
+
+@event
+class LineFormat:
+    """How the lines that follow are written (not a log line of its own): the parser emits it before an
+    event whose line is written differently from the previous event's line.
+
+    `code` is a bit set of what the line had: `LEVEL` (`I `), `TIMESTAMP` (`0.00.003.960 `), `JSONL` (a
+    `--log-jsonl` object), `COLOURS` (a prefix in colour). A server start fixes its run's format; see
+    `exporter.provenance`.
+    """
+
+    code: int
+
+    LEVEL = 1
+    TIMESTAMP = 2
+    JSONL = 4
+    COLOURS = 8
+
+    def describe(self) -> str:
+        """`timestamp+level`, `jsonl`, `plain`: the format in words, for messages."""
+        names = ("level", "timestamp", "jsonl", "colours")
+        parts = [name for bit, name in enumerate(names) if self.code >> bit & 1]
+        return "+".join(reversed(parts)) if parts else "plain"
 
 
 @event
@@ -426,15 +467,16 @@ class Rejected:
 
     `reason` is bounded: `malformed` (a number that cannot be read, e.g. `1.2.3` or thousands of
     digits) from the parser; the state adds `out_of_range` (a slot id, count or size that the running
-    server cannot have written).
+    server cannot have written), `format` (a line not written the way its run writes lines) and
+    `inconsistent` (a line that contradicts what the run said before; see `exporter.provenance`).
     """
 
     reason: str
 
 
-#: Events that do not show that a file is llama-server's log: lines other programs write too, and lines
-#: that could not be read.
-GENERIC: frozenset[type] = frozenset({ServerReady, ModelLoading, Rejected})
+#: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
+#: could not be read, and the format of lines.
+GENERIC: frozenset[type] = frozenset({ServerReady, ModelLoading, Rejected, LineFormat})
 
 Event: TypeAlias = (
     Rejected
@@ -481,4 +523,6 @@ Event: TypeAlias = (
     | SlotSelected
     | PromptEvalTiming
     | GenerationTiming
+    | TimingsHead
+    | LineFormat
 )

@@ -31,8 +31,12 @@ from exporter.logs import events as ev
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
 # (`(?:x|)` rather than `(?:x)?`, and ASCII classes: the same matches, found faster by Python's regex engine.)
-_LEAD = r"(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
+# The mark is not llama-server's: `unwrap_marked` puts it where it removed JSONL wrapping or colours.
+_LEAD = r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
+_LEAD_PARTS = re.compile(
+    r"(?P<mark>[\udc1d\udc1e]|)(?:\[ *\d+\] |)(?P<ts>\d+\.\d{2}\.\d{3}\.\d{3} |)(?P<lvl>[IWEDT] |)"
+)
 
 
 # llama-server's own `--log-jsonl` shape, message last: the message is decoded without the rest of
@@ -73,6 +77,28 @@ def unwrap(line: str) -> str:
     return line.rstrip("\r\n")
 
 
+# Lone surrogates: UTF-8 decoding (the tailer's, the journal's, standard input's) never yields one, so
+# no line read from a log can start with a mark.
+_JSONL_MARK, _COLOURS_MARK = "\udc1e", "\udc1d"
+
+
+def unwrap_marked(line: str) -> str:
+    """`unwrap`, with a mark in front of the line for what it removed (JSONL wrapping, colours in front).
+
+    The scan reads the mark into the line's format (`LineFormat`), so that a raw line in a JSONL log, or
+    a line without colours in a coloured one, can be told apart from the server's.
+    """
+    if line.startswith("{") and '"msg"' in line:
+        msg = _jsonl_message(line)
+        if msg is not None:
+            msg = msg.split("\n", 1)[0]
+            return _JSONL_MARK + (_ANSI.sub("", msg) if "\x1b" in msg else msg).rstrip("\r")
+    if "\x1b" in line:
+        mark = _COLOURS_MARK if line.startswith("\x1b[") else ""
+        return mark + _ANSI.sub("", line).rstrip("\r\n")
+    return line.rstrip("\r\n")
+
+
 def normalize(line: str) -> str:
     """Return the bare message of a log line: no JSONL wrapper, colours, router prefix, timestamp or level."""
     return _LEAD_RX.sub("", unwrap(line), count=1)
@@ -110,10 +136,10 @@ def _rate(text: str | None) -> float | None:
     return value if value > 0 else None
 
 
-def _timing(prompt: str | None, ms: str, tokens: str) -> ev.Event:
+def _timing(prompt: str | None, ms: str, tokens: str, continuation: bool = False) -> ev.Event:
     if prompt:
-        return ev.PromptEvalTiming(float(ms), int(tokens))
-    return ev.GenerationTiming(float(ms), int(tokens))
+        return ev.PromptEvalTiming(float(ms), int(tokens), continuation)
+    return ev.GenerationTiming(float(ms), int(tokens), continuation)
 
 
 _M = re.Match[str]
@@ -348,7 +374,7 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     (
         "prompt eval",
         r"(?P<text_prompt>prompt )?eval time = +(?P<text_ms>[\d.]+) ms / +(?P<text_tokens>\d+) tokens",
-        lambda m: _timing(m["text_prompt"], m["text_ms"], m["text_tokens"]),
+        lambda m: _timing(m["text_prompt"], m["text_ms"], m["text_tokens"], continuation=True),
     ),
     (
         "cache",
@@ -420,8 +446,9 @@ def _atomic(pattern: str, name: str) -> str:
 # `function: ` or not (`llama_context: n_ctx = …` and `build: 4747 (…)` are matched with their name).
 _MESSAGE = (
     r"(?:slot [^\S\n]{0,11}\S{1,12}: id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *"
+    + "(?:(?P<timings_head>)$|"  # a slot line with no message: the head of a pre-b9230 timings entry
     + _alternatives(_SLOT_RULES, "s")
-    + "|"
+    + ")|"
     + _atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) (?:[^:\n]|:(?! ))*: |) *-? *", "tag")
     + "(?:"
     + _atomic(r"\w+: +-? *", "function")
@@ -430,15 +457,33 @@ _MESSAGE = (
     + ")"
 )
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
-_SCAN_LINES = re.compile(r"\n" + _atomic(_LEAD, "lead") + _MESSAGE, re.MULTILINE | re.ASCII)
+_SCAN_LINES = re.compile(r"\n(?P<lead>" + _atomic(_LEAD, "lead_") + ")" + _MESSAGE, re.MULTILINE | re.ASCII)
 _SCAN_MESSAGES = re.compile(r"\n" + _MESSAGE, re.MULTILINE | re.ASCII)
-_SLOT_BUILDS = {f"s{i}": build for i, (_, _, build) in enumerate(_SLOT_RULES)}
+_SLOT_BUILDS: dict[str, Callable[[int, int, _M], ev.Event]] = {
+    f"s{i}": build for i, (_, _, build) in enumerate(_SLOT_RULES)
+}
+_SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
 _TEXT_BUILDS = {f"t{i}": build for i, (_, _, build) in enumerate(_TEXT_RULES)}
 
 
 # What building an event from a matched line can raise: int() of more digits than Python reads (4,300 by
 # default), float() of "1.2.3". The line is then rejected, never the batch it came in.
 _UNREADABLE = (ValueError, OverflowError)
+
+
+def _line_format(lead: str) -> int:
+    """The `LineFormat` code of a line's lead (what the scan read before the message; colours count
+    only with a prefix)."""
+    m = _LEAD_PARTS.match(lead)
+    if m is None:  # cannot happen: the scan matched the same pattern
+        return 0
+    mark, ts, level = m.group("mark", "ts", "lvl")
+    code = (ev.LineFormat.TIMESTAMP if ts else 0) | (ev.LineFormat.LEVEL if level else 0)
+    if mark == _JSONL_MARK:
+        return code | ev.LineFormat.JSONL
+    if mark and code:
+        return code | ev.LineFormat.COLOURS
+    return code
 
 
 def _event(m: re.Match[str]) -> ev.Event:
@@ -453,14 +498,26 @@ def _event(m: re.Match[str]) -> ev.Event:
         return ev.Rejected("malformed")
 
 
-def _events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
-    """The events of the lines in `text`, each line preceded by "\\n".
+def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.Event]:
+    """The events of the lines in `text`, each line preceded by "\\n"; with `formats`, a `LineFormat`
+    before the first event and before each event whose line is written differently from the last one's.
 
     `_event` written out inline: the hot path of every line the exporter reads, and a call per
     event costs 5-10 % of it (measured on the bench corpus). A `try` costs nothing until it catches.
     """
     events: list[ev.Event] = []
+    last, lead_len, lead_first = -1, -1, ""
     for m in scan.finditer(text):
+        if formats:
+            # A lead of the same length and first character as the last one is written the same way
+            # (its time stamp differs): the format is worked out only when that changes.
+            lead = m["lead"]
+            if len(lead) != lead_len or lead[:1] != lead_first:
+                lead_len, lead_first = len(lead), lead[:1]
+                code = _line_format(lead)
+                if code != last:
+                    events.append(ev.LineFormat(code))
+                    last = code
         rule = m.lastgroup or ""
         try:
             build = _TEXT_BUILDS.get(rule)
@@ -473,42 +530,56 @@ def _events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
     return events
 
 
+def _plain(text: str) -> bool:
+    """No line in `text` needs `unwrap_marked`: no JSONL, colours or CR."""
+    return not ("\x1b" in text or "\r" in text or "\n{" in text)
+
+
 def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
-    """The events of many raw log lines, in order (one line gives at most one event).
+    """The events of many raw log lines, in order (one line gives at most one event, after its `LineFormat`).
 
     The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
     text = "\n" + "\n".join(lines)
-    if "\x1b" in text or "\r" in text or "\n{" in text:
-        text = "\n" + "\n".join([unwrap(line) for line in lines])
+    if not _plain(text):
+        text = "\n" + "\n".join([unwrap_marked(line) for line in lines])
     return _events(text, _SCAN_LINES)
 
 
 def parse_text_indexed(text: str) -> list[tuple[int, ev.Event]]:
-    """The events of `text`, plain lines separated by "\\n", each with the index of its line.
+    """The events of `text`, lines separated by "\\n", each with the index of its line.
 
-    For callers that need to know which line an event came from (`diagnose`). "Plain" means what
-    `parse_lines` would not unwrap: no JSONL, colour codes or CR; the caller checks.
+    For callers that need to know which line an event came from (`diagnose`). The lines must be
+    plain (see `_plain`) or already passed through `unwrap_marked`.
     """
     scan = "\n" + text
     out: list[tuple[int, ev.Event]] = []
-    index, counted_to = 0, 0
+    index, counted_to, last = 0, 0, -1
     for m in _SCAN_LINES.finditer(scan):
         start = m.start()
         index += scan.count("\n", counted_to, start)  # newlines before this line's own "\n"
         counted_to = start
+        code = _line_format(m["lead"])
+        if code != last:
+            out.append((index, ev.LineFormat(code)))
+            last = code
         out.append((index, _event(m)))
     return out
 
 
 def parse_message(msg: str) -> ev.Event | None:
     """Parse a normalised message (see `normalize`)."""
-    events = _events("\n" + msg, _SCAN_MESSAGES)
+    events = _events("\n" + msg, _SCAN_MESSAGES, formats=False)
     return events[0] if events else None
+
+
+def parse_line_events(line: str) -> list[ev.Event]:
+    """The events of one raw line: none, or its `LineFormat` and its event."""
+    return _events("\n" + unwrap_marked(line), _SCAN_LINES)
 
 
 def parse_line(line: str) -> ev.Event | None:
     """Parse one raw log line (any era, any prefix/colour/JSONL form) into an event, or None."""
-    events = _events("\n" + unwrap(line), _SCAN_LINES)
+    events = _events("\n" + unwrap_marked(line), _SCAN_LINES, formats=False)
     return events[0] if events else None

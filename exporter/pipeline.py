@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterable, Sequence
 
 from exporter.logs import events as ev
+from exporter.logs.follow import follow
 from exporter.logs.parse import parse_lines
 from exporter.logs.source import LineSource
 from exporter.logs.stdin import StdinSource
-from exporter.logs.tail import LogTailer, follow
+from exporter.logs.tail import LogTailer
 from exporter.state import ServerState
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 from watchdog.observers.api import BaseObserver
 
-from exporter.logs import tail as tail_mod
-from exporter.logs.tail import LogTailer, follow
+from exporter.logs import follow as follow_mod
+from exporter.logs.follow import follow
+from exporter.logs.tail import LogTailer
 
 SEQ_RE = re.compile(r"seq=(\d{6})")
 
@@ -167,17 +168,50 @@ def test_rename_and_create_rotation(tmp_path: Path, budget: int | None) -> None:
     t = LogTailer(p)
     assert seqs(drain(t, budget)) == list(range(10))
 
-    with p.open("ab") as writer:  # the server keeps its fd across the rename
+    with p.open("ab", buffering=0) as writer:  # the server keeps its fd across the rename
         writer.write(lines_bytes(10, 15))
         p.rename(old)
         writer.write(lines_bytes(15, 19))
-        writer.write(line(19).encode()[:30])  # never completed: flushed as a line at rotation
-    append(p, 20, 30)
+        writer.write(line(19).encode()[:30])  # not complete yet: the rotated file is still written
+        append(p, 20, 30)
 
+        got = drain(t, budget)
+        assert seqs(got) == [*range(10, 19), *range(20, 30)]
+        assert t.rotated_files == 1
+        # llama-server never reopens its log: it goes on writing into the rotated file.
+        writer.write(line(19).encode()[30:] + b"\n" + lines_bytes(30, 33))
+        writer.write(line(33).encode()[:30])
     got = drain(t, budget)
-    assert seqs(got) == list(range(10, 30))
-    assert got[9] == line(19)[:30]
+    assert seqs(got) == [19, 30, 31, 32] and got[0] == line(19)
     assert t.stats.rotations == 1 and t.stats.truncations == 0 and t.stats.opens == 2
+    t.close()
+    assert t.stats.lost_bytes == 0
+
+
+def test_a_rotated_file_is_closed_once_a_new_writer_took_over(tmp_path: Path) -> None:
+    """Quiet for rotate_wait while the new file is written: the old writer is gone. Its unfinished line is a line."""
+    p = tmp_path / "server.log"
+    append(p, 0, 5)
+    t = LogTailer(p, rotate_wait=0.0)
+    assert seqs(drain(t)) == list(range(5))
+    with p.open("ab") as writer:
+        writer.write(line(5).encode()[:20])
+    p.rename(tmp_path / "server.log.1")
+    assert drain(t) == [] and t.rotated_files == 0 and t.is_open  # no new file yet: the old one is still current
+    append(p, 6, 8)
+    got = drain(t)
+    assert seqs(got) == [6, 7, 5] and got[2] == line(5)[:20] and t.rotated_files == 0
+
+
+def test_rotated_files_held_are_bounded(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    t = LogTailer(p, max_rotated=2)
+    for i in range(5):
+        append(p, i, i + 1)
+        assert seqs(drain(t)) == [i]
+        p.rename(tmp_path / f"server.log.{i}")
+        drain(t)
+    assert t.stats.rotations == 4 and t.rotated_files == 2  # the oldest two were closed
     assert t.stats.lost_bytes == 0
 
 
@@ -187,12 +221,12 @@ def test_rotation_drains_writes_that_race_the_stat(tmp_path: Path) -> None:
     old = tmp_path / "server.log.1"
 
     class Racy(LogTailer):
-        def _path_replaced(self) -> bool:
+        def _path_replaced(self, f: Any) -> bool:
             if not old.exists():
                 append(p, 10, 15)  # lands in the old file, after the read that hit EOF
                 p.rename(old)
                 append(p, 15, 20)
-            return super()._path_replaced()
+            return super()._path_replaced(f)
 
     append(p, 0, 10)
     t = Racy(p)
@@ -364,6 +398,26 @@ def test_copytruncate_without_o_append_skips_nul_hole(tmp_path: Path, poll_betwe
     assert t.stats.truncations == 1 and t.stats.lost_bytes == 0
 
 
+@pytest.mark.parametrize("poll_between", [False, True])
+def test_a_nul_hole_measures_what_copytruncate_lost(tmp_path: Path, poll_between: bool) -> None:
+    """The writer (no O_APPEND) writes on at its old offset: the hole ends where it was at the truncation,
+    so what it wrote after our last read and before the truncation is known to the byte."""
+    p = tmp_path / "server.log"
+    t = LogTailer(p)
+    with p.open("wb", buffering=0) as writer:
+        writer.write(lines_bytes(0, 50))
+        got = drain(t)
+        unread = writer.write(lines_bytes(50, 70))  # written, never read: only the copy has it
+        shutil.copy(p, tmp_path / "server.log.1")
+        os.truncate(p, 0)
+        if poll_between:
+            got += drain(t)
+        writer.write(lines_bytes(70, 80))
+    got += drain(t)
+    assert seqs(got) == [*range(50), *range(70, 80)]
+    assert t.stats.truncations == 1 and t.stats.lost_bytes == unread
+
+
 def test_randomized_no_line_lost_or_repeated(tmp_path: Path) -> None:
     """Appends, rotations, restarts and delete-and-recreate, polling between events like follow()."""
     rng = random.Random(1234)
@@ -435,7 +489,7 @@ def test_very_long_line_is_cut_and_memory_bounded(tmp_path: Path) -> None:
     got: list[str] = []
     while True:
         batch = t.poll(max_bytes=16)
-        assert len(t._partial) <= limit
+        assert t._file is not None and len(t._file.partial) <= limit
         got += batch
         if not t.has_pending() and not batch:
             break
@@ -514,14 +568,14 @@ class Seen:
 def use_watch(monkeypatch: pytest.MonkeyPatch, watch: str) -> None:
     """Have follow() use watchdog, or our own inotify watch (skipped where there is none)."""
     if watch == "watchdog":
-        monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)
-    elif tail_mod._libc_with_inotify() is None:
+        monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)
+    elif follow_mod._libc_with_inotify() is None:
         pytest.skip("no inotify here")
 
 
 def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], bool]) -> None:
     """inotify_add_watch fails as it does at fs.inotify.max_user_watches (ENOSPC) for the masks `refused` picks."""
-    found = tail_mod._libc_with_inotify()
+    found = follow_mod._libc_with_inotify()
     if found is None:
         pytest.skip("no inotify here")
     libc: ctypes.CDLL = found
@@ -537,7 +591,7 @@ def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], boo
                 return -1
             return int(libc.inotify_add_watch(fd, path, mask))
 
-    monkeypatch.setattr(tail_mod, "_libc_with_inotify", Refusing)
+    monkeypatch.setattr(follow_mod, "_libc_with_inotify", Refusing)
 
 
 @pytest.mark.parametrize("watch", ["inotify", "watchdog"])
@@ -705,13 +759,13 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
         def start(self) -> None:
             raise OSError(errno.EMFILE, "inotify instance limit reached")
 
-    monkeypatch.setattr(tail_mod, "_libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
-    monkeypatch.setattr(tail_mod, "Observer", BrokenObserver)
+    monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
+    monkeypatch.setattr(follow_mod, "Observer", BrokenObserver)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.tail"):
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.follow"):
         task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
         append(p, 0, 10)
         await wait_until(lambda: seen.has(9), "seq 9")
@@ -719,7 +773,7 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
         await wait_until(lambda: seen.has(19), "seq 19")
         stop.set()
         await asyncio.wait_for(task, timeout=1.0)
-    warnings = [r for r in caplog.records if r.name == "exporter.logs.tail"]
+    warnings = [r for r in caplog.records if r.name == "exporter.logs.follow"]
     assert len(warnings) == 1 and "falling back to polling" in warnings[0].getMessage()
     assert seqs(seen.lines) == list(range(20))
 
@@ -732,7 +786,7 @@ async def test_follow_falls_back_to_polling_when_inotify_refuses(
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.tail"):
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.follow"):
         task = asyncio.create_task(follow(t, seen, poll_interval=0.01, stop=stop))
         append(p, 0, 10)
         await wait_until(lambda: seen.has(9), "seq 9")
@@ -741,7 +795,7 @@ async def test_follow_falls_back_to_polling_when_inotify_refuses(
         await wait_until(lambda: seen.has(19), "seq 19")
         stop.set()
         await asyncio.wait_for(task, timeout=1.0)
-    warnings = [r for r in caplog.records if r.name == "exporter.logs.tail"]
+    warnings = [r for r in caplog.records if r.name == "exporter.logs.follow"]
     assert len(warnings) == 1 and "falling back to polling" in warnings[0].getMessage()
     assert seqs(seen.lines) == list(range(20))
 
@@ -750,12 +804,12 @@ async def test_follow_without_the_close_watch_still_watches_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No watch left for the second instance: one warning, and changes still wake the follower."""
-    refuse_watches(monkeypatch, lambda mask: mask & tail_mod._IN_CHANGES == tail_mod._IN_CLOSE_WRITE)  # "closes"
+    refuse_watches(monkeypatch, lambda mask: mask & follow_mod._IN_CHANGES == follow_mod._IN_CLOSE_WRITE)  # "closes"
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.tail"):
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.follow"):
         task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop))
         await wait_until(lambda: t.last_error is not None, "the first (missing-file) poll")
         append(p, 0, 10)
@@ -763,7 +817,7 @@ async def test_follow_without_the_close_watch_still_watches_changes(
         assert len(live_watches()) == 1
         stop.set()
         await asyncio.wait_for(task, timeout=1.0)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "exporter.logs.tail"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "exporter.logs.follow"]
     assert len(warnings) == 1 and "closing its log" in warnings[0]
     assert not live_watches()
 

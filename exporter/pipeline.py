@@ -172,7 +172,7 @@ class LogPipeline:
             starts = stats.opens + stats.rotations + stats.truncations
             if starts != self._file_starts:  # these lines may begin a new file: a new server, maybe a new format
                 self._file_starts = starts
-                self.state.provenance.may_reformat = True
+                self.state.provenance.new_file = True
         try:
             events = parse_lines(lines)
         except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline

@@ -92,14 +92,14 @@ class Provenance:
         "failing",
         "from_start",
         "line_format",
-        "may_reformat",
+        "new_file",
         "run_format",
         "tasks",
         "timings",
     )
     run_format: int | None  # LineFormat code of the run; None until its first line
     line_format: int  # LineFormat code of the line being applied
-    may_reformat: bool  # the next start banner may set a new format (the file was rewritten)
+    new_file: bool  # the lines that follow begin a new file: a start banner there is a new run, maybe in a new format
     banners_reformat: bool  # every start banner may (sources without files)
     from_start: bool  # the run was followed from its start banner
     tasks: dict[int, None]  # tasks started in this run (the latest RECENT_TASKS), in order
@@ -109,7 +109,7 @@ class Provenance:
     def __init__(self) -> None:
         self.run_format = None
         self.line_format = 0
-        self.may_reformat = False
+        self.new_file = False
         self.banners_reformat = False
         self.from_start = False
         self.tasks = {}
@@ -119,7 +119,7 @@ class Provenance:
     def start(self) -> None:
         """A server start: its banner line fixes the run's format; what the old run said is forgotten."""
         self.run_format = self.line_format
-        self.may_reformat = False
+        self.new_file = False
         self.from_start = True
         self.tasks = {}
         self.timings = 0
@@ -132,7 +132,7 @@ class Provenance:
         if (
             self.line_format != self.run_format
             and self.run_format is not None
-            and not (kind in _STARTS and (self.may_reformat or self.banners_reformat))
+            and not (kind in _STARTS and (self.new_file or self.banners_reformat))
         ):
             return "format"
         if not self.from_start:
@@ -169,7 +169,7 @@ class Provenance:
         if self.run_format != self.line_format:
             # Joined mid-run (the first line sets the format), or a start where a new format may begin.
             self.run_format = self.line_format
-            self.may_reformat = False
+            self.new_file = False
         if kind is ev.TimingsHead:
             self.timings = 2  # `prompt eval time`, then `eval time`
         elif kind is ev.TaskStarted or kind is ev.NewPrompt:

@@ -109,6 +109,7 @@ class ServerState:
     generated_tokens: int = 0
 
     _in_startup: bool = False
+    _banners_seen: set[type] = field(default_factory=set)  # banner lines of the start in progress
     _prompt_throughput: float | None = None  # the latest prompt speed measured between two progress lines
     _kv_section_swa: bool = False
     _aborted_tasks: set[int] = field(default_factory=set)
@@ -195,10 +196,21 @@ class ServerState:
             s = self.slots[slot] = SlotState(n_ctx=self.n_ctx_slot)
         return s
 
-    def _count_start(self) -> None:
-        """A new server process: forget its predecessor's slots and configuration, keep counters."""
-        if self._in_startup:
-            return  # several banner lines belong to one start
+    def _count_start(self, banner: type | None = None) -> None:
+        """A new server process: forget its predecessor's slots and configuration, keep counters.
+
+        Several banner lines belong to one start; one that this start already printed, or the first
+        one in a new file (llama-server truncates its log as it starts), is the next start: a server
+        that died while it started and was started again.
+        """
+        if (
+            self._in_startup
+            and banner is not None
+            and banner not in self._banners_seen
+            and not self.provenance.new_file  # the first start in a new file is a new run
+        ):
+            self._banners_seen.add(banner)
+            return
         if self.counting:
             self._count_log_start()
         for name in (
@@ -233,6 +245,7 @@ class ServerState:
         self._aborted_tasks = set()
         self._kv_section_swa = False
         self._in_startup = True
+        self._banners_seen = {banner} if banner is not None else set()
         self.provenance.start()
 
     def _end_cascade(self, outcome: str) -> None:
@@ -439,14 +452,14 @@ class ServerState:
         pass  # the timings lines that follow carry the figures (and `provenance` believes them)
 
     def _on_server_starting(self, e: ev.ServerStarting) -> None:
-        self._count_start()
+        self._count_start(ev.ServerStarting)
 
     def _on_build_info(self, e: ev.BuildInfo) -> None:
-        self._count_start()
+        self._count_start(ev.BuildInfo)
         self.build, self.commit = e.build, e.commit
 
     def _on_verbosity(self, e: ev.Verbosity) -> None:
-        self._count_start()
+        self._count_start(ev.Verbosity)
         self.verbosity = e.level
 
     def _on_model_loading(self, e: ev.ModelLoading) -> None:

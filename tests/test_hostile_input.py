@@ -132,7 +132,7 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
         _apply_all(state, lines)
         total += batch
         before = state.kv_retries
-        state.provenance.may_reformat = True  # what the pipeline does when the file is rewritten
+        state.provenance.new_file = True  # what the pipeline does when the file is rewritten
         _apply_all(state, restart)
         assert state.kv_retries == before + 1  # a valid line after the garbage still counts
         assert len(state.slots) <= MAX_SLOTS
@@ -307,3 +307,54 @@ def test_hostile_counts_neither_blow_up_the_scrape_nor_block_sigterm(tmp_path: P
         assert time.monotonic() - started < 10
     finally:
         exp.stop()
+
+
+def test_fuzz_through_the_follower(tmp_path: Path) -> None:
+    """The live path: 50,000 mutated real lines appended while the exporter follows, then a real restart.
+
+    /metrics keeps answering with the log up, what was rejected is counted, the series stay bounded,
+    and the restarted server's lines count exactly as on a clean exporter.
+    """
+    corpus = [
+        line for p in sorted(FIXTURES.iterdir()) if (p / "llama-server.log").exists() for line in _captured(p.name)
+    ]
+    rng = random.Random(1201)
+    log = tmp_path / "llama-server.log"
+    log.write_text("\n".join(_captured("exhaust-lv4")[:200]) + "\n")
+    real = _captured("exhaust-default-verbosity")
+    expected = ServerState()
+    _apply_all(expected, real)
+    with ExporterProcess(log, ["--http", "off", "--proc", "off", "--nvml", "off"]) as exp:
+        with log.open("a") as f:
+            for _ in range(50):
+                f.write("\n".join(_mutate(rng, rng.choice(corpus)) for _ in range(1000)) + "\n")
+                f.flush()
+                time.sleep(0.01)
+        wait_for(
+            lambda: (exp.sample("llamacpp_exporter_log_lines_total") or 0) >= 50_000,
+            timeout=60,
+            what="the fuzzed lines read",
+        )
+        assert exp.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        assert sum(exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": r}) or 0 for r in
+                   ("malformed", "out_of_range", "format", "inconsistent")) > 0  # fmt: skip
+        assert exp.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": "unexpected"}) == 0
+        series = [line for line in exp.scrape().splitlines() if line and not line.startswith("#")]
+        assert len(series) < 120 + 12 * MAX_SLOTS, len(series)
+        # Mutated start banners in the run's format count as starts (what the checks cannot catch).
+        starts, retries = exp.sample("llamacpp_server_starts_total") or 0, exp.sample("llamacpp_kv_retries_total") or 0
+        log.write_text("\n".join(real) + "\n")  # the server restarts: it truncates its log
+        wait_for(
+            lambda: exp.sample("llamacpp_server_starts_total") == starts + 1,
+            timeout=30,
+            what="the restart after the garbage",
+        )
+        wait_for(
+            lambda: exp.sample("llamacpp_kv_retries_total") == retries + expected.kv_retries,
+            timeout=30,
+            what="the restarted server's retries",
+        )
+        assert exp.sample("llamacpp_slots") == expected.n_slots
+        status = Path(f"/proc/{exp._proc.pid}/status").read_text() if exp._proc else ""
+        rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
+        assert rss_kib < 200 * 1024, rss_kib

@@ -298,3 +298,17 @@ def test_real_proc_server_writing_into_our_stdin_pipe() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_server_that_dies_while_it_starts_counts_each_start() -> None:
+    """A crash loop during start-up (the banner again before the server listened): every start counts."""
+    st = ServerState()
+    for _ in range(3):
+        st.apply(ServerStarting())
+        st.apply(BuildInfo(11434, "b11434"))
+    assert st.server_starts == 3
+    st.provenance.new_file = True  # what the pipeline says when llama-server truncated its log to start
+    st.apply(BuildInfo(11434, "b11434"))  # a start whose first visible line is the build line
+    st.provenance.new_file = True
+    st.apply(ServerStarting())  # and one whose predecessor printed only a build line
+    assert st.server_starts == 5

@@ -217,8 +217,9 @@ def free_port() -> int:
 class Scraper:
     """GET /metrics over one kept-alive connection, like Prometheus."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, authorization: str | None = None) -> None:
         self.port = port
+        self.headers = {"Authorization": authorization} if authorization else {}
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 
     def get(self) -> tuple[float, str]:
@@ -226,7 +227,7 @@ class Scraper:
         for attempt in range(2):
             t0 = time.perf_counter()
             try:
-                self.conn.request("GET", "/metrics")
+                self.conn.request("GET", "/metrics", headers=self.headers)
                 resp = self.conn.getresponse()
                 body = resp.read()
                 return time.perf_counter() - t0, body.decode(errors="replace")
@@ -724,10 +725,27 @@ def bench_scrape(report: Report, args: argparse.Namespace) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH / "fake_nvml"), str(REPO)])}
     a = Child("exporter-4", exporter_argv(small, p4), args.workdir)
     b = Child("exporter-64", exporter_argv(big, p64, nvml=True), args.workdir, env)
+    # The 4-slot exporter again, behind basic auth (a bcrypt hash at cost 10, as htpasswd -B makes).
+    pa, authorization, auth_argv = free_port(), None, None
+    if "--web.config.file" in exporter_help():
+        import base64
+
+        import bcrypt
+
+        web_config = args.workdir / "web-config.yml"
+        hashed = bcrypt.hashpw(b"bench", bcrypt.gensalt(rounds=10)).decode()
+        web_config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+        authorization = "Basic " + base64.b64encode(b"prometheus:bench").decode()
+        auth_argv = [*exporter_argv(small, pa), "--web.config.file", str(web_config)]
+    c = Child("exporter-4-auth", auth_argv, args.workdir) if auth_argv else None
+    tc: list[float] = []
     try:
         wait_ready(a, p4)
         wait_ready(b, p64)
+        if c is not None:
+            wait_ready(c, pa)
         sa, sb = Scraper(p4), Scraper(p64)
+        sc = Scraper(pa, authorization) if c is not None else None
         series = {}
         for name, s in (("4", sa), ("64", sb)):
             body = s.get()[1]
@@ -739,11 +757,17 @@ def bench_scrape(report: Report, args: argparse.Namespace) -> None:
         for _ in range(args.scrapes):
             ta.append(sa.get()[0] * 1000)
             tb.append(sb.get()[0] * 1000)
+            if sc is not None:
+                tc.append(sc.get()[0] * 1000)
         sa.close()
         sb.close()
+        if sc is not None:
+            sc.close()
     finally:
         a.stop()
         b.stop()
+        if c is not None:
+            c.stop()
     if gpus is None:
         report.notes.append("scrape: no GPU series in the 64-slot exporter (no --nvml flag, or the reader changed)")
     for label, times, target, n in (
@@ -754,6 +778,12 @@ def bench_scrape(report: Report, args: argparse.Namespace) -> None:
         report.add("scrape", f"/metrics {label} ({n} series) p50, ms", f"{p50:.2f}")
         report.add(
             "scrape", f"/metrics {label} p99, ms", f"{p99:.2f}", None, None, f"<= {target:.0f} ms", p99 <= target
+        )
+    if tc:
+        p50, p99 = percentile(tc, 50), percentile(tc, 99)
+        report.add("scrape", "/metrics 4 slots with basic auth p50, ms", f"{p50:.2f}")
+        report.add(
+            "scrape", "/metrics 4 slots with basic auth p99, ms", f"{p99:.2f}", None, None, "<= 5 ms", p99 <= 5.0
         )
 
 

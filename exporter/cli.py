@@ -28,6 +28,7 @@ from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import ServerHttpReader
 from exporter.state import ServerState
 from exporter.web import make_app, start_server
+from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -95,6 +96,13 @@ async def serve(config: Config) -> int:
         with contextlib.suppress(NotImplementedError):  # not on every platform
             loop.add_signal_handler(sig, stop.set)
 
+    security = None
+    if config.web_config_file is not None:
+        try:
+            security = WebConfigWatcher(config.web_config_file)
+        except WebConfigError as exc:
+            print(f"llamacpp-exporter: error: --web.config.file {exc}", file=sys.stderr)
+            return 2
     background: list[asyncio.Task[None]] = []
     demo_dir: tempfile.TemporaryDirectory[str] | None = None
     log_file = config.log_file
@@ -124,18 +132,33 @@ async def serve(config: Config) -> int:
         log_status: dict[str, object] = {"path": log_description, "up": pipeline.up}
         if pipeline.stopped is not None:
             log_status["stopped"] = pipeline.stopped
+        down = [name for name, st in live.statuses.items() if not st.up]
+        if pipeline.stopped is not None:
+            summary = "the log pipeline stopped: restart the exporter"
+        elif not pipeline.up:
+            summary = "serving; the log cannot be read yet"
+        else:
+            summary = "serving; following the log" + (f"; not answering: {', '.join(down)}" if down else "")
         return {
             # A pipeline that stopped following the log never recovers by itself: restart the exporter.
             "status": "ok" if pipeline.stopped is None else "failing",
+            "summary": summary,  # all a caller without credentials sees: no paths, no addresses
             "version": __version__,
             "log": log_status,
             "sources": {name: {"up": st.up, "error": st.error} for name, st in live.statuses.items()},
             "server_pid": live.pid,
         }
 
-    app = make_app(registry, log_description=log_description, health=health, before_scrape=live.refresh)
+    app = make_app(
+        registry,
+        log_description=log_description,
+        health=health,
+        before_scrape=live.refresh,
+        security=security,
+        demo=config.demo,
+    )
     try:
-        runner = await start_server(app, config.listen_host, config.listen_port)
+        serving = await start_server(app, config.listen_host, config.listen_port, security=security)
     except OSError as exc:
         print(
             f"llamacpp-exporter: error: --listen-address {config.listen_host}:{config.listen_port}: {exc.strerror}",
@@ -146,8 +169,13 @@ async def serve(config: Config) -> int:
         await live.close()
         return 1
     # The port bound, which differs from the flag's for port 0 ("any free port").
-    port = next((a[1] for a in runner.addresses if isinstance(a, tuple)), config.listen_port)
-    log.info("llamacpp-exporter %s serving on http://%s:%d/metrics", __version__, config.listen_host or "0.0.0.0", port)
+    port = serving.port
+    scheme = "https" if security is not None and security.ssl_context is not None else "http"
+    auth = " with basic auth" if security is not None and security.config.users else ""
+    host = config.listen_host or "0.0.0.0"
+    log.info("llamacpp-exporter %s serving on %s://%s:%d/metrics%s", __version__, scheme, host, port, auth)
+    if security is not None:
+        background.append(asyncio.create_task(security.watch(stop), name="web config watch"))
 
     background.append(
         asyncio.create_task(
@@ -169,7 +197,7 @@ async def serve(config: Config) -> int:
         for task in background:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
-        await runner.cleanup()
+        await serving.close()
         await live.close()
         if tailer is not None:
             tailer.close()

@@ -50,6 +50,7 @@ class Config:
     server_timeout: float = 2.0
     api_key: str | None = field(default=None, repr=False)  # never printed
     kv_pool_capacity: int | None = None
+    web_config_file: str | None = None
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -64,6 +65,29 @@ def _listen_address(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT}), got {value!r}")
     return host.strip("[]"), int(port)
+
+
+def redact_url(url: str) -> str:
+    """`url` without the password of its user part (`http://user:***@host`), for pages and log lines."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def redact(text: str, url: str) -> str:
+    """`text` with the password of `url` (if it has one) replaced, wherever it appears."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return text
+    if not password:
+        return text
+    return text.replace(url, redact_url(url)).replace(password, "***")
 
 
 def _url(value: str) -> str:
@@ -205,7 +229,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         type=_listen_address,
         default=default("listen-address", f"0.0.0.0:{DEFAULT_PORT}"),
         metavar="HOST:PORT",
-        help=f"where to serve /metrics (default 0.0.0.0:{DEFAULT_PORT}). [{env_name('listen-address')}]",
+        help=f"where to serve /metrics (default 0.0.0.0:{DEFAULT_PORT}; 127.0.0.1:{DEFAULT_PORT} where only a "
+        f"local Prometheus scrapes). [{env_name('listen-address')}]",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default=env.get(ENV_PREFIX + "WEB_CONFIG_FILE") or None,
+        metavar="PATH",
+        help="TLS, basic auth and response headers, in the YAML format of Prometheus' exporter-toolkit "
+        "(the --web.config.file of node_exporter); re-read when it changes. Without it: plain HTTP, no "
+        f"auth. [{ENV_PREFIX}WEB_CONFIG_FILE]",
     )
     p.add_argument(
         "--server-url",
@@ -460,4 +494,5 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         server_timeout=ns.server_timeout,
         api_key=api_key,
         kv_pool_capacity=ns.kv_pool_capacity,
+        web_config_file=ns.web_config_file,
     )

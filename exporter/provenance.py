@@ -24,10 +24,10 @@ server's own lines have, and a forged one lacks. A line that fails is rejected a
     have are `out_of_range`, see `exporter.bounds`.)
 
 What this cannot catch: a forged line that copies its run's prefix (a time stamp in the right shape,
-a level letter) and names a real slot and task; and any forged line in a log without prefix, where
-only the second set of rules holds. The prefix is on by default from b9151; on older builds, run
-llama-server with `--log-prefix --log-timestamps` (or `--log-jsonl`), and set `--log-verbosity` no
-higher than the lines you need: at `-lv 4` and above, prompts are written into the log.
+a level letter) and fits the run (names a slot's real task, or a retry while requests run); a forged
+start banner in the run's format (it starts a new run); and, in a log without prefix, any forged line
+that fits the run. The prefix is on by default from b9151; on older builds, run llama-server with
+`--log-prefix --log-timestamps` (or `--log-jsonl`, where a newline never starts a line).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Provenance:
     run_format: int | None  # LineFormat code of the run; None until its first line
     line_format: int  # LineFormat code of the line being applied
     new_file: bool  # the lines that follow begin a new file: a start banner there is a new run, maybe in a new format
-    banners_reformat: bool  # every start banner may (sources without files)
+    banners_reformat: bool  # any start banner may set a new format (sources without files)
     from_start: bool  # the run was followed from its start banner
     tasks: dict[int, None]  # tasks started in this run (the latest RECENT_TASKS), in order
     timings: int  # timings continuation lines still believed after a `TimingsHead` (its next two lines)

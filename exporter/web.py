@@ -1,28 +1,59 @@
-"""aiohttp server: `/metrics`, a landing page at `/`, and `/healthz` for the sidecar's own probes."""
+"""aiohttp server: `/metrics`, a landing page at `/`, and `/healthz` for the sidecar's own probes.
+
+With `--web.config.file` (see `exporter.webconfig`) it speaks TLS, asks for basic auth on every page
+but `/healthz` (which then says only up or down, and why in words, to a caller without credentials),
+and adds the configured headers. Connections are held to limits that aiohttp lacks: a request head
+must arrive within `head_timeout` of the connection or of its first byte, an idle keep-alive
+connection is closed after `keepalive_timeout`, and at most `max_connections` are open (the oldest
+one still waiting for its request head makes room for a new one). A malformed request gets its 400
+and one log line at most every minute for all of them, not a traceback each.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 import html
 import json
+import logging
+import math
+import resource
+import socket
+import ssl
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
+from exporter.webconfig import WebConfigWatcher
 
 BeforeScrape = Callable[[], Awaitable[None]]
+log = logging.getLogger(__name__)
 
 _LANDING = """<!doctype html>
 <html><head><meta charset="utf-8"><title>llamacpp-exporter</title></head>
 <body>
 <h1>llamacpp-exporter {version}</h1>
 <p>Prometheus exporter for llama.cpp's llama-server: slots, shared KV pool, retry cascades.</p>
-<p>Log: <code>{log}</code></p>
-<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li></ul>
+{mode}<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li></ul>
 </body></html>
 """
+_AUTHORIZED = "llamacpp_exporter.authorized"  # request key: did the request carry valid credentials
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Connection limits (seconds, count)."""
+
+    head_timeout: float = 10.0
+    keepalive_timeout: float = 75.0
+    max_connections: int = 256
 
 
 def make_app(
@@ -31,8 +62,14 @@ def make_app(
     log_description: str,
     health: Callable[[], dict[str, object]],
     before_scrape: BeforeScrape | None = None,
+    security: WebConfigWatcher | None = None,
+    demo: bool = False,
 ) -> web.Application:
-    """Build the application. `before_scrape` runs live reads (HTTP, NVML) before the registry is rendered."""
+    """Build the application. `before_scrape` runs live reads (HTTP, NVML) before the registry is rendered.
+
+    `health()` gives {"status": "ok"|…, "summary": words without paths or secrets, …details}; a caller
+    without credentials (where basic auth is configured) gets status and summary only.
+    """
 
     async def metrics(request: web.Request) -> web.Response:
         if before_scrape is not None:
@@ -44,25 +81,346 @@ def make_app(
         return resp
 
     async def landing(request: web.Request) -> web.Response:
-        page = _LANDING.format(version=html.escape(__version__), log=html.escape(log_description))
+        mode = "<p><strong>Demo mode</strong>: replaying a recorded llama-server log.</p>\n" if demo else ""
+        if request.get(_AUTHORIZED, True) and not demo:
+            mode = f"<p>Log: <code>{html.escape(log_description)}</code></p>\n"
+        page = _LANDING.format(version=html.escape(__version__), mode=mode)
         return web.Response(text=page, content_type="text/html")
 
     async def healthz(request: web.Request) -> web.Response:
         body = health()
         status = 200 if body.get("status") == "ok" else 503
+        if not request.get(_AUTHORIZED, True):
+            body = {"status": body.get("status"), "summary": body.get("summary")}
         return web.Response(text=json.dumps(body), content_type="application/json", status=status)
 
-    app = web.Application()
+    app = web.Application(middlewares=[_security_middleware(security)] if security is not None else [])
     app.router.add_get("/", landing)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     return app
 
 
-async def start_server(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Start serving `app`; the caller cleans up the returned runner."""
-    runner = web.AppRunner(app, access_log=None)
+def _security_middleware(security: WebConfigWatcher) -> Any:
+    """Basic auth (all but `/healthz`, which answers in short without it) and the configured headers."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+        config = security.config
+        authorized = True
+        if config.users:
+            authorized = await security.check_basic_auth(request.headers.get("Authorization", ""))
+            if not authorized and request.path != "/healthz":
+                resp: web.StreamResponse = web.Response(
+                    status=401, text="Unauthorized\n", headers={"WWW-Authenticate": 'Basic realm="llamacpp-exporter"'}
+                )
+                resp.headers.update(config.headers)
+                return resp
+        request[_AUTHORIZED] = authorized
+        resp = await handler(request)
+        resp.headers.update(config.headers)
+        return resp
+
+    return middleware
+
+
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an `Authorization: Basic …` header, or None."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
+class _Connections:
+    """The open connections (and the accepted ones still in their TLS handshake), for `Limits`."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.open: dict[_GuardedProtocol, None] = {}  # in order of opening
+        self.pending = 0  # accepted, not yet handed to a protocol
+        self.on_close: Callable[[], None] = lambda: None
+
+    def room(self) -> bool:
+        """Whether one more connection may be accepted; makes room by closing the oldest one still
+        waiting for its request head if there is none."""
+        if len(self.open) + self.pending < self.limits.max_connections:
+            return True
+        waiting = next((c for c in self.open if c.waiting_for_head and not c.closing), None)
+        if waiting is None:
+            return False
+        waiting.close("too many connections: the oldest one without a request makes room")
+        return True
+
+    def admit(self, conn: _GuardedProtocol) -> bool:
+        self.open[conn] = None
+        return True
+
+    def closed(self, conn: _GuardedProtocol) -> None:
+        self.open.pop(conn, None)
+        self.on_close()
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with a deadline for each request head."""
+
+    def __init__(self, inner: asyncio.Protocol, connections: _Connections) -> None:
+        self.inner, self.connections = inner, connections
+        self.transport: asyncio.Transport | None = None
+        self.admitted = False
+        self.closing = False
+        self.waiting_for_head = True
+        self._deadline: asyncio.TimerHandle | None = None
+        self._tail = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self.connections.admit(self):
+            transport.abort()
+            return
+        self.admitted = True
+        self._arm()
+        self.inner.connection_made(transport)
+
+    def _arm(self) -> None:
+        self.waiting_for_head = True
+        if self._deadline is None:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(self.connections.limits.head_timeout, self.close, "request head too slow")
+
+    def data_received(self, data: bytes) -> None:
+        seen = self._tail + data
+        end = seen.rfind(b"\r\n\r\n")
+        if end >= 0:  # a request head is complete; bytes after it start the next one
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            self.waiting_for_head = False
+            rest = seen[end + 4 :]
+            if rest:
+                self._arm()
+            self._tail = rest[-3:]
+        else:
+            if not self.waiting_for_head:
+                self._arm()  # the first bytes of the next request head (or a body we never read)
+            self._tail = seen[-3:]
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        self.connections.closed(self)
+        if self.admitted:
+            self.inner.connection_lost(exc)
+
+    def close(self, why: str) -> None:
+        log.debug("closing a connection: %s", why)
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _QuietServerLog(logging.Filter):
+    """aiohttp logs each malformed request with a traceback: one line a minute for all of them instead."""
+
+    def __init__(self, interval: float = 60.0) -> None:
+        super().__init__()
+        self.interval, self.count, self.last = interval, 0, -interval
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg = "%d bad or failed HTTP request(s) in the last %.0f s (the latest: %s); next report in %.0f s"
+        record.args = (self.count, min(now - self.last, 1e9), _short(exc) or record.getMessage(), self.interval)
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self.count, self.last = 0, now
+        return True
+
+
+def _short(exc: BaseException | None) -> str:
+    if exc is None:
+        return ""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+
+
+class _Acceptor:
+    """Accepts connections on one listening socket, only while there is room for them.
+
+    asyncio's own accept loop takes every pending connection at once, before any protocol could
+    refuse one: a burst of sockets reaches the descriptor limit, and then each failed accept() is an
+    error with a traceback in the log. Here a connection is accepted only when `_Connections` has room
+    (or made some); otherwise the socket is not read until a connection closes, and the kernel's
+    backlog holds the rest.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.Protocol],
+        ssl_context: ssl.SSLContext | None,
+        connections: _Connections,
+    ) -> None:
+        self.sock, self.factory, self.ssl_context, self.connections = sock, factory, ssl_context, connections
+        self.loop = asyncio.get_running_loop()
+        self.reading = False
+        self._reported = -math.inf
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def resume(self) -> None:
+        if not self.reading and self.sock.fileno() >= 0:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+            self.reading = True
+
+    def pause(self) -> None:
+        if self.reading:
+            self.loop.remove_reader(self.sock.fileno())
+            self.reading = False
+
+    def _accept(self) -> None:
+        for _ in range(16):
+            if not self.connections.room():
+                self.pause()  # until a connection closes
+                return
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: try again in a second, say so once a minute
+                now = time.monotonic()
+                if now - self._reported >= 60:
+                    log.warning("cannot accept connections: %s; retrying every second", exc.strerror or exc)
+                    self._reported = now
+                self.pause()
+                self.loop.call_later(1.0, self.resume)
+                return
+            conn.setblocking(False)
+            self.connections.pending += 1
+            task = self.loop.create_task(self._serve(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(
+                self.factory,
+                conn,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=self.connections.limits.head_timeout if self.ssl_context else None,
+            )
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError):
+            conn.close()  # a failed TLS handshake (no client certificate, plain HTTP on the TLS port, too slow)
+        finally:
+            self.connections.pending -= 1
+            self.connections.on_close()
+
+    def close(self) -> None:
+        self.pause()
+        self.sock.close()
+        for task in self._tasks:
+            task.cancel()
+
+
+def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for `host` ("" = every interface, IPv4 and IPv6)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, type_, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, type_, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # one port for all families
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            try:
+                sock.bind(address)
+            except OSError:
+                if family == socket.AF_INET6 and len(infos) > 1:  # no IPv6 on this host: IPv4 will do
+                    sockets.pop().close()
+                    continue
+                raise
+            sock.listen(128)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+@dataclass
+class Serving:
+    """A running server: aiohttp's runner and the sockets that accept for it."""
+
+    runner: web.AppRunner
+    acceptors: list[_Acceptor]
+
+    @property
+    def port(self) -> int:
+        """The port listened on (differs from the flag's for port 0)."""
+        return int(self.acceptors[0].sock.getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop accepting, then let aiohttp finish and close its connections."""
+        for acceptor in self.acceptors:
+            acceptor.close()
+        await self.runner.cleanup()
+
+
+async def start_server(
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    security: WebConfigWatcher | None = None,
+    limits: Limits | None = None,
+) -> Serving:
+    """Start serving `app` (with TLS where the web config says so); the caller closes what it returns."""
+    limits = limits or Limits()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Below the descriptor limit: log files, inotify, the HTTP client and NVML need some too.
+    max_connections = max(8, min(limits.max_connections, soft - 64)) if soft > 0 else limits.max_connections
+    limits = Limits(limits.head_timeout, limits.keepalive_timeout, max_connections)
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _QuietServerLog) for f in server_log.filters):
+        server_log.addFilter(_QuietServerLog())
+    sockets = _listening_sockets(host, port)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host or None, port)
-    await site.start()
-    return runner
+    connections = _Connections(limits)
+    server = runner.server
+    assert server is not None
+
+    def factory() -> asyncio.Protocol:
+        return _GuardedProtocol(server(), connections)
+
+    ssl_context = security.ssl_context if security is not None else None
+    acceptors = [_Acceptor(sock, factory, ssl_context, connections) for sock in sockets]
+
+    def resume_all() -> None:
+        for acceptor in acceptors:
+            acceptor.resume()
+
+    connections.on_close = resume_all
+    resume_all()
+    return Serving(runner, acceptors)

@@ -64,6 +64,14 @@ def find_binary(names: Sequence[str], env: str) -> Path | None:
     return None
 
 
+def find_node_exporter() -> Path | None:
+    """node_exporter: ``$NODE_EXPORTER_BIN``, ``$PATH``, else where scripts/install-prometheus-tools.sh unpacks it."""
+    found = find_binary(["prometheus-node-exporter", "node_exporter"], "NODE_EXPORTER_BIN")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "node-exporter"
+    unpacked = cache / "usr" / "bin" / "prometheus-node-exporter"
+    return found or (unpacked if os.access(unpacked, os.X_OK) else None)
+
+
 def find_prometheus() -> Path | None:
     return find_binary(PROMETHEUS_BINARIES, "PROMETHEUS_BIN")
 

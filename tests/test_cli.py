@@ -198,3 +198,15 @@ async def test_a_background_task_that_dies_says_so_in_one_line(caplog: pytest.Lo
     assert [r.getMessage() for r in caplog.records] == [
         "log pipeline stopped: RuntimeError: boom; the exporter keeps serving"
     ]
+
+
+def test_credentials_in_the_server_url_are_redacted() -> None:
+    from exporter.config import redact, redact_url
+
+    url = "http://admin:pa55@host:8080/x"
+    assert redact_url(url) == "http://admin:***@host:8080/x"
+    assert redact_url("http://host:8080") == "http://host:8080"
+    assert (
+        redact(f"Cannot connect to {url}: pa55 refused", url)
+        == "Cannot connect to http://admin:***@host:8080/x: *** refused"
+    )

@@ -25,6 +25,8 @@ import aiohttp
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from exporter.config import redact, redact_url
+
 ENDPOINTS = ("/health", "/slots", "/props")
 _BUILD = re.compile(r"^b?(\d+)")
 #: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
@@ -237,7 +239,9 @@ class ServerHttpReader:
             else:
                 errors[ep] = f"HTTP {code} {_message(bodies[ep])}".strip()
         if health == 0 and "/health" in errors:
-            errors["/health"] = f"llama-server not answering at {self.base_url}: {errors['/health']}"
+            errors["/health"] = f"llama-server not answering at {redact_url(self.base_url)}: {errors['/health']}"
+        for ep, error in errors.items():  # a client error may quote the URL, credentials and all
+            errors[ep] = redact(error, self.base_url)
         return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model)
 
 

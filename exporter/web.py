@@ -248,8 +248,8 @@ class _QuietServerLog(logging.Filter):
         if now - self.last < self.interval:
             return False
         exc = record.exc_info[1] if record.exc_info else None
-        record.msg = "%d bad or failed HTTP request(s) in the last %.0f s (the latest: %s); next report in %.0f s"
-        record.args = (self.count, min(now - self.last, 1e9), _short(exc) or record.getMessage(), self.interval)
+        record.msg = "%d bad or failed HTTP request(s) since the last report (the latest: %s); next report in %.0f s"
+        record.args = (self.count, _short(exc) or record.getMessage(), self.interval)
         record.exc_info = record.exc_text = None
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         self.count, self.last = 0, now

@@ -152,13 +152,18 @@ class Provenance:
 
     def admit(self, st: ServerState, kind: type[Any], e: Any) -> str | None:
         """`check`, and take note of what an admitted line tells about the lines after it."""
-        if self.line_format == self.run_format:
+        if self.line_format == self.run_format:  # the common case, in one call
             fits = _FITS.get(kind)
-            if fits is not None:  # the bulk of a cascade: its retries, in one call
+            if fits is not None:  # the bulk of a cascade: its retries
                 if self.from_start and not fits(st, e):
                     return "inconsistent"
                 if kind is ev.DecodeFatal:
                     self.failing = True
+                return None
+            if kind is ev.TaskStarted or kind is ev.NewPrompt:
+                self._started(e.task)
+                return None
+            if kind in _TIMINGS and not e.continuation:
                 return None
         reason = self.check(st, kind, e)
         if reason is not None or kind in _PROGRESS:

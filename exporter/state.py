@@ -275,12 +275,12 @@ class ServerState:
                 self._reject(e.reason)
                 return False
             return True
-        handler, check = entry
+        handler, check, checked = entry
         if check is not None and not check(self, e):
             self._reject("out_of_range")
             return False
         provenance = self.provenance
-        if kind in CHECKED or provenance.line_format != provenance.run_format:
+        if checked or provenance.line_format != provenance.run_format:
             reason = provenance.admit(self, kind, e)
             if reason is not None:
                 self._reject(reason)
@@ -718,10 +718,10 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
 }
 
 
-# One lookup per event on the hot path: its handler and its check.
-_DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerState, Any], bool] | None]] = {
-    kind: (handler, CHECKS.get(kind)) for kind, handler in _HANDLERS.items()
-}
+# One lookup per event on the hot path: its handler, its bounds check, and whether provenance looks at it.
+_DISPATCH: dict[
+    type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerState, Any], bool] | None, bool]
+] = {kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in _HANDLERS.items()}
 
 
 def _remove_checkpoint(

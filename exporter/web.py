@@ -24,14 +24,16 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
-from exporter.webconfig import WebConfigWatcher
+
+if TYPE_CHECKING:
+    from exporter.webconfig import WebConfigWatcher
 
 BeforeScrape = Callable[[], Awaitable[None]]
 log = logging.getLogger(__name__)

@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 __all__ = [
     "BasicAuth",
     "TLSConfig",
@@ -142,6 +140,8 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 
 def parse_web_config(text: str, directory: Path) -> WebConfig:
     """A web config from its YAML text; relative file names are taken relative to `directory`. Pure."""
+    import yaml  # only where a web config is used: it costs the exporter ~1.5 MiB of memory
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

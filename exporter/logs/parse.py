@@ -511,10 +511,10 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
         if formats:
             # A lead of the same length and first character as the last one is written the same way
             # (its time stamp differs): the format is worked out only when that changes.
-            lead = m["lead"]
-            if len(lead) != lead_len or lead[:1] != lead_first:
-                lead_len, lead_first = len(lead), lead[:1]
-                code = _line_format(lead)
+            start, end = m.span(1)  # the lead
+            if end - start != lead_len or text[start] != lead_first:
+                lead_len, lead_first = end - start, text[start]
+                code = _line_format(text[start:end])
                 if code != last:
                     events.append(ev.LineFormat(code))
                     last = code

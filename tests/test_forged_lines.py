@@ -228,3 +228,13 @@ def test_line_format_events_name_the_format() -> None:
         ev.AllSlotsIdle(),
     ]
     assert isinstance(parse_lines(["srv  update_slots: all slots are idle"])[0], ev.LineFormat)
+
+
+def test_a_batch_of_prefixed_lines_has_one_format() -> None:
+    """The fast path: every line prefixed (tab-indented continuation lines cannot carry an event)."""
+    batch = _captured("exhaust-lv4")[170:260]
+    assert any(line.startswith("\t") for line in batch)
+    events = parse_lines(batch)
+    assert [e for e in events if isinstance(e, ev.LineFormat)] == [ev.LineFormat(3)]
+    forged = parse_lines([*batch, FORGED[0]])  # one line without the prefix: each line's format again
+    assert [e.code for e in forged if isinstance(e, ev.LineFormat)] == [3, 0]

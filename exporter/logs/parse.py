@@ -498,9 +498,10 @@ def _event(m: re.Match[str]) -> ev.Event:
         return ev.Rejected("malformed")
 
 
-# A line without the full prefix (router tag, time stamp, level letter): where there is none in a batch,
-# every event's line is written the same way, and the scan need not work out each line's format.
-_LINE_WITHOUT_PREFIX = re.compile(r"\n(?!(?:\[[^\S\n]*\d+\] |)\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] )", re.ASCII)
+# A line without the full prefix (router tag, time stamp, level letter) that could carry an event (one that
+# starts with a tab cannot: `sampler params` continuation lines): where there is none in a batch, every
+# event's line is written the same way, and the scan need not work out each line's format.
+_LINE_WITHOUT_PREFIX = re.compile(r"\n(?!\t|(?:\[[^\S\n]*\d+\] |)\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] )", re.ASCII)
 _PREFIXED = ev.LineFormat.TIMESTAMP | ev.LineFormat.LEVEL
 
 

@@ -57,9 +57,10 @@ def build_live_sources(config: Config, state: ServerState, log_file: str | None)
     # The demo replays a recorded log: no real llama-server process or endpoint belongs to it.
     proc = config.proc and not config.demo
     http = config.http and not config.demo
+    nvml = config.nvml and not config.demo  # nor does this host's GPU
     return LiveSources(
         state,
-        nvml=NvmlReader() if config.nvml else None,
+        nvml=NvmlReader() if nvml else None,
         proc=ProcReader(
             config.proc_root,
             pid=config.pid,
@@ -109,6 +110,7 @@ async def serve(config: Config) -> int:
     if config.demo:
         demo_dir = tempfile.TemporaryDirectory(prefix="llamacpp-exporter-demo-")
         demo_path = Path(demo_dir.name) / "llama-server.log"
+        demo_path.touch()  # the replay writes into it; it exists from the start, like a running server's log
         log_file = str(demo_path)
         background.append(
             asyncio.create_task(replay_forever(demo_path, speed=config.demo_speed, stop=stop), name="demo replay")
@@ -173,7 +175,8 @@ async def serve(config: Config) -> int:
     scheme = "https" if security is not None and security.ssl_context is not None else "http"
     auth = " with basic auth" if security is not None and security.config.users else ""
     host = config.listen_host or "0.0.0.0"
-    log.info("llamacpp-exporter %s serving on %s://%s:%d/metrics%s", __version__, scheme, host, port, auth)
+    demo = " (demo: replaying a recorded llama-server log)" if config.demo else ""
+    log.info("llamacpp-exporter %s serving on %s://%s:%d/metrics%s%s", __version__, scheme, host, port, auth, demo)
     if security is not None:
         background.append(asyncio.create_task(security.watch(stop), name="web config watch"))
 

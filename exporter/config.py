@@ -62,8 +62,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _listen_address(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT}), got {value!r}")
+    if not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {int(port)} is out of range (0 to 65535) in {value!r}")
     return host.strip("[]"), int(port)
 
 
@@ -183,7 +185,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         prog="llamacpp-exporter",
         description="Prometheus exporter and alerting sidecar for llama.cpp's llama-server: per-slot tokens, "
         "shared KV pool fill and overcommit, retry cascades and aborted requests, from the server's log.",
-        epilog="Every flag can also be set through the environment variable shown in brackets. "
+        epilog="Post-mortem of a log (what failed, when, and what to change): llamacpp-exporter diagnose LOG "
+        "(see llamacpp-exporter diagnose --help). "
+        "Every flag can also be set through the environment variable shown in brackets. "
         "Run llama-server with --log-file PATH and -lv 4 for the full picture (at the default -lv 3 the "
         "KV pool size and per-request prompt lines are hidden and estimated).",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from llama_harness import ExporterProcess, free_port, wait_for
+from llama_harness import ExporterProcess, free_port, http_request, wait_for
 
 from exporter.cli import _report_crash
 from exporter.config import DEFAULT_PORT, parse_config
+from exporter.logs.tail import LogTailer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,7 +104,7 @@ def test_missing_log_is_waited_for_while_metrics_serve(tmp_path: Path) -> None:
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
         assert exporter.sample("llamacpp_server_starts_total") == 1
     output = exporter.output_file.read_text()
-    assert output.count("does not exist yet") == 1, output  # said once, not once per poll
+    assert output.count("its directory") == 1, output  # said once, not once per poll
 
 
 def test_a_log_problem_that_starts_while_running_is_said_once(tmp_path: Path) -> None:
@@ -162,11 +164,12 @@ def test_sigterm_stops_promptly(tmp_path: Path) -> None:
 def test_demo_runs_and_moves_metrics(tmp_path: Path) -> None:
     """`--demo` (the README's first command) exports a replayed real log with no llama-server around."""
     port = free_port()
+    output = tmp_path / "demo.out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "--demo", "--demo-speed", "20", "--listen-address", f"127.0.0.1:{port}"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=output.open("wb"),
         stdin=subprocess.DEVNULL,
     )
     try:
@@ -181,9 +184,39 @@ def test_demo_runs_and_moves_metrics(tmp_path: Path) -> None:
         wait_for(lambda: retries() > 0, timeout=60, what="demo cascade")
         assert scraper.sample("llamacpp_kv_pool_capacity_tokens") in (32768, 1024)
         assert (scraper.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) or 0) >= 4
+        status, page = http_request(scraper.url + "/")
+        assert status == 200 and b"Demo mode" in page and b"/tmp/" not in page
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+    # The demo says what it is and does not warn about itself (its temporary log, the absence of a GPU).
+    text = output.read_text()
+    assert "demo" in text and not [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+
+
+def test_help_names_diagnose_and_errors_are_exact(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "exporter", "--help"], cwd=REPO, capture_output=True, text=True)
+    assert "llamacpp-exporter diagnose LOG" in re.sub(r"-\s+", "-", " ".join(out.stdout.split()))
+    bad = subprocess.run(
+        [sys.executable, "-m", "exporter", "--log-file", "x", "--listen-address", ":99999"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        "llamacpp-exporter: error: argument --listen-address: port 99999 is out of range (0 to 65535) in "
+        "':99999' (see --help)"
+    )
+    tailer = LogTailer(tmp_path / "no-such-dir" / "llama-server.log")
+    assert tailer.poll() == []
+    assert tailer.last_error == (
+        f"log file {tmp_path}/no-such-dir/llama-server.log: its directory {tmp_path}/no-such-dir does not exist "
+        "(yet); waiting for both"
+    )
+    (tmp_path / "no-such-dir").mkdir()
+    tailer.poll()
+    assert tailer.last_error == f"log file {tmp_path}/no-such-dir/llama-server.log does not exist yet"
 
 
 async def test_a_background_task_that_dies_says_so_in_one_line(caplog: pytest.LogCaptureFixture) -> None:

@@ -303,7 +303,11 @@ class LogTailer:
                     return True
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
-            self._error = f"log file {path} does not exist yet"
+            parent = path.absolute().parent
+            if not parent.is_dir():
+                self._error = f"log file {path}: its directory {parent} does not exist (yet); waiting for both"
+            else:
+                self._error = f"log file {path} does not exist yet"
             return False
         except PermissionError:
             self._error = f"permission denied opening log file {path}"

@@ -725,6 +725,20 @@ def _advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | No
         ),
     )
     over = n.requests_over_equal_share
+    failed = n.aborted_requests or n.aborts or n.retries or n.memory_slot_failures or n.cascades_failed
+    if not failed:
+        # Nothing failed: a change is worth its cost only if this log's own requests could not run together.
+        if not largest or largest * n_slots <= pool:
+            return [], None, []
+        cheaper_first = [private, per_slot]
+        (private if largest <= share else per_slot).supported_by_log = True
+        verdict = (
+            f"No request failed in this log, but the pool is a risk: requests here held up to {largest:,} tokens, "
+            f"and {n_slots} of them at once need {largest * n_slots:,} cells of the {pool:,} the slots share; "
+            "then llama-server aborts every request in flight. Each fix has a cost: the first shrinks the "
+            "windows, the second takes more KV memory."
+        )
+        return cheaper_first, verdict, [*_UNKNOWNS] if c.kv_bytes_per_cell is not None else [_HIDDEN_SIZE, *_UNKNOWNS]
     if not largest:
         verdict = (
             "No request finished in this log, so it cannot tell which windows the clients need: "
@@ -744,16 +758,18 @@ def _advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | No
             f"The log supports --kv-unified-per-slot {window}: requests here held up to {largest:,} tokens, and "
             f"{over_text} held more than the {share:,} tokens a private slot would get without -kvu."
         )
-    unknowns = [
-        "free GPU and host memory: the log does not show whether the larger KV cache fits "
-        "(check llamacpp_gpu_memory_free_bytes or nvidia-smi before restarting)",
-        "compute buffers and other per-context memory also grow with the pool; the figures above are the KV "
-        "cache alone (from the size line), so measure after the change",
-        "future requests: the windows above are sized from this log's requests",
-    ]
-    if c.kv_bytes_per_cell is None:
-        unknowns.insert(0, "KV memory: the `llama_kv_cache: size` line is hidden at this verbosity (run with -lv 4)")
+    unknowns = [*_UNKNOWNS] if c.kv_bytes_per_cell is not None else [_HIDDEN_SIZE, *_UNKNOWNS]
     return [per_slot, private], verdict, unknowns
+
+
+_UNKNOWNS = [
+    "free GPU and host memory: the log does not show whether the larger KV cache fits "
+    "(check llamacpp_gpu_memory_free_bytes or nvidia-smi before restarting)",
+    "compute buffers and other per-context memory also grow with the pool; the figures above are the KV "
+    "cache alone (from the size line), so measure after the change",
+    "future requests: the windows above are sized from this log's requests",
+]
+_HIDDEN_SIZE = "KV memory: the `llama_kv_cache: size` line is hidden at this verbosity (run with -lv 4)"
 
 
 class Diagnoser:

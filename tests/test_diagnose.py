@@ -901,3 +901,24 @@ def test_batched_diagnose_equals_line_by_line(tmp_path: Path, mix: str) -> None:
     batched, reference = diagnose_file(str(path)), _line_by_line(path)
     assert batched.runs_total > 50 and batched.failures_total > 10
     assert to_json(batched) == to_json(reference)
+
+
+def test_advice_is_proportionate_to_what_the_log_shows() -> None:
+    """No failure and requests that fit together: no change recommended. No failure yet, but this log's own
+    requests could not run together: a risk, the fix that costs no memory first, each with its cost."""
+    healthy = analyze(_lines(FIXTURES / "checkpoints-swa-lv4" / "llama-server.log"))
+    (run,) = healthy.runs
+    assert run.configuration.overcommit == 2.0 and healthy.failures_total == 0
+    assert run.recommendations == [] and run.verdict is None
+
+    # Four 9,000-token prompts on a 32,768-cell pool, cut before llama-server failed them.
+    lines = _lines(FIXTURES / "prompt-overflow-lv4" / "llama-server.log")
+    before_failure = lines[
+        : next(i for i, line in enumerate(lines) if "failed to find" in line or "send_error" in line)
+    ]
+    risky = analyze(before_failure)
+    (run,) = risky.runs
+    assert risky.failures_total == 0
+    assert [r.kind for r in run.recommendations] == ["no_kv_unified", "kv_unified_per_slot"]
+    assert run.verdict is not None and run.verdict.startswith("No request failed in this log, but the pool is a risk")
+    assert "shrinks the windows" in run.verdict and "more KV memory" in run.verdict

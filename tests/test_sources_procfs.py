@@ -8,6 +8,7 @@ Scenarios: `single` (llama-server names its log relative to its cwd; the exporte
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
@@ -312,3 +313,59 @@ def test_a_server_that_dies_while_it_starts_counts_each_start() -> None:
     st.provenance.new_file = True
     st.apply(ServerStarting())  # and one whose predecessor printed only a build line
     assert st.server_starts == 5
+
+
+def test_an_exporter_started_before_its_server_never_adopts_a_foreign_one(tmp_path: Path) -> None:
+    """A foreign llama-server (its own log) runs; the exporter starts before its server writes its log:
+    the foreign one is never taken, and ours is, as soon as it starts."""
+    from llama_harness import ExporterProcess
+
+    ours, theirs = tmp_path / "ours" / "llama-server.log", tmp_path / "foreign.log"
+    theirs.write_text("")  # llama-server creates its log as it starts
+    sleeper = "import time; time.sleep(120)"
+    foreign = _spawn("llama-server", sleeper, ["--log-file", str(theirs), "-c", "32768"])
+    server = None
+    try:
+        _wait_exec(foreign, "llama-server")
+        assert ProcReader(log_file=str(ours)).read().process is None
+        exp = ExporterProcess(ours, ["--http", "off", "--nvml", "off"], output_file=tmp_path / "exporter.out")
+        with exp:
+            assert exp.sample("llamacpp_exporter_source_up", {"source": "proc"}) == 0
+            assert exp.sample("llamacpp_process_resident_memory_bytes") is None
+            assert exp.sample("llamacpp_kv_pool_capacity_tokens") is None  # not the foreign server's 32,768
+            ours.parent.mkdir()
+            ours.write_text("")
+            server = _spawn("llama-server", sleeper, ["--log-file", str(ours), "-c", "4096"])
+            _wait_exec(server, "llama-server")
+            wait_for(
+                lambda: exp.sample("llamacpp_process_found_by", {"how": "log_file"}) == 1,
+                timeout=15,
+                what="our server adopted",
+            )
+            start = exp.sample("llamacpp_process_start_time_seconds")
+            assert start is not None and abs(start - Path(f"/proc/{server.pid}").stat().st_mtime) < 5
+            assert exp.sample("llamacpp_kv_pool_capacity_tokens") == 4096  # from our server's command line
+        assert "by its name only" not in exp.output_file.read_text()
+    finally:
+        for p in (foreign, server):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lone llama-server whose log cannot be told (it names none): taken as a guess, said once, labelled."""
+    lone = _spawn("llama-server", "import time; time.sleep(60)", [])
+    try:
+        _wait_exec(lone, "llama-server")
+        reader = ProcReader(log_file=str(tmp_path / "missing.log"))
+        with caplog.at_level(logging.WARNING, logger="exporter.sources.procfs"):
+            snaps = [reader.read() for _ in range(3)]
+        if any(s.process is not None and s.process.pid != lone.pid for s in snaps):
+            pytest.skip("another llama-server runs on this host: the name fallback is not unique here")
+        assert all(s.process is not None and (s.process.pid, s.process.found_by) == (lone.pid, "name") for s in snaps)
+        assert [r.getMessage() for r in caplog.records if "by its name only" in r.getMessage()] != []
+        assert len([r for r in caplog.records if "by its name only" in r.getMessage()]) == 1
+    finally:
+        lone.kill()
+        lone.wait()

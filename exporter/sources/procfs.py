@@ -12,7 +12,9 @@ Finding the pid, in this order:
    by device and inode); then any process writing the log file (a renamed binary). With standard
    input (`llama-server … | llamacpp-exporter --log-file -`) the `llama-server` writing into that
    pipe. Last, by name: the only `llama-server` whose relation to the log cannot be told (its
-   descriptors are unreadable to a non-root exporter); one known to write another log is never taken.
+   descriptors are unreadable to a non-root exporter); one known to write another log is never taken,
+   and while our log does not exist yet, a server whose own log exists is known to write another one.
+   A process taken by name is a guess: said once in the log, and `found_by` says "name".
 
 The exporter itself, which has the log open for reading and `--log-file` on its own command line,
 never matches. The found pid is kept while it lives with the same start time; only then is /proc
@@ -21,6 +23,7 @@ scanned again.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -31,6 +34,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.sources.server_cmdline import ServerCommandLine, parse_command_line
+
+logger = logging.getLogger(__name__)
 
 SERVER_NAME = "llama-server"
 _O_ACCMODE = 0o3
@@ -117,6 +122,7 @@ class ProcReader:
         self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
         self.clock_ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
         self._cached: tuple[int, int, str] | None = None  # (pid, start ticks, found_by) of the last auto match
+        self._guessed: int | None = None  # the last pid taken by name only (said once in the log)
 
     # ------------------------------------------------------------------ reading
 
@@ -253,6 +259,18 @@ class ProcReader:
         # By name only when nothing better is possible: a server known to write another log is not ours.
         if len(unknown) == 1:
             self._cached = (unknown[0].pid, unknown[0].start_ticks, "name")
+            if self._guessed != unknown[0].pid:
+                self._guessed = unknown[0].pid
+                logger.warning(
+                    "taking %s pid %d by its name only: whether it writes %s cannot be told (%s); if it is not "
+                    'this exporter\'s server, set --pid or --pid-file (llamacpp_process_found_by{how="name"})',
+                    SERVER_NAME,
+                    unknown[0].pid,
+                    self.log_file or "the log",
+                    "its descriptors are not readable without root"
+                    if log_stat is not None
+                    else "the log is not there yet",
+                )
             return unknown[0].pid, "name", None
         what = self.log_file or ("standard input" if self.stdin_fd is not None else "the log")
         if unknown:
@@ -312,9 +330,11 @@ class ProcReader:
                 return None  # another user's process, and the exporter is not root
         if os.path.normpath(path) == log_real:
             return True
-        if log_stat is None:
-            return None
         theirs = self._stat(self.root / str(pid) / "root" / path.lstrip("/"))
+        if log_stat is None:
+            # Our log does not exist yet: a server whose own log exists writes another file. (Whether one
+            # whose log cannot be seen is ours cannot be told.)
+            return False if theirs is not None else None
         if theirs is not None:
             return theirs == log_stat
         return True if self._stat(path) == log_stat else None
@@ -368,6 +388,14 @@ class ProcCollector(Collector):
             return
         p = snap.process
         if p is not None:
+            found = GaugeMetricFamily(
+                "llamacpp_process_found_by",
+                "1 for how the llama-server process was found: pid, pid_file, log_file (it names or writes the "
+                "log), or name (a guess: the only llama-server whose log cannot be told).",
+                labels=["how"],
+            )
+            found.add_metric([p.found_by], 1)
+            yield found
             yield GaugeMetricFamily(
                 "llamacpp_process_resident_memory_bytes",
                 "Resident memory (RSS) of the llama-server process.",

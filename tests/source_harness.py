@@ -230,6 +230,22 @@ class PrivateJournald:
         """Log the lines of ``data_file`` as one process of ``unit`` (like a service that printed them)."""
         subprocess.run(self.stream_command(unit, ["cat", str(data_file)]), check=True, timeout=60)
 
+    def why_a_writer_died(self, unit: str, name: str, rc: int | None, stderr_file: Path | None = None) -> str:
+        """Which component died and why, for a process writing into this journal that exited: itself (its
+        stderr before it reached the journal, and its unit's last journal lines) or journald under it."""
+        parts = [f"{name} (writing into the private journal as {unit}) exited rc={rc}"]
+        if stderr_file is not None and stderr_file.exists() and stderr_file.stat().st_size:
+            parts.append(f"its stderr before the journal took over:\n{tail_text(stderr_file)}")
+        if self._proc is not None and self._proc.poll() is not None:
+            parts.append(
+                f"systemd-journald {self.namespace} had died (rc={self._proc.returncode}): that is the cause;"
+                f" its output:\n{tail_text(self.output_file)}"
+            )
+        else:
+            parts.append(f"systemd-journald {self.namespace} is running; {unit}'s last journal lines:")
+            parts.append("\n".join(self.journalctl("-u", unit, "-o", "cat").splitlines()[-30:]) or "(none)")
+        return "\n".join(parts)
+
     def journalctl(self, *args: str) -> str:
         """Run journalctl on this namespace (for checks and failure messages)."""
         result = subprocess.run(

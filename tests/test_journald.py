@@ -301,20 +301,23 @@ def test_real_llama_server_in_the_journal(
     procs: list[subprocess.Popen[bytes]] = []
 
     def start_server() -> None:
-        procs.append(
-            subprocess.Popen(
-                journald.stream_command(unit, server.command),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=server.env,
+        stderr_file = tmp_path / f"stream-{len(procs)}.err"
+        with stderr_file.open("wb") as err:
+            procs.append(
+                subprocess.Popen(
+                    journald.stream_command(unit, server.command),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=server.env,
+                )
             )
-        )
         proc = procs[-1]
 
         def healthy() -> bool:
             if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited rc={proc.returncode}:\n{server.log_text()[-3000:]}")
+                why = journald.why_a_writer_died(unit, "llama-server", proc.returncode, stderr_file)
+                raise RuntimeError(f"{why}\n--- its --log-file ---\n{server.log_text()[-3000:]}")
             h = server.health()
             return h is not None and h[0] == 200
 
@@ -384,3 +387,25 @@ def test_real_llama_server_in_the_journal(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
+
+
+def test_the_harness_says_which_component_died(tmp_path: Path) -> None:
+    """A writer that dies is named with its own last words; a journald that died under it is named as the cause."""
+    binary = find_journald()
+    if binary is None or shutil.which("journalctl") is None or os.geteuid() != 0:
+        _missing("a private systemd-journald (Debian package systemd, root)")
+    with PrivateJournald(binary, tmp_path) as j:
+        unit = "dies.service"
+        proc = subprocess.run(j.stream_command(unit, ["sh", "-c", "echo 'cannot load model'; exit 3"]), timeout=30)
+        why = j.why_a_writer_died(unit, "sh", proc.returncode)
+        assert "exited rc=3" in why and "is running" in why
+        wait_for(lambda: "cannot load model" in j.why_a_writer_died(unit, "sh", 3), 10, what="its journal line")
+        assert j._proc is not None
+        j._proc.kill()
+        j._proc.wait(10)
+        err = tmp_path / "stream.err"
+        with err.open("wb") as f:
+            rc = subprocess.run(j.stream_command(unit, ["true"]), stderr=f, timeout=30).returncode
+        why = j.why_a_writer_died(unit, "llama-server", rc, err)
+        assert rc != 0 and "had died" in why and "that is the cause" in why
+        assert "Error" in why.split("its stderr before the journal took over:")[1]  # the wrapper's own words

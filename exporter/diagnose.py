@@ -57,7 +57,6 @@ MAX_LINE_BYTES = 1024 * 1024
 #: If the first bytes of a file hold no llama-server line and look binary, stop reading there.
 SNIFF_BYTES = 1024 * 1024
 _BATCH_LINES = 4096  # lines per feed_lines call: one regex scan each
-_FATAL_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
 _DECODE_MESSAGES = {
     "context_exceeded": "Context size has been exceeded",
     "invalid_batch": "Invalid input batch",
@@ -448,7 +447,7 @@ class _Run:
         elif isinstance(e, ev.RequestError):
             if (
                 self.abort is not None
-                and e.reason in _FATAL_REASONS
+                and e.reason in ev.FATAL_REASONS
                 and len(self.abort.errored_tasks) < _MAX_ABORT_LINES
             ):
                 self.abort.errored_tasks.append(e.task)
@@ -590,7 +589,7 @@ class _Run:
             cascade_unfinished=st.in_cascade,
             aborts=st.decode_failures["context_exceeded"],
             decode_failures=dict(sorted(st.decode_failures.items())),
-            aborted_requests=sum(st.requests_aborted[r] for r in _FATAL_REASONS),
+            aborted_requests=sum(st.requests_aborted[r] for r in ev.FATAL_REASONS),
             request_errors=dict(sorted(st.requests_aborted.items())),
             largest_request_tokens=self.largest_request,
             requests_over_equal_share=self.over_share if self.over_share_known else None,
@@ -1182,7 +1181,7 @@ def _count_lines(n: Counts) -> list[str]:
     other_fatal = {k: v for k, v in n.decode_failures.items() if k != "context_exceeded"}
     if other_fatal:
         out.append("other decode failures " + ", ".join(f"{k} {v:,}" for k, v in other_fatal.items()))
-    other_err = {k: v for k, v in n.request_errors.items() if k not in _FATAL_REASONS}
+    other_err = {k: v for k, v in n.request_errors.items() if k not in ev.FATAL_REASONS}
     if other_err:
         out.append("other request errors " + ", ".join(f"{k} {v:,}" for k, v in other_err.items()))
     if n.largest_request_tokens:

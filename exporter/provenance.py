@@ -46,7 +46,6 @@ RECENT_TASKS = 4096
 # Lines that start a server (the state resets on the first of them): they may set a new format.
 _STARTS = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 _TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
-_FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
 
 
 def _processing(st: ServerState) -> bool:
@@ -68,7 +67,7 @@ _FITS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
     ev.MemorySlotFailure: lambda st, e: st.in_cascade or _processing(st),
     ev.DecodeFatal: lambda st, e: _processing(st),
     ev.DecodeFailed: lambda st, e: st.provenance.failing or _processing(st),
-    ev.RequestError: lambda st, e: e.reason not in _FATAL_REASONS or e.task in st.provenance.tasks,
+    ev.RequestError: lambda st, e: e.reason not in ev.FATAL_REASONS or e.task in st.provenance.tasks,
     ev.CheckpointCreated: lambda st, e: _slot_processing(st, e.slot),
 }
 
@@ -166,7 +165,7 @@ class Provenance:
             if kind in _TIMINGS and not e.continuation:
                 return None
         reason = self.check(st, kind, e)
-        if reason is not None or kind in _PROGRESS:
+        if reason is not None:
             return reason
         if kind in _TIMINGS and e.continuation:
             self.timings -= 1

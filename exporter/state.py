@@ -32,7 +32,6 @@ from exporter.sources.server_cmdline import ServerCommandLine
 
 # llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
 _CLEARS_ABORTED_SLOTS_SINCE = 7078
-_FATAL_REASONS = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
 
 
 # Seconds; from a cached few-token prompt (ms) to a full re-processing of a long context (minutes).
@@ -428,7 +427,7 @@ class ServerState:
     def _on_request_error(self, e: ev.RequestError) -> None:
         if self.counting:
             self.requests_aborted[e.reason] += 1
-        if e.reason in _FATAL_REASONS:
+        if e.reason in ev.FATAL_REASONS:
             if len(self._aborted_tasks) >= 4 * MAX_SLOTS:  # forged errors for tasks that never end
                 self._aborted_tasks.clear()
             self._aborted_tasks.add(e.task)

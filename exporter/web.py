@@ -12,8 +12,6 @@ and one log line at most every minute for all of them, not a traceback each.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import html
 import json
 import logging
@@ -126,18 +124,6 @@ def _security_middleware(security: WebConfigWatcher) -> Any:
     return middleware
 
 
-def basic_credentials(header: str) -> tuple[str, str] | None:
-    """(user, password) of an `Authorization: Basic …` header, or None."""
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return (user, password) if sep else None
-
-
 class _Connections:
     """The open connections (and the accepted ones still in their TLS handshake), for `Limits`."""
 
@@ -158,10 +144,6 @@ class _Connections:
         waiting.close("too many connections: the oldest one without a request makes room")
         return True
 
-    def admit(self, conn: _GuardedProtocol) -> bool:
-        self.open[conn] = None
-        return True
-
     def closed(self, conn: _GuardedProtocol) -> None:
         self.open.pop(conn, None)
         self.on_close()
@@ -173,7 +155,6 @@ class _GuardedProtocol(asyncio.Protocol):
     def __init__(self, inner: asyncio.Protocol, connections: _Connections) -> None:
         self.inner, self.connections = inner, connections
         self.transport: asyncio.Transport | None = None
-        self.admitted = False
         self.closing = False
         self.waiting_for_head = True
         self._deadline: asyncio.TimerHandle | None = None
@@ -182,10 +163,7 @@ class _GuardedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        if not self.connections.admit(self):
-            transport.abort()
-            return
-        self.admitted = True
+        self.connections.open[self] = None  # `_Acceptor` accepted it only where there was room
         self._arm()
         self.inner.connection_made(transport)
 
@@ -227,8 +205,7 @@ class _GuardedProtocol(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
         self.connections.closed(self)
-        if self.admitted:
-            self.inner.connection_lost(exc)
+        self.inner.connection_lost(exc)
 
     def close(self, why: str) -> None:
         log.debug("closing a connection: %s", why)

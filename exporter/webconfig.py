@@ -23,6 +23,8 @@ speaks HTTP/1.1. Unknown keys are errors, as in exporter-toolkit. Parsing is pur
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import logging
@@ -119,12 +121,13 @@ class WebConfig:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _mapping(value: Any, where: str, keys: frozenset[str]) -> dict[str, Any]:
+def _mapping(value: Any, where: str, keys: frozenset[str] | None) -> dict[str, Any]:
+    """`value` as a mapping (None: empty) whose keys are among `keys` (None: any)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise WebConfigError(f"{where} must be a mapping")
-    unknown = sorted(str(k) for k in value if k not in keys)
+    unknown = sorted(str(k) for k in value if keys is not None and k not in keys)
     if unknown:
         raise WebConfigError(f"{where}: unknown field {unknown[0]!r}")
     return value
@@ -168,7 +171,7 @@ def parse_web_config(text: str, directory: Path) -> WebConfig:
         ),
     )
     http_doc = _mapping(top.get("http_server_config"), "http_server_config", frozenset({"http2", "headers"}))
-    users_doc = _mapping(top.get("basic_auth_users"), "basic_auth_users", frozenset(top.get("basic_auth_users") or {}))
+    users_doc = _mapping(top.get("basic_auth_users"), "basic_auth_users", None)
     return WebConfig(tls=_tls(tls_doc, directory), users=_users(users_doc), headers=_headers(http_doc))
 
 
@@ -284,6 +287,18 @@ def _ssl_reason(exc: BaseException) -> str:
     return str(reason).replace("\n", " ")[:200]
 
 
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an `Authorization: Basic …` header, or None."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
 _DUMMY_HASH = b"$2b$10$" + b"." * 53  # verified against when the user is unknown: the same cost either way
 
 
@@ -385,8 +400,6 @@ class WebConfigWatcher:
 
     async def check_basic_auth(self, header: str) -> bool:
         """Whether an `Authorization` header carries a user and password of the config."""
-        from exporter.web import basic_credentials
-
         credentials = basic_credentials(header)
         if credentials is None:
             return False

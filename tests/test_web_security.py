@@ -78,6 +78,16 @@ def _web_config(d: Path, *, mtls: bool = False, users: bool = True) -> Path:
     return path
 
 
+def _exporter(pki: Path, tmp_path: Path, config: Path, extra: list[str] | None = None, **kw: Any) -> SecureExporter:
+    """An exporter on the seed capture behind `config`; live sources off unless `extra` says otherwise."""
+    log = tmp_path / "llama-server.log"
+    log.write_text(FIXTURE_LOG.read_text())
+    live = extra if extra is not None else ["--http", "off"]
+    return SecureExporter(
+        log, ["--web.config.file", str(config), "--nvml", "off", "--proc", "off", *live], pki / "ca.crt", **kw
+    )
+
+
 class SecureExporter(ExporterProcess):
     """The exporter behind TLS: ready once an https GET /healthz answers."""
 
@@ -131,6 +141,7 @@ def test_web_config_errors_are_one_line() -> None:
         "tls_server_config: {cert_file: a, key_file: b, ciphers: x}": "unknown field 'ciphers'",
         "unknown: 1": "unknown field 'unknown'",
         "basic_auth_users: [": "not valid YAML",
+        "basic_auth_users: 5": "basic_auth_users must be a mapping",
     }
     for text, message in bad.items():
         with pytest.raises(WebConfigError) as err:
@@ -156,12 +167,9 @@ def test_basic_auth_caches_bcrypt_and_never_the_password() -> None:
 
 
 def test_tls_basic_auth_headers_and_plain_http_refused(pki: Path, tmp_path: Path) -> None:
-    config = _web_config(pki)
-    log = tmp_path / "llama-server.log"
-    log.write_text(FIXTURE_LOG.read_text())
     url_with_secret = f"http://admin:{SECRET_IN_URL}@127.0.0.1:{free_port()}"
-    extra = ["--web.config.file", str(config), "--server-url", url_with_secret, "--nvml", "off", "--proc", "off"]
-    exp = SecureExporter(log, extra, pki / "ca.crt")
+    exp = _exporter(pki, tmp_path, _web_config(pki), ["--server-url", url_with_secret])
+    log = exp.log_file
     with exp:
         status, headers, body = exp.get("/metrics", ("prometheus", PASSWORD))
         assert status == 200 and b"llamacpp_kv_pool_capacity_tokens 512.0" in body
@@ -194,10 +202,7 @@ def test_tls_basic_auth_headers_and_plain_http_refused(pki: Path, tmp_path: Path
 
 def test_mtls_without_a_client_certificate_is_refused(pki: Path, tmp_path: Path) -> None:
     config = _web_config(pki, mtls=True, users=False)
-    log = tmp_path / "llama-server.log"
-    log.write_text(FIXTURE_LOG.read_text())
-    extra = ["--web.config.file", str(config), "--nvml", "off", "--proc", "off", "--http", "off"]
-    exp = SecureExporter(log, extra, pki / "ca.crt", client=(pki / "client.crt", pki / "client.key"))
+    exp = _exporter(pki, tmp_path, config, client=(pki / "client.crt", pki / "client.key"))
     with exp:
         assert exp.get("/metrics")[0] == 200
         anonymous = ssl.create_default_context(cafile=str(pki / "ca.crt"))
@@ -209,10 +214,7 @@ def test_mtls_without_a_client_certificate_is_refused(pki: Path, tmp_path: Path)
 
 def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path) -> None:
     config = _web_config(pki)
-    log = tmp_path / "llama-server.log"
-    log.write_text(FIXTURE_LOG.read_text())
-    extra = ["--web.config.file", str(config), "--nvml", "off", "--proc", "off", "--http", "off"]
-    exp = SecureExporter(log, extra, pki / "ca.crt")
+    exp = _exporter(pki, tmp_path, config)
     with exp:
         assert exp.get("/metrics", ("prometheus", PASSWORD))[0] == 200
         doc = yaml.safe_load(config.read_text())
@@ -228,10 +230,7 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path) -> No
 def test_prometheus_scrapes_over_https_with_basic_auth(pki: Path, tmp_path: Path) -> None:
     prom_bin = find_prometheus() or _missing("prometheus", "run scripts/install-prometheus-tools.sh")
     config = _web_config(pki)
-    log = tmp_path / "llama-server.log"
-    log.write_text(FIXTURE_LOG.read_text())
-    extra = ["--web.config.file", str(config), "--nvml", "off", "--proc", "off", "--http", "off"]
-    exp = SecureExporter(log, extra, pki / "ca.crt")
+    exp = _exporter(pki, tmp_path, config)
     with exp:
         scrape = {
             "job_name": "llamacpp",

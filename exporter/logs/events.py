@@ -474,6 +474,9 @@ class Rejected:
     reason: str
 
 
+#: `RequestError` reasons of a request aborted by a failed decode (its slot is cleared, its task was in flight).
+FATAL_REASONS: frozenset[str] = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
+
 #: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
 #: could not be read, and the format of lines.
 GENERIC: frozenset[type] = frozenset({ServerReady, ModelLoading, Rejected, LineFormat})

@@ -65,18 +65,6 @@ def _jsonl_message(line: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def unwrap(line: str) -> str:
-    """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
-    if line.startswith("{") and '"msg"' in line:
-        msg = _jsonl_message(line)
-        if msg is not None:
-            # A multi-line entry keeps only its first line; the rest never carries a metric.
-            line = msg.split("\n", 1)[0]
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    return line.rstrip("\r\n")
-
-
 # Lone surrogates: UTF-8 decoding (the tailer's, the journal's, standard input's) never yields one, so
 # no line read from a log can start with a mark.
 _JSONL_MARK, _COLOURS_MARK = "\udc1e", "\udc1d"
@@ -97,6 +85,12 @@ def unwrap_marked(line: str) -> str:
         mark = _COLOURS_MARK if line.startswith("\x1b[") else ""
         return mark + _ANSI.sub("", line).rstrip("\r\n")
     return line.rstrip("\r\n")
+
+
+def unwrap(line: str) -> str:
+    """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
+    line = unwrap_marked(line)
+    return line[1:] if line[:1] in (_JSONL_MARK, _COLOURS_MARK) else line
 
 
 def normalize(line: str) -> str:

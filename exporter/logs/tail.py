@@ -363,6 +363,8 @@ class LogTailer:
 
     def _read_rotated(self, budget: int, out: list[str]) -> tuple[int, bool]:
         """Read the rotated files to their end; close those their writer has left. (bytes read, all at EOF)"""
+        if not self._rotated:
+            return 0, True
         used, all_eof = 0, True
         now = time.monotonic()
         current_grown = self._file.grown_at if self._file is not None else 0.0

@@ -1,7 +1,7 @@
-# Developer entry points. `make test` is what CI runs (.ci/run).
-.PHONY: bootstrap demo test lint
+# Developer entry points. CI (.ci/run) runs `make test`, then `make test-system`.
+.PHONY: bootstrap demo test test-system lint
 
-# Everything: .venv, Python deps, Prometheus tools, the real llama-server (~5 min the first time).
+# Everything: .venv, Python deps, test tools, the real llama-server (~5 min the first time).
 bootstrap:
 	scripts/bootstrap.sh
 
@@ -12,6 +12,10 @@ demo:
 
 test:
 	scripts/test.sh
+
+# The journald and systemd unit tests: root, and systemd's programs (installed where missing).
+test-system:
+	scripts/test-system.sh
 
 lint:
 	scripts/bootstrap.sh --python-only

@@ -277,17 +277,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.05
 
 
 def find_mtail(install: bool) -> str | None:
-    """mtail on PATH; else try Debian's package (apt-get, as root or with password-less sudo)."""
-    found = shutil.which("mtail")
-    if found or not install or not shutil.which("apt-get"):
-        return found
-    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    print("mtail not found: installing Debian's mtail package ...", flush=True)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "mtail"]):
-        if subprocess.run([*sudo, *cmd], env=env, capture_output=True, check=False).returncode != 0:
-            return None
-    return shutil.which("mtail")
+    """mtail where scripts/unpack-test-tools.sh unpacks it, else on PATH; with ``install``, unpack it first."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "tools"
+    tools_bin = Path(os.environ.get("LLAMACPP_EXPORTER_TOOLS") or cache) / "bin"
+    unpacked = tools_bin / "mtail"
+    if not os.access(unpacked, os.X_OK) and not shutil.which("mtail") and install:
+        print("mtail not found: unpacking Debian's mtail package (scripts/unpack-test-tools.sh) ...", flush=True)
+        subprocess.run([str(REPO / "scripts" / "unpack-test-tools.sh")], check=False)
+    return str(unpacked) if os.access(unpacked, os.X_OK) else shutil.which("mtail")
 
 
 def make_corpus(workdir: Path, lines: int, seed: int, restart_every: int) -> Path:

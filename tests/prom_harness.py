@@ -65,11 +65,7 @@ def find_binary(names: Sequence[str], env: str) -> Path | None:
 
 
 def find_node_exporter() -> Path | None:
-    """node_exporter: ``$NODE_EXPORTER_BIN``, ``$PATH``, else where scripts/install-prometheus-tools.sh unpacks it."""
-    found = find_binary(["prometheus-node-exporter", "node_exporter"], "NODE_EXPORTER_BIN")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "node-exporter"
-    unpacked = cache / "usr" / "bin" / "prometheus-node-exporter"
-    return found or (unpacked if os.access(unpacked, os.X_OK) else None)
+    return find_binary(["prometheus-node-exporter", "node_exporter"], "NODE_EXPORTER_BIN")
 
 
 def find_prometheus() -> Path | None:
@@ -213,6 +209,13 @@ class Alertmanager(_Daemon):
     """``prometheus-alertmanager`` with clustering off, on 127.0.0.1:PORT."""
 
     name = "alertmanager"
+
+    def __init__(self, binary: Path, config_text: str, *, ready_timeout: float = 30.0) -> None:
+        super().__init__(binary, config_text, ready_timeout=ready_timeout)
+        # Unpacked by scripts/unpack-test-tools.sh, Debian's binary looks for its templates here.
+        assets = Path(os.path.realpath(binary)).parents[1] / "share" / "prometheus" / "alertmanager"
+        if assets.is_dir():
+            (self.dir / "alertmanager-assets").symlink_to(assets)
 
     def command(self) -> list[str]:
         return [

@@ -43,8 +43,8 @@ def _in_ci() -> bool:
 
 def _missing(what: str) -> NoReturn:
     if _in_ci():
-        pytest.fail(f"{what} not found under CI (scripts/install-deploy-tools.sh installs it)", pytrace=False)
-    pytest.skip(f"{what} not found (scripts/install-deploy-tools.sh installs it)")
+        pytest.fail(f"{what} not found under CI (scripts/unpack-test-tools.sh unpacks it)", pytrace=False)
+    pytest.skip(f"{what} not found (scripts/unpack-test-tools.sh unpacks it)")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ Validators (no cluster here):
 - Prometheus Operator objects (PodMonitor, PrometheusRule): PyPI
   ``cloudcoil-models-prometheus-operator`` (pydantic models generated from the operator's CRD schemas:
   types, required fields, enums, duration patterns), plus a round trip that rejects unknown fields.
-  It is installed outside the virtual environment's site-packages (scripts/install-deploy-tools.sh)
+  It is installed outside the virtual environment's site-packages (scripts/install-crd-models.sh)
   because it registers a pytest plugin that needs packages we do not install; the check runs in a
   subprocess with that folder on PYTHONPATH.
 """
@@ -49,7 +49,7 @@ def _load_generator() -> ModuleType:
 
 generate = _load_generator()
 
-#: Where scripts/install-deploy-tools.sh installs the Prometheus Operator models.
+#: Where scripts/install-crd-models.sh installs the Prometheus Operator models.
 CRD_MODELS = Path(os.environ.get("LLAMACPP_CRD_MODELS") or REPO_ROOT / ".venv" / "crd-models")
 KUBERNETES_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 
@@ -100,8 +100,8 @@ def _in_ci() -> bool:
 
 def _missing(what: str) -> NoReturn:
     if _in_ci():
-        pytest.fail(f"{what} not found under CI (scripts/install-deploy-tools.sh installs it)", pytrace=False)
-    pytest.skip(f"{what} not found (scripts/install-deploy-tools.sh installs it)")
+        pytest.fail(f"{what} not found under CI (scripts/install-crd-models.sh installs it)", pytrace=False)
+    pytest.skip(f"{what} not found (scripts/install-crd-models.sh installs it)")
 
 
 def _docs(name: str) -> list[dict[str, Any]]:

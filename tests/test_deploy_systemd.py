@@ -68,6 +68,7 @@ def environment(path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.system
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     """`systemd-analyze verify` (systemd 252) with no warning at all; the binaries are swapped for an
     executable that exists here, because verify checks that ExecStart= can be executed."""
@@ -123,6 +124,7 @@ def journald(tmp_path: Path) -> Iterator[PrivateJournald]:
         yield j
 
 
+@pytest.mark.system
 @pytest.mark.llama_server
 def test_what_the_units_run_works_together(
     journald: PrivateJournald, llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path

@@ -85,7 +85,7 @@ _WORDS = [
 
 
 def _missing(what: str) -> NoReturn:
-    hint = "run scripts/install-prometheus-tools.sh (Debian: prometheus)"
+    hint = "run scripts/unpack-test-tools.sh"
     if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
         pytest.fail(f"{what} not found under CI: {hint}", pytrace=False)
     pytest.skip(f"{what} not found: {hint}")

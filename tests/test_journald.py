@@ -175,6 +175,7 @@ def test_journalctl_missing_is_reported_not_fatal(tmp_path: Path, caplog: pytest
 # ------------------------------------------------------------------------------------ the real journal
 
 
+@pytest.mark.system
 def test_history_and_follow_hand_over_without_loss_or_repeat(journald: PrivateJournald, tmp_path: Path) -> None:
     """history() = the newest process since its banner; follow continues after it, also across a journalctl restart."""
     unit = "handover.service"
@@ -256,6 +257,7 @@ async def _journalctl_child(parent: int) -> int:
     raise TimeoutError("no journalctl --follow child found")
 
 
+@pytest.mark.system
 def test_captures_through_the_journal_match_the_file_source(journald: PrivateJournald, tmp_path: Path) -> None:
     """Each real capture, logged as one process of the unit: journal and file exporters agree after each."""
     unit = "captures.service"
@@ -289,6 +291,7 @@ def test_captures_through_the_journal_match_the_file_source(journald: PrivateJou
         assert not counted, f"counted again after the exporter restart: {counted}"
 
 
+@pytest.mark.system
 @pytest.mark.llama_server
 def test_real_llama_server_in_the_journal(
     journald: PrivateJournald, llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path
@@ -389,6 +392,7 @@ def test_real_llama_server_in_the_journal(
                 proc.wait(30)
 
 
+@pytest.mark.system
 def test_the_harness_says_which_component_died(tmp_path: Path) -> None:
     """A writer that dies is named with its own last words; a journald that died under it is named as the cause."""
     binary = find_journald()

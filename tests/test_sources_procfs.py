@@ -79,8 +79,8 @@ def test_name_fallback_only_when_there_is_exactly_one() -> None:
     # No log relation at all (standard input): the only llama-server is taken, by name.
     snap = _reader("single").read()
     assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (4242, "name")
-    # Two candidates and no log relation: none, with a reason that says what to do.
-    snap = _reader("ambiguous", log_file=LOG).read()
+    # Two candidates and no log relation (the journal): none, with a reason that says what to do.
+    snap = _reader("ambiguous").read()
     assert snap.process is None and not snap.ok
     assert snap.error is not None and "2 llama-server processes (6000, 6001)" in snap.error
     assert "--pid" in snap.error
@@ -324,15 +324,17 @@ def test_an_exporter_started_before_its_server_never_adopts_a_foreign_one(tmp_pa
     theirs.write_text("")  # llama-server creates its log as it starts
     sleeper = "import time; time.sleep(120)"
     foreign = _spawn("llama-server", sleeper, ["--log-file", str(theirs), "-c", "32768"])
+    to_terminal = _spawn("llama-server", sleeper, ["-c", "65536"])  # names no log: writes to its terminal
     server = None
     try:
         _wait_exec(foreign, "llama-server")
+        _wait_exec(to_terminal, "llama-server")
         assert ProcReader(log_file=str(ours)).read().process is None
         exp = ExporterProcess(ours, ["--http", "off", "--nvml", "off"], output_file=tmp_path / "exporter.out")
         with exp:
             assert exp.sample("llamacpp_exporter_source_up", {"source": "proc"}) == 0
             assert exp.sample("llamacpp_process_resident_memory_bytes") is None
-            assert exp.sample("llamacpp_kv_pool_capacity_tokens") is None  # not the foreign server's 32,768
+            assert exp.sample("llamacpp_kv_pool_capacity_tokens") is None  # not a foreign server's 32,768 or 65,536
             ours.parent.mkdir()
             ours.write_text("")
             server = _spawn("llama-server", sleeper, ["--log-file", str(ours), "-c", "4096"])
@@ -347,25 +349,46 @@ def test_an_exporter_started_before_its_server_never_adopts_a_foreign_one(tmp_pa
             assert exp.sample("llamacpp_kv_pool_capacity_tokens") == 4096  # from our server's command line
         assert "by its name only" not in exp.output_file.read_text()
     finally:
-        for p in (foreign, server):
+        for p in (foreign, to_terminal, server):
             if p is not None:
                 p.kill()
                 p.wait()
 
 
 def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A lone llama-server whose log cannot be told (it names none): taken as a guess, said once, labelled."""
+    """With no log file to compare with (the journal), the lone llama-server is taken as a guess: said
+    once, labelled. The /proc root holds only that process, so other servers on the host do not count."""
     lone = _spawn("llama-server", "import time; time.sleep(60)", [])
     try:
         _wait_exec(lone, "llama-server")
-        reader = ProcReader(log_file=str(tmp_path / "missing.log"))
+        root = tmp_path / "proc"
+        root.mkdir()
+        (root / "meminfo").symlink_to("/proc/meminfo")
+        (root / str(lone.pid)).symlink_to(f"/proc/{lone.pid}")
+        reader = ProcReader(root)
         with caplog.at_level(logging.WARNING, logger="exporter.sources.procfs"):
             snaps = [reader.read() for _ in range(3)]
-        if any(s.process is not None and s.process.pid != lone.pid for s in snaps):
-            pytest.skip("another llama-server runs on this host: the name fallback is not unique here")
         assert all(s.process is not None and (s.process.pid, s.process.found_by) == (lone.pid, "name") for s in snaps)
-        assert [r.getMessage() for r in caplog.records if "by its name only" in r.getMessage()] != []
         assert len([r for r in caplog.records if "by its name only" in r.getMessage()]) == 1
+    finally:
+        lone.kill()
+        lone.wait()
+
+
+def test_no_server_is_ours_while_our_log_does_not_exist(tmp_path: Path) -> None:
+    """A lone llama-server that names no log (it writes to a terminal) is not taken while our log file
+    does not exist: no process writes a file that is not there."""
+    lone = _spawn("llama-server", "import time; time.sleep(60)", [])
+    try:
+        _wait_exec(lone, "llama-server")
+        root = tmp_path / "proc"
+        root.mkdir()
+        (root / "meminfo").symlink_to("/proc/meminfo")
+        (root / str(lone.pid)).symlink_to(f"/proc/{lone.pid}")
+        snap = ProcReader(root, log_file=str(tmp_path / "missing.log")).read()
+        assert snap.process is None
+        assert snap.error is not None and "missing.log (it does not exist yet)" in snap.error
+        assert "1 other llama-server process(es) run" in snap.error
     finally:
         lone.kill()
         lone.wait()

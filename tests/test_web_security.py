@@ -228,7 +228,7 @@ def test_the_config_is_reloaded_when_it_changes(pki: Path, tmp_path: Path) -> No
 
 
 def test_prometheus_scrapes_over_https_with_basic_auth(pki: Path, tmp_path: Path) -> None:
-    prom_bin = find_prometheus() or _missing("prometheus", "run scripts/install-prometheus-tools.sh")
+    prom_bin = find_prometheus() or _missing("prometheus", "run scripts/unpack-test-tools.sh")
     config = _web_config(pki)
     exp = _exporter(pki, tmp_path, config)
     with exp:
@@ -247,7 +247,7 @@ def test_prometheus_scrapes_over_https_with_basic_auth(pki: Path, tmp_path: Path
 
 def test_node_exporter_accepts_the_same_file(pki: Path, tmp_path: Path) -> None:
     """The file is exporter-toolkit's: Debian's node_exporter (Go, exporter-toolkit) serves with it too."""
-    node = find_node_exporter() or _missing("prometheus-node-exporter", "run scripts/install-prometheus-tools.sh")
+    node = find_node_exporter() or _missing("prometheus-node-exporter", "run scripts/unpack-test-tools.sh")
     config = _web_config(pki)
     port = free_port()
     argv = [str(node), f"--web.config.file={config}", f"--web.listen-address=127.0.0.1:{port}",

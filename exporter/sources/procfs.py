@@ -12,8 +12,9 @@ Finding the pid, in this order:
    by device and inode); then any process writing the log file (a renamed binary). With standard
    input (`llama-server … | llamacpp-exporter --log-file -`) the `llama-server` writing into that
    pipe. Last, by name: the only `llama-server` whose relation to the log cannot be told (its
-   descriptors are unreadable to a non-root exporter); one known to write another log is never taken,
-   and while our log does not exist yet, a server whose own log exists is known to write another one.
+   descriptors are unreadable to a non-root exporter, or there is no log file: the journal); one
+   known to write another log is never taken. While our log file does not exist yet, no process
+   writes it: only a server that names it is taken, whatever else runs on the host.
    A process taken by name is a guess: said once in the log, and `found_by` says "name".
 
 The exporter itself, which has the log open for reading and `--log-file` on its own command line,
@@ -251,8 +252,11 @@ class ProcReader:
                     break
                 if writes is None and c.named and c.names_log is None:
                     unknown.append(c)
-        elif log_stat is None:
+        elif log_stat is None and self.log_file is None and self.stdin_fd is None:
+            # No log to compare with (the journal): the only llama-server is the best guess there is.
             unknown = [c for c in newest_first if c.named and c.names_log is None]
+        # A log file that does not exist yet (or standard input that is not a pipe) is written by no
+        # process: no llama-server is ours until one names it, whatever else runs on the host.
         if match is not None:
             self._cached = (match.pid, match.start_ticks, "log_file")
             return match.pid, "log_file", None
@@ -267,9 +271,7 @@ class ProcReader:
                     SERVER_NAME,
                     unknown[0].pid,
                     self.log_file or "the log",
-                    "its descriptors are not readable without root"
-                    if log_stat is not None
-                    else "the log is not there yet",
+                    "its descriptors are not readable without root" if log_stat is not None else "no log to compare",
                 )
             return unknown[0].pid, "name", None
         what = self.log_file or ("standard input" if self.stdin_fd is not None else "the log")
@@ -283,8 +285,9 @@ class ProcReader:
             )
         others = sum(c.named for c in candidates)
         where = f" writing {what}" if self.log_file or self.stdin_fd is not None else ""
-        also = f"; {others} other {SERVER_NAME} process(es) write elsewhere" if others else ""
-        return None, "name", f"no {SERVER_NAME} process{where} under {self.root}{also}"
+        missing = " (it does not exist yet)" if self.log_file and log_stat is None else ""
+        also = f"; {others} other {SERVER_NAME} process(es) run" if others else ""
+        return None, "name", f"no {SERVER_NAME} process{where}{missing} under {self.root}{also}"
 
     def _target_stat(self) -> tuple[int, int] | None:
         """(device, inode) of what llama-server writes: the log file, or the pipe on our standard input."""

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Unpack the test tools from Debian's packages into a cache folder: nothing is installed, no service
+# is enabled or started, no root is needed (unless apt's package lists were never fetched).
+#
+#   prometheus, promtool            (prometheus)
+#   prometheus-alertmanager, amtool (prometheus-alertmanager)
+#   mtail                           (mtail; the bench's comparison)
+#   prometheus-node-exporter        (prometheus-node-exporter; reads the same --web.config.file)
+#   docker-compose 1.29.2           (docker-compose and its python3-* packages, run by /usr/bin/python3)
+#
+# Each package is fetched with `apt-get download` and unpacked with `dpkg -x` into
+# $TOOLS/root; $TOOLS/bin holds one link (or, for docker-compose, a wrapper) per tool.
+# tests/conftest.py puts $TOOLS/bin first on PATH. Safe to run again: skipped when done.
+#
+# Env: LLAMACPP_EXPORTER_TOOLS (default ${XDG_CACHE_HOME:-~/.cache}/llamacpp-exporter/tools).
+set -euo pipefail
+
+TOOLS="${LLAMACPP_EXPORTER_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacpp-exporter/tools}"
+say() { echo "unpack-test-tools: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+GO_TOOLS=(prometheus prometheus-alertmanager mtail prometheus-node-exporter)
+# docker-compose 1.29.2 is Python: its own package and the python3-* packages it imports, so that it
+# runs whether or not the host has them. `apt-cache depends --recurse docker-compose` lists these.
+COMPOSE=(docker-compose python3-attr python3-cached-property python3-certifi python3-chardet
+    python3-charset-normalizer python3-distro python3-distutils python3-docker python3-dockerpty
+    python3-docopt python3-dotenv python3-idna python3-importlib-metadata python3-jsonschema
+    python3-more-itertools python3-pkg-resources python3-pyrsistent python3-requests python3-six
+    python3-texttable python3-typing-extensions python3-urllib3 python3-websocket python3-yaml
+    python3-zipp)
+PACKAGES=("${GO_TOOLS[@]}" "${COMPOSE[@]}")
+stamp="$TOOLS/.unpacked"
+want="$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -d' ' -f1)"
+
+if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+    command -v apt-get >/dev/null && command -v dpkg >/dev/null ||
+        die "needs apt-get and dpkg (Debian or Ubuntu); elsewhere put promtool, prometheus, amtool, prometheus-alertmanager, mtail and docker-compose on PATH"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    chmod 755 "$tmp" # apt-get download writes as _apt when run as root
+    say "downloading ${#PACKAGES[@]} Debian packages into $TOOLS (≈40 MB, ≈170 MB unpacked; nothing is installed)"
+    if ! (cd "$tmp" && apt-get download -qq "${PACKAGES[@]}" >/dev/null 2>"$tmp/apt.err"); then
+        # A fresh machine (a container) may never have fetched apt's package lists.
+        SUDO=""
+        if [[ $(id -u) -ne 0 ]]; then
+            sudo -n true 2>/dev/null || die "apt-get download failed: $(tail -1 "$tmp/apt.err") (run 'sudo apt-get update' once, then again)"
+            SUDO="sudo -n"
+        fi
+        say "fetching apt's package lists (apt-get update)"
+        $SUDO apt-get update -qq >&2
+        rm -f "$tmp"/*.deb
+        (cd "$tmp" && apt-get download -qq "${PACKAGES[@]}" >/dev/null) || die "apt-get download failed"
+    fi
+    rm -rf "$TOOLS"
+    mkdir -p "$TOOLS/root" "$TOOLS/bin"
+    for deb in "$tmp"/*.deb; do
+        dpkg -x "$deb" "$TOOLS/root"
+    done
+    # Debian's Alertmanager reads its default notification template from /usr/share/prometheus/
+    # alertmanager, which an unpacked package does not fill. The path is a string constant in the
+    # (Go) binary: it becomes the relative path "alertmanager-assets" of the same length, and
+    # tests/prom_harness.py links that name, in Alertmanager's working folder, to the unpacked files.
+    python3 - "$TOOLS/root/usr/bin/prometheus-alertmanager" <<'PY' || die "cannot point Alertmanager at its unpacked templates"
+import sys
+path, old = sys.argv[1], b"/usr/share/prometheus/alertmanager"
+new = b"alertmanager-assets".ljust(len(old), b"/")
+data = open(path, "rb").read()
+if old not in data:
+    sys.exit(f"{old.decode()} not found in {path}")
+open(path, "wb").write(data.replace(old, new))
+PY
+    for tool in prometheus promtool prometheus-alertmanager amtool mtail prometheus-node-exporter; do
+        [[ -x "$TOOLS/root/usr/bin/$tool" ]] || die "$tool is not in its Debian package"
+        ln -s "../root/usr/bin/$tool" "$TOOLS/bin/$tool"
+    done
+    # /usr/bin/python3 with only the unpacked python3-* packages on its path; -s: no user site.
+    cat >"$TOOLS/bin/docker-compose" <<EOF
+#!/bin/sh
+PYTHONPATH="$TOOLS/root/usr/lib/python3/dist-packages" exec /usr/bin/python3 -s "$TOOLS/root/usr/bin/docker-compose" "\$@"
+EOF
+    chmod 755 "$TOOLS/bin/docker-compose"
+    echo "$want" >"$stamp"
+fi
+
+for tool in promtool amtool mtail; do
+    "$TOOLS/bin/$tool" --version >/dev/null 2>&1 || die "$TOOLS/bin/$tool does not run"
+done
+"$TOOLS/bin/docker-compose" version --short >/dev/null 2>&1 ||
+    die "$TOOLS/bin/docker-compose does not run (it needs /usr/bin/python3 from Debian or Ubuntu)"
+say "tools in $TOOLS/bin: $("$TOOLS/bin/promtool" --version 2>&1 | head -1)"

@@ -264,11 +264,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-batch-interval",
         type=_interval(10),
-        default=default("log-batch-interval", "0.025"),
+        default=default("log-batch-interval", "0.2"),
         metavar="SECONDS",
-        help="while the log keeps growing, read it at most this often: fewer wake-ups cost less CPU, "
-        "at the price of that much latency (default 0.025; 0.25 matches mtail's cadence). A line after a quiet "
-        f"spell is read at once. [{env_name('log-batch-interval')}]",
+        help="the longest wait between reads while the log keeps growing: the wait starts at 0.025 and doubles "
+        "up to this (default 0.2). Longer = fewer wake-ups and less CPU, at that much latency. A line after "
+        f"a quiet spell is read at once. [{env_name('log-batch-interval')}]",
     )
     p.add_argument(
         "--fs-events",

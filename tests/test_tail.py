@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import random
@@ -843,7 +844,7 @@ async def test_follow_batches_a_busy_writer(tmp_path: Path) -> None:
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
     assert seqs(seen.lines) == list(range(301))
-    assert seen.batches - 1 <= elapsed / 0.05 + 2  # not one batch per write
+    assert seen.batches - 1 <= elapsed / 0.05 + 4  # not one batch per write (the first wait is 25 ms)
 
 
 @pytest.mark.parametrize("watch", ["inotify", "watchdog"])
@@ -857,7 +858,7 @@ async def test_follow_reads_at_once_when_the_writer_closes(
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    # A 30 s batch wait: once the follower is busy, only the close can have it read before the restart.
+    # Batch waits of up to 30 s: once the follower is busy, only the close can have it read in time.
     task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=30))
     await wait_until(lambda: t.last_error is not None, "the first (missing-file) poll")
     with p.open("wb") as f:
@@ -870,7 +871,51 @@ async def test_follow_reads_at_once_when_the_writer_closes(
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
     assert seqs(seen.lines) == list(range(100))
-    assert seen.batches <= 3  # busy: the writes in between were not read one by one
+    # Busy: the writes were not read one by one (the waits grew 25, 50, 100, 200, 400 ms meanwhile).
+    assert seen.batches <= 8
+
+
+async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While lines keep coming the batch wait doubles from 25 ms up to the batch interval, never
+    beyond it; a line after a quiet spell is read at once, alone, with no batch wait before it."""
+    waits: list[float] = []
+    real_wait = follow_mod._Waker.wait
+
+    async def recording_wait(self: Any, timeout: float) -> None:
+        waits.append(timeout)
+        await real_wait(self, timeout)
+
+    monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    p = tmp_path / "server.log"
+    append(p, 0, 1)
+    t = LogTailer(p)
+    seen = Seen()
+    stop = asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=0.2))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    with p.open("ab") as f:  # a stream: a line every 5 ms for about 2 s
+        for i in range(1, 401):
+            f.write(lines_bytes(i, i + 1))
+            f.flush()
+            await asyncio.sleep(0.005)
+    await wait_until(lambda: seen.has(400), "seq 400")
+    await asyncio.sleep(0.5)  # quiet: the follower goes back to waiting for an event
+    batches, waits_before = seen.batches, len(waits)
+    append(p, 401, 402)
+    await wait_until(lambda: seen.has(401), "the line after the quiet spell", timeout=10.0)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(402))
+
+    batch_waits = [w for w in waits[:waits_before] if w < 60]
+    assert batch_waits[:4] == [0.025, 0.05, 0.1, 0.2]  # doubling...
+    assert max(batch_waits) == 0.2 and batch_waits.count(0.2) >= 5  # ...up to the interval, never beyond
+    for prev, w in itertools.pairwise(batch_waits):
+        assert w in (min(2 * prev, 0.2), 0.025), batch_waits  # or starting over after a quiet read
+    assert batches < 60  # 400 writes, read a few times a second
+    # The quiet line: its own batch, read on its event (the idle wait is 60 s), no batch wait first.
+    assert seen.batches == batches + 1
+    assert all(w == 60 for w in waits[waits_before:])
 
 
 async def test_follow_batches_a_writer_that_closes_after_every_write(tmp_path: Path) -> None:

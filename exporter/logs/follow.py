@@ -13,16 +13,18 @@ yields between chunks.
 
 Cost: a wake-up costs far more than a line (on a busy machine a few hundred microseconds, against
 a few per line), and the first lines after a wake-up cost two to three times what later ones do
-(cold CPU caches). A line after a quiet spell is read at once; while the file keeps changing, reads
-are ``batch_interval`` apart (``--log-batch-interval``, 25 ms by default) and nothing wakes the loop
-in between (the inotify reader is off, so the kernel folds the writes into one queued event): a
-server writing a hundred times a second is read forty times a second. A writer closing the file
-(a server exiting) ends a batch wait at once: a restarted server truncates the log as it starts,
-and the old run's last lines, often the ones that explain the restart, are read in that gap or lost.
-Closes are seen where inotify is (Linux); watchdog's other backends (macOS, BSD, Windows) report
-none, and there the batch wait runs its course.
-Measured with bench/run.py at 2,000 lines/s on a 2-core VM: 25 ms costs 2.9 % of a core (p50/p99
-latency under that load 16/31 ms), 80 ms 1.1 % (42/68 ms), 250 ms, mtail's cadence, 0.7 % (207/257 ms).
+(cold CPU caches). So the cadence adapts. A line after a quiet spell is read at once. While the
+file keeps changing, the follower waits between reads, and nothing wakes the loop meanwhile (the
+inotify reader is off, so the kernel folds the writes into one queued event); the wait starts at
+``BATCH_START`` (25 ms) and doubles after every read that found lines, up to ``batch_interval``
+(``--log-batch-interval``, 200 ms by default): a server writing a thousand lines a second is read
+five times a second, and no line waits longer than the longest wait plus one read. The first read
+that finds nothing ends the batching; the next line is read at once again.
+A writer closing the file (a server exiting) ends a batch wait at once: a restarted server
+truncates the log as it starts, and the old run's last lines, often the ones that explain the
+restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
+backends (macOS, BSD, Windows) report none, and there the batch wait runs its course.
+The figures (bench/run.py, follow at 2,000 lines/s) are in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 __all__ = ["follow"]
 
 logger = logging.getLogger(__name__)
+
+#: The first batch wait when the log starts to change continuously; it doubles up to batch_interval.
+BATCH_START = 0.025
 
 # watchdog is imported on first use: on Linux follow() watches with inotify and never loads it. The
 # observer class stays a module attribute so that it can be replaced (the tests do).
@@ -433,12 +438,15 @@ def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
     return s.bytes, s.opens, s.rotations, s.truncations
 
 
-async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> int:
+    """Read until EOF (yielding between chunks); the number of lines read."""
     switches = tailer.stats.rotations + tailer.stats.truncations
+    count = 0
     while not stop.is_set():
         before = _progress(tailer)
         lines = tailer.poll()
         if lines:
+            count += len(lines)
             on_lines(lines)
         # Poll until a poll reaches EOF or makes no progress, rather than until has_pending() is False:
         # a read that ended exactly at EOF on the byte budget has not checked the path for rotation
@@ -449,8 +457,9 @@ async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop:
             or _progress(tailer) == before
             or tailer.stats.rotations + tailer.stats.truncations > switches + 1
         ):
-            return
+            return count
         await asyncio.sleep(0)
+    return count
 
 
 async def follow(
@@ -460,21 +469,23 @@ async def follow(
     poll_interval: float = 1.0,
     use_watchdog: bool = True,
     stop: asyncio.Event | None = None,
-    batch_interval: float = 0.025,
+    batch_interval: float = 0.2,
     after_drain: Callable[[], None] | None = None,
 ) -> None:
     """Feed new lines of ``tailer`` to ``on_lines`` until ``stop`` is set (or the task is cancelled).
 
     ``after_drain`` is called after every pass, lines or not (e.g. to report ``tailer.last_error``).
 
-    A line written after a quiet spell is read at once. While the file keeps changing (two reads
-    less than ``2 * batch_interval`` apart), the follower waits ``batch_interval`` after each read
-    before it reads again, so a server writing hundreds of times a second is read in batches, with
-    one wake-up per batch rather than one per write, at the price of at most that much latency.
-    Except when a writer closes the file: then it is read at once (see `_WakeUps`).
+    A line written after a quiet spell is read at once. While the file keeps changing (a read less
+    than twice the current wait after the previous one), the follower waits before it reads again:
+    ``BATCH_START`` first, doubling after each read that found lines, at most ``batch_interval``. A
+    server writing hundreds of times a second is so read in batches, a few per second, with one
+    wake-up per batch rather than one per write. Except when a writer closes the file: then it is
+    read at once (see `_WakeUps`).
     """
     loop = asyncio.get_running_loop()
-    wake = _WakeUps(loop, batch_interval)
+    first_wait = min(BATCH_START, batch_interval)
+    wake = _WakeUps(loop, first_wait)
     stop_event = stop if stop is not None else asyncio.Event()
     watch: _InotifyWatch | _ParentWatch | None = None
     if use_watchdog:
@@ -482,22 +493,26 @@ async def follow(
     stop_task = asyncio.ensure_future(stop_event.wait())
     stop_task.add_done_callback(lambda _: wake.read_now())
     last_drain = -math.inf
+    wait = first_wait  # the next batch wait while the file keeps changing
     try:
         while not stop_event.is_set():
             if watch is not None:
                 watch.ensure()
                 watch.take_events()  # what they announce, this drain reads
             wake.clear()  # from here on, an event means one more pass
-            busy, last_drain = loop.time() - last_drain < 2 * batch_interval, loop.time()
-            await _drain(tailer, on_lines, stop_event)
+            now = loop.time()
+            busy, last_drain = now - last_drain < 2 * wait, now
+            lines = await _drain(tailer, on_lines, stop_event)
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
-            if busy:
-                await wake.urgent.wait(batch_interval)
+            if busy and lines:
+                await wake.urgent.wait(wait)
+                wait = min(2 * wait, batch_interval)
                 if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
+            wait = first_wait  # quiet: the next line is read at once, and batching starts over
             if isinstance(watch, _InotifyWatch):
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:

@@ -19,9 +19,9 @@ this log::
 Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log.
 
 Layers: `Diagnoser` is the pure core (parsed events in, `Report` dataclasses out; lines are parsed
-with `exporter.logs.parse.parse_line`, and server state/counters come from `exporter.state.ServerState`
-so the counts are the exporter's counters); `read_lines` is the only I/O; `render_text`/`to_json`
-format the report.
+with `exporter.logs.parse`, and server state/counters come from `exporter.state.ServerState`
+so the counts are the exporter's counters); `read_lines` and `read_blocks` are the only I/O;
+`render_text`/`to_json` format the report.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import sys
 import textwrap
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
@@ -56,7 +56,7 @@ MIB = 1024 * 1024
 MAX_LINE_BYTES = 1024 * 1024
 #: If the first bytes of a file hold no llama-server line and look binary, stop reading there.
 SNIFF_BYTES = 1024 * 1024
-_BATCH_LINES = 4096  # lines per feed_lines call: one regex scan each
+_BLOCK_BYTES = 256 * 1024  # what diagnose reads and scans at once after the first MiB
 _DECODE_MESSAGES = {
     "context_exceeded": "Context size has been exceeded",
     "invalid_batch": "Invalid input batch",
@@ -89,6 +89,8 @@ _MAX_ABORT_LINES = 4096
 _STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Lines that feed_lines unwraps before its scan: JSONL, colours, CR.
 _ODD_LINES = re.compile(r"\n\{|[\x1b\r]")
+# A run of whole lines that are none of those and have no router prefix ("[ port] ").
+_PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 
 # Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
 # cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
@@ -431,53 +433,65 @@ class _Run:
         if kind in _PROGRESS:
             self.in_startup = False
             self.cascade = None  # a cascade that is followed by progress recovered
-        if isinstance(e, ev.SlotReleased):
-            self.releases += 1
-            self.largest_request = max(self.largest_request, e.n_tokens)
-            share = self._equal_share()
-            if share is not None:
-                self.over_share_known = True
-                self.over_share += e.n_tokens > share
-            if self.abort is not None and len(self.abort.releases) < _MAX_ABORT_LINES:
-                self.abort.releases.append(e)
-        elif isinstance(e, ev.TaskStarted):
-            self.tasks_started += 1
-        elif isinstance(e, ev.NewPrompt):
-            self.largest_request = max(self.largest_request, e.n_prompt_tokens)
-        elif isinstance(e, ev.RequestError):
-            if (
-                self.abort is not None
-                and e.reason in ev.FATAL_REASONS
-                and len(self.abort.errored_tasks) < _MAX_ABORT_LINES
-            ):
-                self.abort.errored_tasks.append(e.task)
-        elif isinstance(e, ev.MemorySlotFailure):
-            self._cascade().memory_slot_failure(e.batch_size)
-        elif isinstance(e, ev.KVRetry):
-            self._cascade().retry(e.offset, e.n_batch)
-        elif isinstance(e, ev.SlotPurged):
-            self._cascade().purges += 1
-        elif isinstance(e, ev.DecodeFatal):
-            pos = _FATAL_POS.search(line)
-            self.abort = _Abort(
-                line=lineno,
-                elapsed_s=elapsed_seconds(line),
-                reason=e.reason,
-                offset=int(pos[1]) if pos else None,
-                cascade=self.cascade or _Cascade(),
-                predictable=self.predictable,
-            )
-            self.cascade = None
-            self.predictable = None
-        elif isinstance(e, ev.ServerReady):
-            self.in_startup = False
-        elif isinstance(e, ev.KVCacheSection):
-            self.kv_swa_section = e.swa
-        elif isinstance(e, ev.KVCacheSize):
-            if self.kv_swa_section:
-                self.kv_swa_mib += e.k_mib + e.v_mib
-            elif e.cells is not None:
-                self.kv_full = e
+        handler = _RUN_HANDLERS.get(kind)
+        if handler is not None:
+            handler(self, e, lineno, line)
+
+    # One handler per event type that the report follows beyond the state (dispatched by type).
+
+    def _released(self, e: ev.SlotReleased, lineno: int, line: str) -> None:
+        self.releases += 1
+        self.largest_request = max(self.largest_request, e.n_tokens)
+        share = self._equal_share()
+        if share is not None:
+            self.over_share_known = True
+            self.over_share += e.n_tokens > share
+        if self.abort is not None and len(self.abort.releases) < _MAX_ABORT_LINES:
+            self.abort.releases.append(e)
+
+    def _task_started(self, e: ev.TaskStarted, lineno: int, line: str) -> None:
+        self.tasks_started += 1
+
+    def _new_prompt(self, e: ev.NewPrompt, lineno: int, line: str) -> None:
+        self.largest_request = max(self.largest_request, e.n_prompt_tokens)
+
+    def _request_error(self, e: ev.RequestError, lineno: int, line: str) -> None:
+        if self.abort is not None and e.reason in ev.FATAL_REASONS and len(self.abort.errored_tasks) < _MAX_ABORT_LINES:
+            self.abort.errored_tasks.append(e.task)
+
+    def _memory_slot_failure(self, e: ev.MemorySlotFailure, lineno: int, line: str) -> None:
+        self._cascade().memory_slot_failure(e.batch_size)
+
+    def _retry(self, e: ev.KVRetry, lineno: int, line: str) -> None:
+        self._cascade().retry(e.offset, e.n_batch)
+
+    def _purged(self, e: ev.SlotPurged, lineno: int, line: str) -> None:
+        self._cascade().purges += 1
+
+    def _decode_fatal(self, e: ev.DecodeFatal, lineno: int, line: str) -> None:
+        pos = _FATAL_POS.search(line)
+        self.abort = _Abort(
+            line=lineno,
+            elapsed_s=elapsed_seconds(line),
+            reason=e.reason,
+            offset=int(pos[1]) if pos else None,
+            cascade=self.cascade or _Cascade(),
+            predictable=self.predictable,
+        )
+        self.cascade = None
+        self.predictable = None
+
+    def _ready(self, e: ev.ServerReady, lineno: int, line: str) -> None:
+        self.in_startup = False
+
+    def _kv_section(self, e: ev.KVCacheSection, lineno: int, line: str) -> None:
+        self.kv_swa_section = e.swa
+
+    def _kv_size(self, e: ev.KVCacheSize, lineno: int, line: str) -> None:
+        if self.kv_swa_section:
+            self.kv_swa_mib += e.k_mib + e.v_mib
+        elif e.cells is not None:
+            self.kv_full = e
 
     def _note_demand(self, lineno: int, line: str) -> None:
         """Remember the first line at which the prompts in flight needed more than the pool; forget it when they fit."""
@@ -646,6 +660,21 @@ class _Run:
             kv_bytes_rel_error=rel,
             swa_kv_bytes=round(self.kv_swa_mib * MIB) if self.kv_swa_mib else None,
         )
+
+
+_RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
+    ev.SlotReleased: _Run._released,
+    ev.TaskStarted: _Run._task_started,
+    ev.NewPrompt: _Run._new_prompt,
+    ev.RequestError: _Run._request_error,
+    ev.MemorySlotFailure: _Run._memory_slot_failure,
+    ev.KVRetry: _Run._retry,
+    ev.SlotPurged: _Run._purged,
+    ev.DecodeFatal: _Run._decode_fatal,
+    ev.ServerReady: _Run._ready,
+    ev.KVCacheSection: _Run._kv_section,
+    ev.KVCacheSize: _Run._kv_size,
+}
 
 
 def _convert(bytes_per_cell: float, from_type: str | None, to_type: str) -> float | None:
@@ -828,13 +857,74 @@ class Diagnoser:
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
             text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
         done = 0  # lines[:done] are applied
-        for index, e in parse_text_indexed(text):
+        for index, _, e in parse_text_indexed(text):
             self._skip(lines, done, index, first_lineno)
             self.feed_event(e, first_lineno + index, lines[index])
             done = index + 1
         self._skip(lines, done, len(lines), first_lineno)
         if lines:
             self.lines = max(self.lines, first_lineno + len(lines) - 1)
+
+    def feed_text(self, text: str, first_lineno: int) -> None:
+        """`feed_lines` for a block of whole lines (each ends in "\\n", but perhaps the last), numbered
+        from `first_lineno`, without splitting it into lines: only the lines that need unwrapping
+        (JSONL, colours, CR) or carry a router prefix go through `feed_lines`. The same result as
+        feeding its lines one by one (a test holds it to that).
+        """
+        if not text:
+            return
+        if text[:1] not in "[{" and "\n[" not in text and _ODD_LINES.search(text) is None:
+            self._feed_plain(text, first_lineno)
+            return
+        lineno, pos = first_lineno, 0
+        for m in _PLAIN_RUN.finditer(text):
+            if m.start() > pos:
+                odd = text[pos : m.start()]
+                self.feed_lines(_lines_of(odd), lineno)
+                lineno += odd.count("\n")
+            plain = m.group()
+            self._feed_plain(plain, lineno)
+            lineno += plain.count("\n")
+            pos = m.end()
+        if pos < len(text):
+            self.feed_lines(_lines_of(text[pos:]), lineno)
+
+    def _feed_plain(self, text: str, first_lineno: int) -> None:
+        """`feed_text` for lines that need no unwrapping and have no router prefix."""
+        done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
+        line = ""
+        for index, start, e in parse_text_indexed(text):
+            if index > done:
+                self._skip_text(text, done_at, start, first_lineno + index - 1)
+            if index >= done:
+                end = text.find("\n", start) + 1 or len(text)
+                line = text[start:end]
+                done, done_at = index + 1, end
+            self.feed_event(e, first_lineno + index, line)
+        last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
+        if done_at < len(text):
+            self._skip_text(text, done_at, len(text), last)
+        self.lines = max(self.lines, last)
+
+    def _skip_text(self, text: str, start: int, end: int, last_lineno: int) -> None:
+        """`_skip` for the lines of text[start:end] (whole lines, none with an event)."""
+        run = self._current.get(None)
+        if run is None:
+            return
+        run.last_line = last_lineno
+        if run.first_elapsed is None:  # the run's first time stamp may be among them
+            for line in _lines_of(text[start:end]):
+                if line[:1] in _STAMP_FIRST:
+                    run.note_stamp(line)
+                    if run.first_elapsed is not None:
+                        break
+        stop = end
+        while stop > start:  # the last line that may carry a time stamp, from the end
+            begin = max(text.rfind("\n", start, stop - 1) + 1, start)
+            if text[begin] in _STAMP_FIRST:
+                run.last_stamped_line = text[begin:stop]
+                return
+            stop = begin
 
     def _skip(self, lines: Sequence[str], start: int, end: int, first_lineno: int) -> None:
         """What `feed_line` does for lines[start:end], lines without an event (plain ones, no router prefix)."""
@@ -1008,6 +1098,70 @@ def read_lines(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -
         raw = readline(max_line)
 
 
+def _lines_of(text: str) -> list[str]:
+    """`text` split after each "\\n" only (str.splitlines also splits at \\r, \\x1c, U+2028 ...)."""
+    parts = text.split("\n")
+    last = parts.pop()
+    lines = [part + "\n" for part in parts]
+    if last:
+        lines.append(last)
+    return lines
+
+
+def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The rest of a binary stream as blocks of whole lines of text: `read_lines` without the split.
+
+    Each block ends in "\\n", but a line cut at `max_line` bytes (the rest of it is dropped) and the
+    stream's last line, which each come as a block of their own. Counts lines and bytes in `stats`
+    as `read_lines` does. Memory is bounded by a block (at most `max_line`, at most 256 KiB).
+    """
+    size = max(1, min(max_line, _BLOCK_BYTES))
+    pending = b""  # the start of a line that goes on in the next block (shorter than max_line)
+    dropping = False  # in the rest of a cut line, up to its newline
+    while chunk := f.read(size):
+        stats.bytes += len(chunk)
+        start = 0
+        if dropping:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                continue
+            dropping, start = False, nl + 1
+        elif pending:
+            nl = chunk.find(b"\n")
+            head = pending + chunk[: nl + 1 if nl >= 0 else len(chunk)]
+            if len(head) >= max_line and not head[:max_line].endswith(b"\n"):
+                stats.lines += 1
+                stats.long_lines += 1
+                yield head[:max_line].decode("utf-8", "replace")
+                pending, dropping = b"", nl < 0
+                if nl < 0:
+                    continue
+                start = nl + 1
+            elif nl < 0:
+                pending = head
+                continue
+            else:
+                pending, start = b"", nl + 1
+                stats.lines += 1
+                yield head.decode("utf-8", "replace")
+        end = chunk.rfind(b"\n", start) + 1
+        if end > start:
+            text = chunk[start:end].decode("utf-8", "replace")
+            stats.lines += text.count("\n")
+            yield text
+        else:
+            end = start
+        pending = chunk[end:]
+        if len(pending) >= max_line:  # a whole block with no newline: a line to cut
+            stats.lines += 1
+            stats.long_lines += 1
+            yield pending[:max_line].decode("utf-8", "replace")
+            pending, dropping = b"", True
+    if pending:
+        stats.lines += 1
+        yield pending.decode("utf-8", "replace")
+
+
 def _first_text(f: IO[bytes], stats: ReadStats, max_line: int) -> bytes:
     """What `readline(max_line)` would give after the NUL bytes at the start of the stream (counted in
     `stats.bytes`): the hole a copytruncate leaves (see logs/tail.py) is skipped, not called binary."""
@@ -1032,23 +1186,15 @@ def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> R
     d = Diagnoser(path, max_runs=max_runs, max_failures=max_failures)
     f = _open(path)
     try:
-        batch: list[str] = []
-        long_lines, sniffing = 0, True
+        # Line by line while the first MiB decides whether this is a log at all, then in blocks.
         for line in read_lines(f, stats):
-            if sniffing:  # line by line while the first MiB decides whether this is a log at all
-                d.feed_line(line, stats.lines)
-                if stats.bytes >= SNIFF_BYTES:
-                    sniffing = False
-                    if d.specific_events == 0 and _looks_binary(stats):
-                        break  # a large binary file: no need to read it all to say so
-                continue
-            batch.append(line)
-            if len(batch) == _BATCH_LINES or stats.long_lines != long_lines:
-                # A cut line has no "\n", so it ends a batch (joined, it would run into the next line).
-                d.feed_lines(batch, stats.lines - len(batch) + 1)
-                batch.clear()
-                long_lines = stats.long_lines
-        d.feed_lines(batch, stats.lines - len(batch) + 1)
+            d.feed_line(line, stats.lines)
+            if stats.bytes >= SNIFF_BYTES:
+                break
+        if stats.bytes >= SNIFF_BYTES and (d.specific_events or not _looks_binary(stats)):
+            for text in read_blocks(f, stats):
+                first = stats.lines - text.count("\n", 0, len(text) - 1)
+                d.feed_text(text, first)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{path}: read error after {stats.lines:,} lines: {exc}") from None
     finally:

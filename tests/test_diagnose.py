@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -732,6 +733,30 @@ def test_stream_reader_bounds_lines() -> None:
     data = b"a\n" + b"b" * 100 + b"\nc"
     assert list(diagnose.read_lines(io.BytesIO(data), stats, max_line=10)) == ["a\n", "b" * 10, "c"]
     assert (stats.lines, stats.long_lines, stats.bytes) == (3, 1, len(data))
+
+
+def test_block_reader_gives_the_lines_and_counts_of_the_line_reader() -> None:
+    """`read_blocks` (diagnose after the first MiB) against `read_lines` on random lines around the
+    cut length, lines longer than a block, a missing final newline and multi-byte characters."""
+    rng = random.Random(7)
+    for case in range(300):
+        max_line = rng.choice([4, 7, 10, 33])
+        parts = []
+        for _ in range(rng.randrange(0, 30)):
+            n = rng.choice([0, 1, max_line - 2, max_line - 1, max_line, max_line + 1, 3 * max_line, rng.randrange(50)])
+            parts.append(bytes(rng.choice(b"ab\xc3\xa9 ") for _ in range(n)) + b"\n")
+        data = b"".join(parts)
+        if case % 3 == 0:
+            data = data.rstrip(b"\n")
+        by_line, by_block = diagnose.ReadStats(), diagnose.ReadStats()
+        lines = list(diagnose.read_lines(io.BytesIO(data), by_line, max_line))
+        blocks = list(diagnose.read_blocks(io.BytesIO(data), by_block, max_line))
+        assert [x for b in blocks for x in diagnose._lines_of(b)] == lines, (case, data)
+        assert (by_block.lines, by_block.long_lines, by_block.bytes) == (
+            by_line.lines,
+            by_line.long_lines,
+            by_line.bytes,
+        ), (case, data)
 
 
 def test_pure_core_accepts_events() -> None:

@@ -554,24 +554,25 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     return _events(text, _SCAN_LINES)
 
 
-def parse_text_indexed(text: str) -> list[tuple[int, ev.Event]]:
-    """The events of `text`, lines separated by "\\n", each with the index of its line.
+def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
+    """The events of `text`, lines separated by "\\n", each with the index of its line and the
+    offset in `text` where that line starts.
 
     For callers that need to know which line an event came from (`diagnose`). The lines must be
     plain (see `_plain`) or already passed through `unwrap_marked`.
     """
     scan = "\n" + text
-    out: list[tuple[int, ev.Event]] = []
+    out: list[tuple[int, int, ev.Event]] = []
     index, counted_to, last = 0, 0, -1
     for m in _SCAN_LINES.finditer(scan):
-        start = m.start()
+        start = m.start()  # this line's "\n" in `scan`, i.e. where the line starts in `text`
         index += scan.count("\n", counted_to, start)  # newlines before this line's own "\n"
         counted_to = start
         code = _line_format(m["lead"])
         if code != last:
-            out.append((index, ev.LineFormat(code)))
+            out.append((index, start, ev.LineFormat(code)))
             last = code
-        out.append((index, _event(m)))
+        out.append((index, start, _event(m)))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Benchmark: the exporter against mtail 3 on the same llama-server log (issue #8). Prints a table.
+"""Benchmark: the exporter against mtail 3 on the same llama-server log. Prints a table.
 
     $ .venv/bin/python bench/run.py            # the issue's sizes: about 5 minutes on 2 cores
     $ .venv/bin/python bench/run.py --quick    # smaller sizes, for a first look (about 2 minutes)

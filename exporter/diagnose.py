@@ -1,6 +1,7 @@
 """`llamacpp-exporter diagnose LOG`: explain KV-pool incidents from a llama-server log.
 
 Reads a whole log once, streaming (bounded memory, any size), and tells, for each server run in it:
+how it ended (cleanly, a failed start, a crash or kill with what was in flight, or the log stops),
 the configuration in words (slots, per-slot window, unified pool, K/V types, bytes per KV cell), how
 far the slots' promises exceed the pool, how often the server retried, cascaded and aborted, and for
 each failure the tokens every aborted slot held, their share of the pool, how far the sum overflowed
@@ -49,7 +50,7 @@ from exporter.logs import events as ev
 from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.state import ServerState
 
-SCHEMA = "llamacpp-exporter/diagnose/v2"
+SCHEMA = "llamacpp-exporter/diagnose/v3"
 PROG = "llamacpp-exporter diagnose"
 MIB = 1024 * 1024
 #: Lines longer than this are cut (the rest is read and dropped), as the tailer does.
@@ -162,6 +163,38 @@ class Failure:
 
 
 @dataclass
+class InFlight:
+    """A request a run was processing when its log ended."""
+
+    slot: int
+    task: int
+    prompt_tokens: int | None  # the prompt's size, where the log gave it
+    tokens: int  # KV cells the slot held
+
+
+#: How a run ended, from its last lines (see `Ending`).
+ENDINGS = {
+    "clean": "shut down cleanly (its exit line)",
+    "failed_start": "failed to start (never listening)",
+    "died_mid_request": "crashed or was killed mid-request (no exit line; the next start follows)",
+    "died_idle": "crashed or was killed while idle (no exit line; the next start follows)",
+    "log_ends_mid_request": "the log ends mid-request (killed, crashed, or still running)",
+    "log_ends_idle": "the log ends while idle (still running, or stopped without its exit line)",
+}
+
+
+@dataclass
+class Ending:
+    """How a run ended. A run whose next start follows without an exit line died; one at the end of
+    the log may still be running."""
+
+    how: str  # a key of ENDINGS
+    in_flight: list[InFlight]
+    pool_used_tokens: int
+    pool_capacity_tokens: int | None
+
+
+@dataclass
 class FailureSummary:
     """All failures of a run, including those not kept in detail."""
 
@@ -259,6 +292,7 @@ class RunReport:
     recommendations: list[Recommendation]
     verdict: str | None
     cannot_know: list[str]
+    ending: Ending
 
 
 @dataclass
@@ -284,6 +318,8 @@ class Report:
     aborted_requests_total: int
     runs: list[RunReport]
     omitted_runs: OmittedRuns
+    endings: dict[str, int]  # every run (shown or not) by how it ended (keys of ENDINGS)
+    failed_starts_in_a_row: int  # the longest streak of consecutive failed starts
 
     @property
     def exit_status(self) -> int:
@@ -584,7 +620,8 @@ class _Run:
 
     # -- report
 
-    def finish(self) -> RunReport:
+    def finish(self, *, next_start: bool) -> RunReport:
+        """The run's report; `next_start`: closed because another start followed, not by the end of the log."""
         self._close_abort()
         st = self.state
         pool, source = st.pool_capacity()
@@ -628,7 +665,25 @@ class _Run:
             recommendations=recommendations,
             verdict=verdict,
             cannot_know=unknowns,
+            ending=self._ending(next_start, pool),
         )
+
+    def _ending(self, next_start: bool, pool: int | None) -> Ending:
+        st = self.state
+        in_flight = [
+            InFlight(slot, s.task, s.prompt_size, s.tokens)
+            for slot, s in sorted(st.slots.items())
+            if s.processing and not st.exiting
+        ]
+        if self.started and not st.ready:
+            how = "failed_start"
+        elif st.exiting:
+            how = "clean"
+        elif next_start:
+            how = "died_mid_request" if in_flight else "died_idle"
+        else:
+            how = "log_ends_mid_request" if in_flight else "log_ends_idle"
+        return Ending(how, in_flight, st.pool_used(), pool)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -824,6 +879,8 @@ class Diagnoser:
         self._runs = 0
         self._failures = 0
         self._aborted = 0
+        self._endings: dict[str, int] = {}
+        self._failed_streak = self._longest_failed_streak = 0
 
     def feed_line(self, line: str, lineno: int) -> None:
         """Parse one raw line (any format the exporter reads) and apply it."""
@@ -966,7 +1023,7 @@ class Diagnoser:
             # A new server process, unless this is one more banner line of a start already seen (a banner
             # line this start has already printed means a new process: a crash loop during start-up).
             if run is not None and (restart or not run.in_startup or kind in run.banner_seen):
-                self._close(run)
+                self._close(run, next_start=True)
                 run = None
             if run is None:
                 run = self._new_run(source, lineno)
@@ -989,8 +1046,12 @@ class Diagnoser:
         self._current[source] = run
         return run
 
-    def _close(self, run: _Run) -> None:
-        report = run.finish()
+    def _close(self, run: _Run, *, next_start: bool = False) -> None:
+        report = run.finish(next_start=next_start)
+        how = report.ending.how
+        self._endings[how] = self._endings.get(how, 0) + 1
+        self._failed_streak = self._failed_streak + 1 if how == "failed_start" else 0
+        self._longest_failed_streak = max(self._longest_failed_streak, self._failed_streak)
         self._failures += report.failure_summary.total
         self._aborted += report.counts.aborted_requests
         if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
@@ -1016,6 +1077,8 @@ class Diagnoser:
             aborted_requests_total=self._aborted,
             runs=sorted(self._done, key=lambda r: r.first_line),
             omitted_runs=self._omitted,
+            endings={how: self._endings[how] for how in ENDINGS if how in self._endings},
+            failed_starts_in_a_row=self._longest_failed_streak,
         )
 
 
@@ -1439,6 +1502,29 @@ def _wrap(text: str, first: str, rest: str, width: int = 96) -> list[str]:
     )
 
 
+_ENDING_SHORT = {
+    "clean": "clean",
+    "failed_start": "failed start",
+    "died_mid_request": "died mid-request",
+    "died_idle": "died while idle",
+    "log_ends_mid_request": "log ends mid-request",
+    "log_ends_idle": "log ends while idle",
+}
+
+
+def _ending_lines(e: Ending) -> list[str]:
+    """How the run ended, and what was in flight when its log stopped."""
+    lines = [f"Ended: {ENDINGS[e.how]}"]
+    if e.in_flight:
+        pool = f" of {e.pool_capacity_tokens:,}" if e.pool_capacity_tokens else ""
+        fill = f" ({_pct(e.pool_used_tokens / e.pool_capacity_tokens)})" if e.pool_capacity_tokens else ""
+        held = f"the pool held {e.pool_used_tokens:,}{pool} tokens{fill}"
+        lines[0] += f"; in flight: {_plural(len(e.in_flight), 'request')}, {held}"
+        rows = [[str(f.slot), str(f.task), _n(f.prompt_tokens), f"{f.tokens:,}"] for f in e.in_flight]
+        lines.extend("  " + x for x in _table(rows, ["slot", "task", "prompt tokens", "tokens held"]))
+    return lines
+
+
 def render_text(report: Report) -> str:
     """The report for people: aligned tables, thousands separators."""
     out: list[str] = [f"llama-server log: {report.file}"]
@@ -1451,6 +1537,12 @@ def render_text(report: Report) -> str:
         verdict = "no failure found"
     long = f" ({_plural(report.long_lines, 'line')} over 1 MiB cut)" if report.long_lines else ""
     out.append(f"{report.lines:,} lines{long}, {runs}: {verdict}.")
+    if report.endings:
+        ended = [f"{n:,} {_ENDING_SHORT[how]}" for how, n in report.endings.items()]
+        streak = report.failed_starts_in_a_row
+        if streak > 1:
+            ended.append(f"{streak} failed starts in a row")
+        out.append("How runs ended: " + ", ".join(ended) + ".")
     om = report.omitted_runs
     if om.runs:
         out.append(
@@ -1477,6 +1569,7 @@ def render_text(report: Report) -> str:
         if not r.started:
             what.append("its start-up is not in the log")
         out.append(head + (": " + ", ".join(what) if what else ""))
+        out.extend("  " + x for x in _ending_lines(r.ending))
         out.append("  Configuration")
         out.extend("    " + x for x in _config_lines(c))
         out.append("  Activity")

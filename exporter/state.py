@@ -68,6 +68,7 @@ class ServerState:
     verbosity: int | None = None
     model: str | None = None
     ready: bool = False
+    exiting: bool = False  # the server said it is shutting down (`cleaning up before exit`)
     n_slots: int | None = None
     n_ctx_slot: int | None = None
     kv_unified: bool | None = None
@@ -237,6 +238,7 @@ class ServerState:
         self._cache_entries = {}
         self._cache_candidates = []
         self.ready = False
+        self.exiting = False
         self.context = {}
         self.kv_k_bytes = self.kv_v_bytes = 0.0
         self.slots = {}
@@ -467,6 +469,9 @@ class ServerState:
     def _on_server_ready(self, e: ev.ServerReady) -> None:
         self.ready = True
         self._in_startup = False
+
+    def _on_server_exiting(self, e: ev.ServerExiting) -> None:
+        self.exiting = True
 
     def _on_slots_initialized(self, e: ev.SlotsInitialized) -> None:
         self.n_slots = e.n_slots
@@ -707,6 +712,7 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.Verbosity: ServerState._on_verbosity,
     ev.ModelLoading: ServerState._on_model_loading,
     ev.ServerReady: ServerState._on_server_ready,
+    ev.ServerExiting: ServerState._on_server_exiting,
     ev.SlotsInitialized: ServerState._on_slots_initialized,
     ev.SlotCreated: ServerState._on_slot_created,
     ev.ContextParam: ServerState._on_context_param,

@@ -476,7 +476,7 @@ _FAILURE_KEYS = [
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v2" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v3" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -487,6 +487,8 @@ def test_json_schema_is_stable() -> None:
         "aborted_requests_total",
         "runs",
         "omitted_runs",
+        "endings",
+        "failed_starts_in_a_row",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -504,7 +506,9 @@ def test_json_schema_is_stable() -> None:
         "recommendations",
         "verdict",
         "cannot_know",
+        "ending",
     ]
+    assert list(run["ending"]) == ["how", "in_flight", "pool_used_tokens", "pool_capacity_tokens"]
     assert list(run["configuration"]) == [
         "build",
         "model",
@@ -947,3 +951,34 @@ def test_advice_is_proportionate_to_what_the_log_shows() -> None:
     assert [r.kind for r in run.recommendations] == ["no_kv_unified", "kv_unified_per_slot"]
     assert run.verdict is not None and run.verdict.startswith("No request failed in this log, but the pool is a risk")
     assert "shrinks the windows" in run.verdict and "more KV memory" in run.verdict
+
+
+def test_how_each_run_ended() -> None:
+    """From real b11434 lines: a clean exit, a start that never listens (three in a row), a run cut
+    mid-request and followed by the next start (a crash or kill), and a log that ends mid-request."""
+    lines = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text().splitlines(keepends=True)
+    listening = next(i for i, line in enumerate(lines) if "listening on" in line)
+    in_flight = next(i for i, line in enumerate(lines) if "task 20 | new prompt" in line) + 1
+    never_listens = lines[:listening]
+    history = [*lines, *never_listens * 3, *lines[:in_flight], *lines[:in_flight]]
+    report = analyze(history, "history.log", max_runs=0)
+    assert [r.ending.how for r in report.runs] == [
+        "clean",
+        "failed_start",
+        "failed_start",
+        "failed_start",
+        "died_mid_request",
+        "log_ends_mid_request",
+    ]
+    assert report.endings == {"clean": 1, "failed_start": 3, "died_mid_request": 1, "log_ends_mid_request": 1}
+    assert report.failed_starts_in_a_row == 3
+    died = report.runs[4].ending
+    # What was in flight: the tasks the log had started and not released, with the prompt size it gave.
+    assert [(f.slot, f.task, f.prompt_tokens) for f in died.in_flight] == [(2, 20, 103)]
+    assert died.pool_capacity_tokens == 512
+    text = render_text(report)
+    assert (
+        "How runs ended: 1 clean, 3 failed start, 1 died mid-request, 1 log ends mid-request, 3 failed starts in a row."
+        in text
+    )
+    assert "crashed or was killed mid-request" in text and "in flight: 1 request," in text

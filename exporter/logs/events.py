@@ -69,6 +69,12 @@ class ServerReady:
 
 
 @event
+class ServerExiting:
+    """`cleaning up before exit...`: the server is shutting down on its own terms (a signal it handles,
+    or the end of its main loop), not crashing."""
+
+
+@event
 class SlotsInitialized:
     """`initializing, n_slots = 4, n_ctx_slot = 512, kv_unified = 'true'` (b9829+).
 
@@ -479,7 +485,7 @@ FATAL_REASONS: frozenset[str] = frozenset({"context_exceeded", "invalid_batch", 
 
 #: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
 #: could not be read, and the format of lines.
-GENERIC: frozenset[type] = frozenset({ServerReady, ModelLoading, Rejected, LineFormat})
+GENERIC: frozenset[type] = frozenset({ServerReady, ServerExiting, ModelLoading, Rejected, LineFormat})
 
 Event: TypeAlias = (
     Rejected
@@ -488,6 +494,7 @@ Event: TypeAlias = (
     | Verbosity
     | ModelLoading
     | ServerReady
+    | ServerExiting
     | SlotsInitialized
     | SlotCreated
     | ContextParam

@@ -347,6 +347,8 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         lambda m: ev.ServerReady(m["address"]),
     ),
     ("loading", r"loading model '(?P<model>.*)'$", lambda m: ev.ModelLoading(m["model"])),
+    # b11434: `srv    operator(): operator(): cleaning up before exit...` (the signal handler's lambda).
+    ("cleaning operator()", r"(?:operator\(\): )?cleaning up before exit\.\.\.$", lambda m: ev.ServerExiting()),
     (
         "capping",
         r"capping per-slot context \((?P<cap_requested>\d+)\) to --kv-unified-per-slot \((?P<cap>\d+)\)",

@@ -30,9 +30,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import glob
 import gzip
+import hashlib
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -180,6 +183,7 @@ ENDINGS = {
     "died_idle": "crashed or was killed while idle (no exit line; the next start follows)",
     "log_ends_mid_request": "the log ends mid-request (killed, crashed, or still running)",
     "log_ends_idle": "the log ends while idle (still running, or stopped without its exit line)",
+    "log_ends_starting": "the log ends during start-up (still loading, or stopped before listening)",
 }
 
 
@@ -189,6 +193,7 @@ class Ending:
     the log may still be running."""
 
     how: str  # a key of ENDINGS
+    reason: str | None  # why a start failed, where the log says
     in_flight: list[InFlight]
     pool_used_tokens: int
     pool_capacity_tokens: int | None
@@ -281,6 +286,7 @@ class RunReport:
 
     index: int
     source: str | None  # router child `[port]`, when the log came through `llama-server` router mode
+    file: str  # the input it was read from (its line numbers are that file's)
     first_line: int
     last_line: int
     started: bool  # the run's start-up banner is in the log
@@ -311,6 +317,9 @@ class Report:
 
     schema: str
     file: str
+    files: list[str]  # every input read, in the order read
+    files_order: str | None  # how several inputs were ordered
+    skipped: list[str]  # inputs not read, each with why (a copy of one read before, not a log)
     lines: int
     long_lines: int
     runs_total: int
@@ -419,9 +428,10 @@ class _Predictable:
 class _Run:
     """Accumulates one server run. Memory is bounded: counters, the slots, and at most N failures."""
 
-    def __init__(self, index: int, source: str | None, first_line: int, max_failures: int) -> None:
+    def __init__(self, index: int, source: str | None, first_line: int, max_failures: int, file: str = "") -> None:
         self.index = index
         self.source = source
+        self.file = file
         self.first_line = first_line
         self.last_line = first_line
         self.state = ServerState()
@@ -654,6 +664,7 @@ class _Run:
         return RunReport(
             index=self.index,
             source=self.source,
+            file=self.file,
             first_line=self.first_line,
             last_line=self.last_line,
             started=self.started,
@@ -676,14 +687,14 @@ class _Run:
             if s.processing and not st.exiting
         ]
         if self.started and not st.ready:
-            how = "failed_start"
+            how = "failed_start" if next_start or st.exiting else "log_ends_starting"
         elif st.exiting:
             how = "clean"
         elif next_start:
             how = "died_mid_request" if in_flight else "died_idle"
         else:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
-        return Ending(how, in_flight, st.pool_used(), pool)
+        return Ending(how, st.start_error, in_flight, st.pool_used(), pool)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -866,6 +877,9 @@ class Diagnoser:
 
     def __init__(self, file: str, *, max_runs: int = 10, max_failures: int = 10) -> None:
         self.file = file
+        self.files = [file]
+        self.skipped: list[str] = []
+        self._lines_before = 0  # lines of the files before this one
         self.max_runs = max_runs
         self.max_failures = max_failures
         self.lines = 0
@@ -1036,9 +1050,20 @@ class Diagnoser:
             run.note_stamp(line)
         run.apply(e, lineno, line)
 
+    def next_file(self, file: str) -> None:
+        """The lines that follow come from `file`, numbered from 1 again. llama-server truncates its log
+        as it starts, so a file is a later run: a run still open here ended without its exit line."""
+        for run in sorted(self._current.values(), key=lambda r: r.first_line):
+            self._close(run, next_start=True)
+        self._current = {}
+        self._line_format = {}
+        self._lines_before += self.lines
+        self.lines = 0
+        self.files.append(file)
+
     def _new_run(self, source: str | None, lineno: int) -> _Run:
         self._runs += 1
-        run = _Run(self._runs, source, lineno, self.max_failures)
+        run = _Run(self._runs, source, lineno, self.max_failures, self.files[-1])
         run.state.provenance.banners_reformat = True  # a file holds one run after another: each start may change it
         line_format = self._line_format.get(source)
         if line_format is not None:
@@ -1069,8 +1094,11 @@ class Diagnoser:
         self._current = {}
         return Report(
             schema=SCHEMA,
-            file=self.file,
-            lines=self.lines,
+            file=self.file if len(self.files) == 1 else f"{len(self.files)} files",
+            files=list(self.files),
+            files_order=None,
+            skipped=list(self.skipped),
+            lines=self._lines_before + self.lines,
             long_lines=self.long_lines,
             runs_total=self._runs,
             failures_total=self._failures,
@@ -1245,8 +1273,100 @@ def _looks_binary(stats: ReadStats) -> bool:
 
 def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> Report:
     """Stream `path` (or `-` for standard input) through a `Diagnoser`; raise `InputError` for bad input."""
-    stats = ReadStats()
-    d = Diagnoser(path, max_runs=max_runs, max_failures=max_failures)
+    return diagnose_files([path], max_runs=max_runs, max_failures=max_failures)
+
+
+def input_files(args: Sequence[str]) -> tuple[list[str], str | None]:
+    """The files to read for `diagnose LOG...`, and how they were ordered (None for one input).
+
+    An argument that names no file is taken as a glob pattern (`'llama-server.log*'`). Several files
+    are read oldest first by modification time: llama-server's own time stamps count from its start,
+    so a file's time is what orders its runs. `-` (standard input) must be the only input.
+    """
+    paths: list[str] = []
+    for arg in args:
+        if arg == "-" or os.path.lexists(arg) or not glob.has_magic(arg):
+            paths.append(arg)
+            continue
+        matches = sorted(glob.glob(arg))  # noqa: PTH207 (Path.glob takes no absolute pattern)
+        if not matches:
+            raise InputError(f"{arg}: no such file (and no file matches it as a pattern)")
+        paths.extend(matches)
+    unique = list(dict.fromkeys(paths))
+    if "-" in unique and len(unique) > 1:
+        raise InputError("-: standard input cannot be read together with files (give one or the other)")
+    if len(unique) == 1:
+        return unique, None
+
+    def mtime(path: str) -> float:
+        try:
+            return Path(path).stat().st_mtime
+        except OSError:
+            return math.inf  # opening it fails with the reason, in its place at the end
+
+    return sorted(unique, key=mtime), "by modification time, oldest first"
+
+
+def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: int = 10) -> Report:
+    """`diagnose_file` over several files in the order given, one report; runs restart at each file.
+
+    A file whose content equals an earlier one's (a `.prev-*` copy of a rotated file) is read once.
+    With one file, bad input raises `InputError`; with several, a file that is not a log is skipped
+    and said in the report, unless none is one.
+    """
+    d = Diagnoser(paths[0], max_runs=max_runs, max_failures=max_failures)
+    seen: dict[str, str] = {}  # content digest -> the file read with it
+    long_lines = 0
+    first_error: InputError | None = None
+    read_any = False
+    for path in paths:
+        try:
+            if len(paths) > 1:
+                key = _content_digest(path)
+                if key in seen:
+                    d.skipped.append(f"{path}: the same content as {seen[key]}, read once")
+                    continue
+                seen[key] = path
+            if read_any:
+                d.next_file(path)
+            else:
+                d.files[-1] = path
+            stats = ReadStats()
+            _feed_file(d, path, stats)
+        except InputError as exc:
+            if len(paths) == 1:
+                raise
+            first_error = first_error or exc
+            d.skipped.append(str(exc))
+            if read_any and d.files[-1] == path:
+                d.files.pop()
+            d.lines = 0  # none of its lines count
+            continue
+        read_any = True
+        long_lines += stats.long_lines
+    if not read_any:
+        raise first_error or InputError("no input")
+    d.long_lines = long_lines
+    return d.finish()
+
+
+def _content_digest(path: str) -> str:
+    """SHA-256 of a file's content (decompressed); raises `InputError` when it cannot be read."""
+    digest = hashlib.sha256()
+    f = _open(path)
+    try:
+        while chunk := f.read(_BLOCK_BYTES):
+            digest.update(chunk)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(f"{path}: read error: {exc}") from None
+    finally:
+        f.close()
+    return digest.hexdigest()
+
+
+def _feed_file(d: Diagnoser, path: str, stats: ReadStats) -> None:
+    """Read one input into `d`; raise `InputError` when it is not a llama-server log."""
+    before = d.specific_events
     f = _open(path)
     try:
         # Line by line while the first MiB decides whether this is a log at all, then in blocks.
@@ -1254,7 +1374,7 @@ def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> R
             d.feed_line(line, stats.lines)
             if stats.bytes >= SNIFF_BYTES:
                 break
-        if stats.bytes >= SNIFF_BYTES and (d.specific_events or not _looks_binary(stats)):
+        if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not _looks_binary(stats)):
             for text in read_blocks(f, stats):
                 first = stats.lines - text.count("\n", 0, len(text) - 1)
                 d.feed_text(text, first)
@@ -1263,19 +1383,17 @@ def diagnose_file(path: str, *, max_runs: int = 10, max_failures: int = 10) -> R
     finally:
         if f is not sys.stdin.buffer:
             f.close()
-    d.long_lines = stats.long_lines
     if stats.bytes == 0:
         raise InputError(f"{path}: empty file, nothing to diagnose")
     if stats.lines == 0:
         raise InputError(f"{path}: only NUL bytes, no text")
-    if d.specific_events == 0:
+    if d.specific_events == before:
         if _looks_binary(stats):
             raise InputError(f"{path}: binary data, not a text log (expected llama-server's --log-file)")
         raise InputError(
             f"{path}: no llama-server log lines in {stats.lines:,} lines "
             "(expected llama-server's --log-file output, plain, prefixed, coloured or --log-jsonl)"
         )
-    return d.finish()
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -1509,12 +1627,13 @@ _ENDING_SHORT = {
     "died_idle": "died while idle",
     "log_ends_mid_request": "log ends mid-request",
     "log_ends_idle": "log ends while idle",
+    "log_ends_starting": "log ends during start-up",
 }
 
 
 def _ending_lines(e: Ending) -> list[str]:
     """How the run ended, and what was in flight when its log stopped."""
-    lines = [f"Ended: {ENDINGS[e.how]}"]
+    lines = [f"Ended: {ENDINGS[e.how]}" + (f": {e.reason}" if e.reason else "")]
     if e.in_flight:
         pool = f" of {e.pool_capacity_tokens:,}" if e.pool_capacity_tokens else ""
         fill = f" ({_pct(e.pool_used_tokens / e.pool_capacity_tokens)})" if e.pool_capacity_tokens else ""
@@ -1527,7 +1646,12 @@ def _ending_lines(e: Ending) -> list[str]:
 
 def render_text(report: Report) -> str:
     """The report for people: aligned tables, thousands separators."""
-    out: list[str] = [f"llama-server log: {report.file}"]
+    if len(report.files) == 1:
+        out: list[str] = [f"llama-server log: {report.file}"]
+    else:
+        order = f", {report.files_order}" if report.files_order else ""
+        out = [f"llama-server logs: {len(report.files)} files{order}: {', '.join(report.files)}"]
+    out.extend(f"Not read: {why}" for why in report.skipped)
     runs = _plural(report.runs_total, "server run")
     if report.failures_total:
         verdict = (
@@ -1553,7 +1677,8 @@ def render_text(report: Report) -> str:
     for r in report.runs:
         c = r.configuration
         out.append("")
-        head = f"Run {r.index} (lines {r.first_line:,}-{r.last_line:,}"
+        where = f"{r.file}, " if len(report.files) > 1 else ""
+        head = f"Run {r.index} ({where}lines {r.first_line:,}-{r.last_line:,}"
         if r.duration_s is not None:
             head += f", {_duration(r.duration_s)}"
         head += ")"
@@ -1623,7 +1748,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log. "
         "Reads plain, prefixed, coloured and --log-jsonl logs (gzip too), in bounded memory.",
     )
-    p.add_argument("log", metavar="LOG", help="llama-server's --log-file (or - for standard input)")
+    p.add_argument(
+        "logs",
+        metavar="LOG",
+        nargs="+",
+        help="llama-server's --log-file, or several (rotated, gzipped, copies; a quoted pattern such as "
+        "'llama-server.log*' is expanded), read oldest first; or - for standard input",
+    )
     p.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {SCHEMA})")
     p.add_argument(
         "--max-runs",
@@ -1643,11 +1774,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`llamacpp-exporter diagnose LOG [--json]`; returns the exit status."""
+    """`llamacpp-exporter diagnose LOG... [--json]`; returns the exit status."""
     parser = build_parser()
     ns = parser.parse_args(list(argv))
     try:
-        report = diagnose_file(ns.log, max_runs=ns.max_runs, max_failures=ns.max_failures)
+        paths, order = input_files(ns.logs)
+        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures)
+        report.files_order = order
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

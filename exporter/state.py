@@ -69,6 +69,7 @@ class ServerState:
     model: str | None = None
     ready: bool = False
     exiting: bool = False  # the server said it is shutting down (`cleaning up before exit`)
+    start_error: str | None = None  # why the start failed, where the log says
     n_slots: int | None = None
     n_ctx_slot: int | None = None
     kv_unified: bool | None = None
@@ -239,6 +240,7 @@ class ServerState:
         self._cache_candidates = []
         self.ready = False
         self.exiting = False
+        self.start_error = None
         self.context = {}
         self.kv_k_bytes = self.kv_v_bytes = 0.0
         self.slots = {}
@@ -472,6 +474,10 @@ class ServerState:
 
     def _on_server_exiting(self, e: ev.ServerExiting) -> None:
         self.exiting = True
+
+    def _on_model_load_failed(self, e: ev.ModelLoadFailed) -> None:
+        self.model = e.model
+        self.start_error = f"failed to load model '{e.model}'"
 
     def _on_slots_initialized(self, e: ev.SlotsInitialized) -> None:
         self.n_slots = e.n_slots
@@ -713,6 +719,7 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.ModelLoading: ServerState._on_model_loading,
     ev.ServerReady: ServerState._on_server_ready,
     ev.ServerExiting: ServerState._on_server_exiting,
+    ev.ModelLoadFailed: ServerState._on_model_load_failed,
     ev.SlotsInitialized: ServerState._on_slots_initialized,
     ev.SlotCreated: ServerState._on_slot_created,
     ev.ContextParam: ServerState._on_context_param,

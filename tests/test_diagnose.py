@@ -480,6 +480,9 @@ def test_json_schema_is_stable() -> None:
     assert list(data) == [
         "schema",
         "file",
+        "files",
+        "files_order",
+        "skipped",
         "lines",
         "long_lines",
         "runs_total",
@@ -495,6 +498,7 @@ def test_json_schema_is_stable() -> None:
     assert list(run) == [
         "index",
         "source",
+        "file",
         "first_line",
         "last_line",
         "started",
@@ -508,7 +512,7 @@ def test_json_schema_is_stable() -> None:
         "cannot_know",
         "ending",
     ]
-    assert list(run["ending"]) == ["how", "in_flight", "pool_used_tokens", "pool_capacity_tokens"]
+    assert list(run["ending"]) == ["how", "reason", "in_flight", "pool_used_tokens", "pool_capacity_tokens"]
     assert list(run["configuration"]) == [
         "build",
         "model",
@@ -982,3 +986,49 @@ def test_how_each_run_ended() -> None:
         in text
     )
     assert "crashed or was killed mid-request" in text and "in flight: 1 request," in text
+
+
+def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None:
+    """Rotated, gzipped and copied files (quoted pattern too): oldest first, a copy read once, a file
+    that is not a log skipped and said; the same history as one stream on stdin gives the same runs."""
+    lines = {n: (CAPTURE_ROOT / n / "llama-server.log").read_bytes() for n in ("exhaust-lv4", "recover-purge-lv4")}
+    crashed = b"".join(lines["exhaust-lv4"].splitlines(keepends=True)[:250])  # killed mid-request
+    files = {
+        "llama-server.log.2.gz": (gzip.compress(lines["exhaust-lv4"]), 1_000),
+        "llama-server.log.1": (crashed, 2_000),
+        "llama-server.log.prev-0930": (crashed, 2_500),  # a wrapper's copy of the same run
+        "llama-server.log": (lines["recover-purge-lv4"], 3_000),
+        "notes.txt": (b"not a log\n", 3_500),
+    }
+    for name, (data, mtime) in files.items():
+        (tmp_path / name).write_bytes(data)
+        os.utime(tmp_path / name, (mtime, mtime))
+    paths, order = diagnose.input_files([str(tmp_path / "llama-server.log*"), str(tmp_path / "notes.txt")])
+    assert order == "by modification time, oldest first"
+    report = diagnose.diagnose_files(paths, max_runs=0)
+    assert [Path(f).name for f in report.files] == ["llama-server.log.2.gz", "llama-server.log.1", "llama-server.log"]
+    assert [Path(r.file).name for r in report.runs] == [Path(f).name for f in report.files]
+    assert [r.ending.how for r in report.runs] == ["clean", "died_mid_request", "clean"]
+    assert report.runs[1].ending.in_flight and report.runs[1].last_line == 250
+    assert len(report.skipped) == 2 and "the same content as" in report.skipped[0] and "notes.txt" in report.skipped[1]
+    assert report.lines == sum(
+        len(files[Path(f).name][0].splitlines()) for f in report.files if not f.endswith(".gz")
+    ) + len(lines["exhaust-lv4"].splitlines())
+
+    stream = subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", "--json", "--max-runs", "0", "-"],
+        input=lines["exhaust-lv4"] + crashed + lines["recover-purge-lv4"],
+        capture_output=True,
+        check=False,
+        cwd=REPO,
+    )
+    from_stdin = json.loads(stream.stdout)
+    from_files = json.loads(to_json(report))
+    for key in ("runs_total", "failures_total", "aborted_requests_total", "endings", "lines"):
+        assert from_stdin[key] == from_files[key], key
+    for a, b in zip(from_stdin["runs"], from_files["runs"], strict=True):
+        assert (a["counts"], a["ending"]["how"], a["failure_summary"]) == (
+            b["counts"],
+            b["ending"]["how"],
+            b["failure_summary"],
+        )

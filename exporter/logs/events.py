@@ -69,6 +69,13 @@ class ServerReady:
 
 
 @event
+class ModelLoadFailed:
+    """`load_model: failed to load model, '/models/x.gguf'`: the start fails; the server exits."""
+
+    model: str
+
+
+@event
 class ServerExiting:
     """`cleaning up before exit...`: the server is shutting down on its own terms (a signal it handles,
     or the end of its main loop), not crashing."""
@@ -495,6 +502,7 @@ Event: TypeAlias = (
     | ModelLoading
     | ServerReady
     | ServerExiting
+    | ModelLoadFailed
     | SlotsInitialized
     | SlotCreated
     | ContextParam

@@ -347,6 +347,7 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         lambda m: ev.ServerReady(m["address"]),
     ),
     ("loading", r"loading model '(?P<model>.*)'$", lambda m: ev.ModelLoading(m["model"])),
+    ("failed", r"failed to load model, '(?P<failed_model>.*)'$", lambda m: ev.ModelLoadFailed(m["failed_model"])),
     # b11434: `srv    operator(): operator(): cleaning up before exit...` (the signal handler's lambda).
     ("cleaning operator()", r"(?:operator\(\): )?cleaning up before exit\.\.\.$", lambda m: ev.ServerExiting()),
     (

@@ -28,11 +28,13 @@ so the counts are the exporter's counters); `read_lines` and `read_blocks` are t
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import dataclasses
 import glob
 import gzip
 import hashlib
+import heapq
 import io
 import json
 import math
@@ -41,6 +43,7 @@ import re
 import stat
 import sys
 import textwrap
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -302,6 +305,27 @@ class RunReport:
 
 
 @dataclass
+class FileSummary:
+    """One input's runs, for the timeline of a history of files."""
+
+    file: str
+    modified: float | None = None  # its modification time (epoch seconds): about when its last run ended
+    runs: int = 0
+    failures: int = 0
+    aborted_requests: int = 0
+    endings: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LargeRequest:
+    """One of the largest requests of the whole history."""
+
+    tokens: int
+    run: int
+    file: str
+
+
+@dataclass
 class OmittedRuns:
     """Runs not kept in detail (all but the last --max-runs)."""
 
@@ -329,6 +353,8 @@ class Report:
     omitted_runs: OmittedRuns
     endings: dict[str, int]  # every run (shown or not) by how it ended (keys of ENDINGS)
     failed_starts_in_a_row: int  # the longest streak of consecutive failed starts
+    by_file: list[FileSummary]  # per input, in the order read
+    largest_requests: list[LargeRequest]  # the 3 largest of the whole history, largest first
 
     @property
     def exit_status(self) -> int:
@@ -894,6 +920,8 @@ class Diagnoser:
         self._failures = 0
         self._aborted = 0
         self._endings: dict[str, int] = {}
+        self._by_file: dict[str, FileSummary] = {}
+        self._largest: list[tuple[int, int, str]] = []  # a min-heap of (tokens, run, file), at most 3
         self._failed_streak = self._longest_failed_streak = 0
 
     def feed_line(self, line: str, lineno: int) -> None:
@@ -1079,6 +1107,17 @@ class Diagnoser:
         self._longest_failed_streak = max(self._longest_failed_streak, self._failed_streak)
         self._failures += report.failure_summary.total
         self._aborted += report.counts.aborted_requests
+        fs = self._by_file.setdefault(report.file, FileSummary(report.file))
+        fs.runs += 1
+        fs.failures += report.failure_summary.total
+        fs.aborted_requests += report.counts.aborted_requests
+        fs.endings[how] = fs.endings.get(how, 0) + 1
+        if report.counts.largest_request_tokens:
+            entry = (report.counts.largest_request_tokens, report.index, report.file)
+            if len(self._largest) < 3:
+                heapq.heappush(self._largest, entry)
+            else:
+                heapq.heappushpop(self._largest, entry)
         if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
             old = self._done[0]
             self._omitted.runs += 1
@@ -1107,6 +1146,8 @@ class Diagnoser:
             omitted_runs=self._omitted,
             endings={how: self._endings[how] for how in ENDINGS if how in self._endings},
             failed_starts_in_a_row=self._longest_failed_streak,
+            by_file=[self._by_file.get(f) or FileSummary(f) for f in self.files],
+            largest_requests=[LargeRequest(t, r, f) for t, r, f in sorted(self._largest, reverse=True)],
         )
 
 
@@ -1347,7 +1388,12 @@ def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: in
     if not read_any:
         raise first_error or InputError("no input")
     d.long_lines = long_lines
-    return d.finish()
+    report = d.finish()
+    for fs in report.by_file:
+        if fs.file != "-":
+            with contextlib.suppress(OSError):
+                fs.modified = Path(fs.file).stat().st_mtime
+    return report
 
 
 def _content_digest(path: str) -> str:
@@ -1631,6 +1677,45 @@ _ENDING_SHORT = {
 }
 
 
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _history_lines(report: Report) -> list[str]:
+    """The whole period of a history of files: a timeline, aborted requests per day, restart loops,
+    the largest requests. Times are the files' modification times (llama-server's own count from
+    its start), so each is about when that file's last run ended."""
+    out: list[str] = []
+    timed = [fs for fs in report.by_file if fs.modified is not None]
+    if len(report.by_file) > 1:
+        out.append("Timeline (UTC; each file's modification time, about when its last run ended):")
+        width = max(len(Path(fs.file).name) for fs in report.by_file)
+        for fs in report.by_file:
+            when = _utc(fs.modified) if fs.modified is not None else "?" * 19
+            ended = ", ".join(f"{n} {_ENDING_SHORT[how]}" for how, n in fs.endings.items())
+            failed = f"; {_plural(fs.failures, 'failure')}, {fs.aborted_requests:,} aborted" if fs.failures else ""
+            out.append(f"  {when}  {Path(fs.file).name:<{width}}  {_plural(fs.runs, 'run')}: {ended}{failed}")
+        per_day: dict[str, int] = {}
+        for fs in timed:
+            if fs.aborted_requests:
+                day = _utc(fs.modified or 0)[:10]
+                per_day[day] = per_day.get(day, 0) + fs.aborted_requests
+        if per_day:
+            out.append("Aborted requests per day: " + ", ".join(f"{d} {n:,}" for d, n in sorted(per_day.items())))
+        times = sorted(fs.modified or 0 for fs in timed for _ in range(fs.runs))
+        most = max((bisect.bisect_right(times, t + 60) - i for i, t in enumerate(times)), default=0)
+        if most >= 3:
+            out.append(f"Restart loop: {most} starts within one minute.")
+    if report.largest_requests:
+        several = len(report.by_file) > 1
+        largest = [
+            f"{r.tokens:,} tokens (run {r.run}" + (f" in {Path(r.file).name})" if several else ")")
+            for r in report.largest_requests
+        ]
+        out.append("Largest requests: " + ", ".join(largest) + ".")
+    return out
+
+
 def _ending_lines(e: Ending) -> list[str]:
     """How the run ended, and what was in flight when its log stopped."""
     lines = [f"Ended: {ENDINGS[e.how]}" + (f": {e.reason}" if e.reason else "")]
@@ -1667,6 +1752,7 @@ def render_text(report: Report) -> str:
         if streak > 1:
             ended.append(f"{streak} failed starts in a row")
         out.append("How runs ended: " + ", ".join(ended) + ".")
+    out.extend(_history_lines(report))
     om = report.omitted_runs
     if om.runs:
         out.append(

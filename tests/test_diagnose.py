@@ -492,6 +492,8 @@ def test_json_schema_is_stable() -> None:
         "omitted_runs",
         "endings",
         "failed_starts_in_a_row",
+        "by_file",
+        "largest_requests",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -904,7 +906,9 @@ def _line_by_line(path: Path) -> Report:
         for line in diagnose.read_lines(f, stats):
             d.feed_line(line, stats.lines)
     d.long_lines = stats.long_lines
-    return d.finish()
+    report = d.finish()
+    report.by_file[0].modified = path.stat().st_mtime  # what diagnose_files adds: the file's time
+    return report
 
 
 @pytest.mark.parametrize("mix", ["plain", "odd"])
@@ -1011,6 +1015,18 @@ def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None
     assert [r.ending.how for r in report.runs] == ["clean", "died_mid_request", "clean"]
     assert report.runs[1].ending.in_flight and report.runs[1].last_line == 250
     assert len(report.skipped) == 2 and "the same content as" in report.skipped[0] and "notes.txt" in report.skipped[1]
+    assert [(Path(fs.file).name, fs.modified, fs.runs, fs.aborted_requests) for fs in report.by_file] == [
+        ("llama-server.log.2.gz", 1_000, 1, 4),
+        ("llama-server.log.1", 2_000, 1, 0),
+        ("llama-server.log", 3_000, 1, 0),
+    ]
+    text = render_text(report)
+    assert "  1970-01-01 00:16:40  llama-server.log.2.gz  1 run: 1 clean; 1 failure, 4 aborted" in text
+    assert "Aborted requests per day: 1970-01-01 4" in text
+    assert "Restart loop" not in text  # 1,000 s apart
+    for name, (_, mtime) in files.items():  # the same three starts within one minute
+        os.utime(tmp_path / name, (mtime / 100, mtime / 100))
+    assert "Restart loop: 3 starts within one minute." in render_text(diagnose.diagnose_files(paths, max_runs=0))
     assert report.lines == sum(
         len(files[Path(f).name][0].splitlines()) for f in report.files if not f.endswith(".gz")
     ) + len(lines["exhaust-lv4"].splitlines())

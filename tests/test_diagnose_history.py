@@ -121,6 +121,13 @@ def test_a_history_of_real_runs(llama_server_bin: Path, tiny_llama_model: Path, 
     assert in_flight.prompt_tokens is not None and in_flight.prompt_tokens > 1000
     assert report.runs[3].ending.reason == f"failed to load model '{tmp_path / 'missing.gguf'}'"
 
+    text = render_text(report)
+    assert "Timeline (UTC; each file's modification time, about when its last run ended):" in text
+    assert "  2027-01-15 08:00:00  llama-server.log.4.gz  1 run: 1 clean" in text
+    assert "  2027-01-15 08:01:00  llama-server.log.3.gz  1 run: 1 clean; 1 failure, 4 aborted" in text
+    assert "Aborted requests per day: 2027-01-15 4" in text
+    assert "Largest requests: " in text and "(run 3 in llama-server.log.2)" in text  # the killed long prompt
+
     # The totals are the files' line counts.
     texts = [_text(Path(p)) for p in report.files]
     assert report.lines == sum(len(t.splitlines()) for t in texts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib
 import importlib.util
 import io
 import json
@@ -894,8 +895,11 @@ def test_crash_loop_during_start_up_is_one_run_per_start() -> None:
 
 def test_docstring_examples() -> None:
     import doctest
+    import pkgutil
 
-    assert doctest.testmod(diagnose).failed == 0
+    for info in pkgutil.iter_modules(diagnose.__path__):
+        module = importlib.import_module(f"exporter.diagnose.{info.name}")
+        assert doctest.testmod(module).failed == 0, info.name
 
 
 def _line_by_line(path: Path) -> Report:

@@ -1,0 +1,144 @@
+"""What to change, from a run's configuration and counts: each fix with its memory cost."""
+
+from __future__ import annotations
+
+from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation
+
+MIB = 1024 * 1024
+# Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
+_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+}
+# `--kv-unified-per-slot` landed after b9928 (PR #24124; the exact build is not verified).
+_PER_SLOT_FLAG_AFTER = 9928
+
+
+def _convert(bytes_per_cell: float, from_type: str | None, to_type: str) -> float | None:
+    """Bytes per cell of a K or V cache in another type (same elements per cell)."""
+    if from_type is None or from_type not in _TYPE_BYTES:
+        return None
+    return bytes_per_cell / _TYPE_BYTES[from_type] * _TYPE_BYTES[to_type]
+
+
+def _memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
+    """KV memory of a pool of `pool_cells` at the current types and at q8_0, from the measured bytes per cell."""
+    if c.k_bytes_per_cell is None or c.v_bytes_per_cell is None or c.type_k is None or c.type_v is None:
+        return []
+    current = c.kv_bytes or 0
+    costs = [
+        MemoryCost(
+            c.type_k,
+            c.type_v,
+            "",
+            round((c.k_bytes_per_cell + c.v_bytes_per_cell) * pool_cells + (c.swa_kv_bytes or 0)),
+            0,
+        )
+    ]
+    k8, v8 = _convert(c.k_bytes_per_cell, c.type_k, "q8_0"), _convert(c.v_bytes_per_cell, c.type_v, "q8_0")
+    if (c.type_k, c.type_v) != ("q8_0", "q8_0") and k8 is not None and v8 is not None:
+        swa = c.swa_kv_bytes or 0
+        if swa:
+            swa_rate = (_TYPE_BYTES["q8_0"] * 2) / (_TYPE_BYTES[c.type_k] + _TYPE_BYTES[c.type_v])
+            swa = round(swa * swa_rate)
+        costs.append(MemoryCost("q8_0", "q8_0", "-ctk q8_0 -ctv q8_0", round((k8 + v8) * pool_cells + swa), 0))
+    for m in costs:
+        delta = m.kv_bytes - current
+        m.delta_bytes = 0 if abs(delta) < 1024 else delta  # the same size, up to the size line's rounding
+    return costs
+
+
+def _advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | None, list[str]]:
+    """Recommendations with numbers from this run, which one the log supports, and what it cannot know."""
+    if not (c.n_slots and c.n_ctx_slot and c.pool_cells and c.overcommit is not None):
+        return [], None, []
+    if c.kv_unified is not True or c.overcommit <= 1.0:
+        return [], None, []
+    n_slots, window, pool = c.n_slots, c.n_ctx_slot, c.pool_cells
+    guaranteed_pool = n_slots * window
+    share = pool // n_slots
+    largest = n.largest_request_tokens
+    needs_newer = c.build is not None and c.build <= _PER_SLOT_FLAG_AFTER
+    per_slot = Recommendation(
+        kind="kv_unified_per_slot",
+        flags=f"--kv-unified-per-slot {window}",
+        pool_cells=guaranteed_pool,
+        window_per_slot=window,
+        memory=_memory_costs(c, guaranteed_pool),
+        requests_over_window=0,
+        supported_by_log=False,
+        summary=(
+            f"keep -np {n_slots} -kvu, add --kv-unified-per-slot {window} and drop -c (or set -c {guaranteed_pool}): "
+            f"the pool grows to {n_slots} x {window:,} = {guaranteed_pool:,} cells, so every slot keeps its "
+            f"{window:,}-token window and no request can abort another"
+            + (f" (needs a llama-server newer than b{_PER_SLOT_FLAG_AFTER}; this is b{c.build})" if needs_newer else "")
+        ),
+    )
+    private = Recommendation(
+        kind="no_kv_unified",
+        flags=f"-np {n_slots} -c {pool} --no-kv-unified",
+        pool_cells=pool,
+        window_per_slot=share,
+        memory=_memory_costs(c, pool)[:1],
+        requests_over_window=n.requests_over_equal_share,
+        supported_by_log=False,
+        summary=(
+            f"drop -kvu (run -np {n_slots} -c {pool} --no-kv-unified): the same {pool:,} cells split into "
+            f"{n_slots} private pools of {share:,} cells; no extra memory, but each slot's window shrinks from "
+            f"{window:,} to {share:,} tokens: a longer request is cut or refused (HTTP 400) instead of aborting "
+            "the others" + (" (llama.cpp may round the per-slot size to a multiple of 256)" if share % 256 else "")
+        ),
+    )
+    over = n.requests_over_equal_share
+    failed = n.aborted_requests or n.aborts or n.retries or n.memory_slot_failures or n.cascades_failed
+    if not failed:
+        # Nothing failed: a change is worth its cost only if this log's own requests could not run together.
+        if not largest or largest * n_slots <= pool:
+            return [], None, []
+        cheaper_first = [private, per_slot]
+        (private if largest <= share else per_slot).supported_by_log = True
+        verdict = (
+            f"No request failed in this log, but the pool is a risk: requests here held up to {largest:,} tokens, "
+            f"and {n_slots} of them at once need {largest * n_slots:,} cells of the {pool:,} the slots share; "
+            "then llama-server aborts every request in flight. Each fix has a cost: the first shrinks the "
+            "windows, the second takes more KV memory."
+        )
+        return cheaper_first, verdict, [*_UNKNOWNS] if c.kv_bytes_per_cell is not None else [_HIDDEN_SIZE, *_UNKNOWNS]
+    if not largest:
+        verdict = (
+            "No request finished in this log, so it cannot tell which windows the clients need: "
+            f"--kv-unified-per-slot {window} keeps today's windows."
+        )
+    elif largest <= share:
+        private.supported_by_log = True
+        verdict = (
+            f"The log supports dropping -kvu: its largest request held {largest:,} tokens, within the {share:,} "
+            f"cells each slot would get, so the fix costs no memory. --kv-unified-per-slot {window} also works "
+            "but buys windows no request in this log used."
+        )
+    else:
+        per_slot.supported_by_log = True
+        over_text = f"{over:,} of {n.requests_finished:,} requests" if over is not None else "some requests"
+        verdict = (
+            f"The log supports --kv-unified-per-slot {window}: requests here held up to {largest:,} tokens, and "
+            f"{over_text} held more than the {share:,} tokens a private slot would get without -kvu."
+        )
+    unknowns = [*_UNKNOWNS] if c.kv_bytes_per_cell is not None else [_HIDDEN_SIZE, *_UNKNOWNS]
+    return [per_slot, private], verdict, unknowns
+
+
+_UNKNOWNS = [
+    "free GPU and host memory: the log does not show whether the larger KV cache fits "
+    "(check llamacpp_gpu_memory_free_bytes or nvidia-smi before restarting)",
+    "compute buffers and other per-context memory also grow with the pool; the figures above are the KV "
+    "cache alone (from the size line), so measure after the change",
+    "future requests: the windows above are sized from this log's requests",
+]
+_HIDDEN_SIZE = "KV memory: the `llama_kv_cache: size` line is hidden at this verbosity (run with -lv 4)"

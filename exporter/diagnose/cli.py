@@ -1,0 +1,111 @@
+"""`llamacpp-exporter diagnose LOG...`: arguments, exit status, writing the report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from exporter.diagnose.read import InputError, diagnose_files, input_files
+from exporter.diagnose.render import render_text, to_json
+from exporter.diagnose.report import SCHEMA
+
+PROG = "llamacpp-exporter diagnose"
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """One-line errors, as the exporter's own flags (exporter/config.py)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value!r}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(
+        prog=PROG,
+        description="Explain KV-pool incidents from a llama-server log: configuration, overcommit, retry "
+        "cascades, and for each failure the tokens every aborted slot held, the overflow and the collateral "
+        "victims; then what to change, with numbers from the log.",
+        epilog="Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log. "
+        "Reads plain, prefixed, coloured and --log-jsonl logs (gzip too), in bounded memory.",
+    )
+    p.add_argument(
+        "logs",
+        metavar="LOG",
+        nargs="+",
+        help="llama-server's --log-file, or several (rotated, gzipped, copies; a quoted pattern such as "
+        "'llama-server.log*' is expanded), read oldest first; or - for standard input",
+    )
+    p.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {SCHEMA})")
+    p.add_argument(
+        "--max-runs",
+        type=_non_negative,
+        default=10,
+        metavar="N",
+        help="show the last N server runs in detail, summarize earlier ones (default 10; 0 = all)",
+    )
+    p.add_argument(
+        "--max-failures",
+        type=_non_negative,
+        default=10,
+        metavar="N",
+        help="per run, show the first and last failures up to N in detail (default 10; 0 = all)",
+    )
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    """`llamacpp-exporter diagnose LOG... [--json]`; returns the exit status."""
+    parser = build_parser()
+    ns = parser.parse_args(list(argv))
+    try:
+        paths, order = input_files(ns.logs)
+        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures)
+        report.files_order = order
+    except InputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    out = sys.stdout
+    try:
+        if out is None:  # started with standard output closed (`>&-`)
+            raise OSError("standard output is closed")
+        out.write(to_json(report) + "\n" if ns.json else render_text(report))
+        out.flush()
+    except BrokenPipeError:  # `diagnose LOG | head`
+        _discard_stdout()
+        return report.exit_status
+    except OSError as exc:  # e.g. ENOSPC: `diagnose LOG > /dev/full`
+        _discard_stdout()
+        print(f"{PROG}: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    return report.exit_status
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that Python's own flush at exit does not fail a second time."""
+    if sys.stdout is not None:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,385 @@
+"""The report for people (aligned text) and for tools (JSON)."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from exporter.diagnose.report import ENDINGS, Configuration, Counts, Ending, Failure, Report, RunReport
+from exporter.logs import events as ev
+
+MIB = 1024 * 1024
+_DECODE_MESSAGES = {
+    "context_exceeded": "Context size has been exceeded",
+    "invalid_batch": "Invalid input batch",
+    "compute_error": "Compute error",
+}
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+def to_json(report: Report) -> str:
+    """The report as JSON (stable keys; see `SCHEMA`)."""
+    data: dict[str, Any] = dataclasses.asdict(report)
+    data["exit_status"] = report.exit_status
+    return json.dumps(data, indent=2)
+
+
+def _n(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def _pct(ratio: float | None) -> str:
+    return "?" if ratio is None else f"{ratio * 100:.1f} %"
+
+
+def _bytes(b: float | None) -> str:
+    if b is None:
+        return "?"
+    a = abs(b)
+    if a >= 1024**3:
+        return f"{b / 1024**3:,.2f} GiB"
+    if a >= MIB:
+        return f"{b / MIB:,.1f} MiB"
+    if a >= 1024:
+        return f"{b / 1024:,.1f} KiB"
+    return f"{b:,.0f} bytes"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    ms = round(seconds * 1000)
+    d, ms = divmod(ms, 86_400_000)
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return (f"{d}d " if d else "") + f"{h}:{m:02d}:{s:02d}.{ms:03d}"
+
+
+def _plural(n: int, word: str, plural: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (plural or word + 's')}"
+
+
+def _slots_list(slots: Sequence[int]) -> str:
+    if not slots:
+        return "none"
+    return ("slot " if len(slots) == 1 else "slots ") + ", ".join(str(s) for s in slots)
+
+
+def _config_lines(c: Configuration) -> list[str]:
+    out: list[str] = []
+    if c.n_slots is not None:
+        window = f", each promised {_n(c.n_ctx_slot)} tokens (n_ctx_slot)" if c.n_ctx_slot else ""
+        cap = f", capped by --kv-unified-per-slot {c.per_slot_cap:,}" if c.per_slot_cap else ""
+        out.append(f"slots        {c.n_slots}{window}{cap}")
+    source = {
+        "log_kv_cache": "the llama_kv_cache size line",
+        "log_context": "the llama_context n_ctx line",
+        "log_slots": "the slot lines; -lv 4 shows the pool itself",
+        "unknown": "no line",
+    }.get(c.pool_source, c.pool_source)
+    if c.pool_cells is not None:
+        if c.kv_unified is True:
+            layout = "one unified pool (-kvu) shared by all slots"
+        elif c.kv_unified is False and c.n_slots == 1:
+            layout = "one slot, one pool"
+        elif c.kv_unified is False:
+            layout = f"{c.n_slots or '?'} private pools, one per slot (no -kvu)"
+        else:
+            layout = "layout unknown"
+        out.append(f"KV pool      {c.pool_cells:,} cells, {layout} [from {source}]")
+    else:
+        out.append("KV pool      unknown (no start-up lines for this run in the log)")
+    if c.overcommit is not None and c.n_slots and c.n_ctx_slot and c.pool_cells:
+        promised = c.n_slots * c.n_ctx_slot
+        if c.overcommit > 1.0:
+            what = f"{c.n_slots} slots x {c.n_ctx_slot:,} = {promised:,} tokens promised"
+            what += f" to a pool of {c.pool_cells:,} cells"
+        else:
+            what = "every slot's window fits at once"
+        out.append(f"overcommit   {c.overcommit:.1f} ({what})")
+    if c.type_k is not None:
+        per_cell = ""
+        if c.kv_bytes_per_cell is not None:
+            rel = c.kv_bytes_rel_error or 0.0
+            err = f", +/-{rel * 100:.1f} % from rounding" if rel > 0.001 else ""
+            per_cell = f", {c.kv_bytes_per_cell:,.0f} bytes per cell (measured from the size line{err})"
+        swa = f", of which {_bytes(c.swa_kv_bytes)} sliding-window cache" if c.swa_kv_bytes else ""
+        out.append(f"KV cache     K {c.type_k}, V {c.type_v}: {_bytes(c.kv_bytes)}{swa}{per_cell}")
+    return out
+
+
+def _count_lines(n: Counts) -> list[str]:
+    total = n.cascades_recovered + n.cascades_failed
+    cascades = f"{total:,} ({n.cascades_recovered:,} recovered, {n.cascades_failed:,} failed)"
+    if n.cascade_unfinished:
+        cascades += ", one still running at the end of the log"
+    out = [
+        f"requests          {n.requests_started:,} started, {n.requests_finished:,} finished or aborted",
+        f"retries           {n.retries:,} (`retrying with smaller batch size`)",
+        f"memory warnings   {n.memory_slot_failures:,} (`failed to find a memory slot for batch`)",
+        f"idle slots purged {n.idle_slots_purged:,}",
+        f"cascades          {cascades}",
+        f"aborts            {n.aborts:,} (`Context size has been exceeded`)",
+        f"aborted requests  {n.aborted_requests:,} (`send_error`, each an HTTP 500 at a client)",
+    ]
+    other_fatal = {k: v for k, v in n.decode_failures.items() if k != "context_exceeded"}
+    if other_fatal:
+        out.append("other decode failures " + ", ".join(f"{k} {v:,}" for k, v in other_fatal.items()))
+    other_err = {k: v for k, v in n.request_errors.items() if k not in ev.FATAL_REASONS}
+    if other_err:
+        out.append("other request errors " + ", ".join(f"{k} {v:,}" for k, v in other_err.items()))
+    if n.largest_request_tokens:
+        out.append(f"largest request   {n.largest_request_tokens:,} tokens")
+    return out
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+
+
+def _failure_lines(i: int, f: Failure) -> list[str]:
+    when = f" ({_duration(f.elapsed_s)} after start)" if f.elapsed_s is not None else ""
+    out = [f"Failure {i} at line {f.line:,}{when}: {_DECODE_MESSAGES.get(f.reason, f.reason)}"]
+    body: list[str] = []
+    if f.predictable_line is not None:
+        how = {"new_prompt": "'new prompt' lines", "progress": "progress lines"}
+        lead = f", {_duration(f.predictable_lead_s)} before the abort" if f.predictable_lead_s is not None else ""
+        pool = f" of {f.pool_cells:,}" if f.pool_cells else ""
+        text = (
+            f"predictable from line {f.predictable_line:,}{lead}: the prompts in flight needed "
+            f"{f.predictable_demand or 0:,} cells{pool} (sizes from "
+            f"{' and '.join(how.get(x, x) for x in f.predictable_from) or 'the cells held'})"
+        )
+        body.extend(_wrap(text, "", "  ", width=92))
+    elif f.reason == "context_exceeded":
+        body.append("not predictable from the prompts: they fitted; generation (or unknown sizes) filled the pool")
+    if f.retries or f.memory_slot_failures:
+        cascade = f"cascade: {_plural(f.retries, 'retry', 'retries')}"
+        if f.idle_slots_purged:
+            cascade += f", {_plural(f.idle_slots_purged, 'idle slot')} purged"
+        if f.smallest_batch is not None:
+            cascade += f", batch halved down to {f.smallest_batch:,}"
+            if f.smallest_batch == 1:
+                cascade += ": the pool was full, not one prompt too long"
+        body.append(cascade)
+    if f.slots:
+        rows = [[str(s.slot), str(s.task), f"{s.tokens:,}", _pct(s.share_of_pool)] for s in f.slots]
+        rows.append(["sum", "", f"{f.tokens_sum:,}", _pct(f.share_sum)])
+        body.extend(_table(rows, ["slot", "task", "tokens at abort", "share of pool"]))
+    else:
+        body.append("no release lines after the abort (aborted slots unknown)")
+    if f.overflow is not None and f.pool_cells is not None:
+        text = f"overflow: {f.tokens_sum:,} - {f.pool_cells:,} = {_plural(f.overflow, 'token')}"
+        at = f" (off = {f.failed_offset:,})" if f.failed_offset is not None else ""
+        if f.failed_batch is not None:
+            if f.overflow_is_failed_batch:
+                text += f", exactly the batch of {_plural(f.failed_batch, 'token')} that found no room{at}"
+            elif f.overflow < f.failed_batch:
+                held = f.failed_batch - f.overflow
+                text += (
+                    f"; the batch that found no room had {_plural(f.failed_batch, 'token')}{at}: "
+                    f"{held:,} cells were free or held by slots that were not aborted"
+                )
+            else:
+                text += f"; the batch that found no room had {_plural(f.failed_batch, 'token')}{at}"
+        body.extend(_wrap(text, "", "  ", width=92))
+    if f.heaviest_slot is not None:
+        heavy = next(s for s in f.slots if s.slot == f.heaviest_slot)
+        tied = [s.slot for s in f.slots if s.tokens == heavy.tokens]
+        who = f"slot {heavy.slot}" if len(tied) == 1 else f"{_slots_list(tied)} (tied)"
+        body.append(f"heaviest: {who}, {heavy.tokens:,} tokens ({_pct(heavy.share_of_pool)} of the pool)")
+    if f.equal_share is not None and f.slots:
+        if f.victims:
+            each = " each" if len(f.victims) > 1 else ""
+            text = (
+                f"collateral victims: {_slots_list(f.victims)}{each} held at most {f.equal_share:,} tokens "
+                "(pool / slots) and would have fit in a private pool"
+            )
+            body.extend(_wrap(text, "", "  ", width=92))
+        else:
+            body.append(f"collateral victims: none (every other aborted slot held more than {f.equal_share:,} tokens)")
+    out.extend("  " + b for b in body)
+    return out
+
+
+def _recommendation_lines(r: RunReport) -> list[str]:
+    out: list[str] = []
+    for i, rec in enumerate(r.recommendations, 1):
+        mark = " (supported by this log)" if rec.supported_by_log else ""
+        out.append(f"{i}. {rec.flags}{mark}")
+        out.extend(_wrap(rec.summary, "   ", "   "))
+        for m in rec.memory:
+            with_flags = f" with {m.flags}" if m.flags else ""
+            if m.delta_bytes:
+                delta = f", {_bytes(abs(m.delta_bytes))} {'more' if m.delta_bytes > 0 else 'less'} than now"
+            else:
+                delta = " (as now)"
+            out.append(f"   KV cache K {m.type_k}, V {m.type_v}{with_flags}: {_bytes(m.kv_bytes)}{delta}")
+        if any(m.type_v == "q8_0" and m.flags for m in rec.memory):
+            out.append("   (a quantized V cache needs flash attention: -fa on)")
+        if rec.requests_over_window:
+            over = _plural(rec.requests_over_window, "request")
+            out.append(f"   {over} in this log held more than {rec.window_per_slot:,} tokens")
+    if r.verdict:
+        out.extend(_wrap(r.verdict, "", ""))
+    if r.cannot_know:
+        out.append("What the log cannot tell:")
+        for u in r.cannot_know:
+            out.extend(_wrap(u, "- ", "  "))
+    return out
+
+
+def _wrap(text: str, first: str, rest: str, width: int = 96) -> list[str]:
+    """Wrap prose for a terminal; flags and numbers are never split."""
+    return textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False, break_on_hyphens=False
+    )
+
+
+_ENDING_SHORT = {
+    "clean": "clean",
+    "failed_start": "failed start",
+    "died_mid_request": "died mid-request",
+    "died_idle": "died while idle",
+    "log_ends_mid_request": "log ends mid-request",
+    "log_ends_idle": "log ends while idle",
+    "log_ends_starting": "log ends during start-up",
+}
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+
+
+def _history_lines(report: Report) -> list[str]:
+    """The whole period of a history of files: a timeline, aborted requests per day, restart loops,
+    the largest requests. Times are the files' modification times (llama-server's own count from
+    its start), so each is about when that file's last run ended."""
+    out: list[str] = []
+    timed = [fs for fs in report.by_file if fs.modified is not None]
+    if len(report.by_file) > 1:
+        out.append("Timeline (UTC; each file's modification time, about when its last run ended):")
+        width = max(len(Path(fs.file).name) for fs in report.by_file)
+        for fs in report.by_file:
+            when = _utc(fs.modified) if fs.modified is not None else "?" * 19
+            ended = ", ".join(f"{n} {_ENDING_SHORT[how]}" for how, n in fs.endings.items())
+            failed = f"; {_plural(fs.failures, 'failure')}, {fs.aborted_requests:,} aborted" if fs.failures else ""
+            out.append(f"  {when}  {Path(fs.file).name:<{width}}  {_plural(fs.runs, 'run')}: {ended}{failed}")
+        per_day: dict[str, int] = {}
+        for fs in timed:
+            if fs.aborted_requests:
+                day = _utc(fs.modified or 0)[:10]
+                per_day[day] = per_day.get(day, 0) + fs.aborted_requests
+        if per_day:
+            out.append("Aborted requests per day: " + ", ".join(f"{d} {n:,}" for d, n in sorted(per_day.items())))
+        times = sorted(fs.modified or 0 for fs in timed for _ in range(fs.runs))
+        most = max((bisect.bisect_right(times, t + 60) - i for i, t in enumerate(times)), default=0)
+        if most >= 3:
+            out.append(f"Restart loop: {most} starts within one minute.")
+    if report.largest_requests:
+        several = len(report.by_file) > 1
+        largest = [
+            f"{r.tokens:,} tokens (run {r.run}" + (f" in {Path(r.file).name})" if several else ")")
+            for r in report.largest_requests
+        ]
+        out.append("Largest requests: " + ", ".join(largest) + ".")
+    return out
+
+
+def _ending_lines(e: Ending) -> list[str]:
+    """How the run ended, and what was in flight when its log stopped."""
+    lines = [f"Ended: {ENDINGS[e.how]}" + (f": {e.reason}" if e.reason else "")]
+    if e.in_flight:
+        pool = f" of {e.pool_capacity_tokens:,}" if e.pool_capacity_tokens else ""
+        fill = f" ({_pct(e.pool_used_tokens / e.pool_capacity_tokens)})" if e.pool_capacity_tokens else ""
+        held = f"the pool held {e.pool_used_tokens:,}{pool} tokens{fill}"
+        lines[0] += f"; in flight: {_plural(len(e.in_flight), 'request')}, {held}"
+        rows = [[str(f.slot), str(f.task), _n(f.prompt_tokens), f"{f.tokens:,}"] for f in e.in_flight]
+        lines.extend("  " + x for x in _table(rows, ["slot", "task", "prompt tokens", "tokens held"]))
+    return lines
+
+
+def render_text(report: Report) -> str:
+    """The report for people: aligned tables, thousands separators."""
+    if len(report.files) == 1:
+        out: list[str] = [f"llama-server log: {report.file}"]
+    else:
+        order = f", {report.files_order}" if report.files_order else ""
+        out = [f"llama-server logs: {len(report.files)} files{order}: {', '.join(report.files)}"]
+    out.extend(f"Not read: {why}" for why in report.skipped)
+    runs = _plural(report.runs_total, "server run")
+    if report.failures_total:
+        verdict = (
+            f"{_plural(report.failures_total, 'failure')}, {_plural(report.aborted_requests_total, 'request')} aborted"
+        )
+    else:
+        verdict = "no failure found"
+    long = f" ({_plural(report.long_lines, 'line')} over 1 MiB cut)" if report.long_lines else ""
+    out.append(f"{report.lines:,} lines{long}, {runs}: {verdict}.")
+    if report.endings:
+        ended = [f"{n:,} {_ENDING_SHORT[how]}" for how, n in report.endings.items()]
+        streak = report.failed_starts_in_a_row
+        if streak > 1:
+            ended.append(f"{streak} failed starts in a row")
+        out.append("How runs ended: " + ", ".join(ended) + ".")
+    out.extend(_history_lines(report))
+    om = report.omitted_runs
+    if om.runs:
+        out.append(
+            f"The first {_plural(om.runs, 'run')} are summarized, not shown: {_plural(om.failures, 'failure')}, "
+            f"{_plural(om.aborted_requests, 'aborted request')}, {_plural(om.retries, 'retry', 'retries')} "
+            "(--max-runs 0 shows all)."
+        )
+    for r in report.runs:
+        c = r.configuration
+        out.append("")
+        where = f"{r.file}, " if len(report.files) > 1 else ""
+        head = f"Run {r.index} ({where}lines {r.first_line:,}-{r.last_line:,}"
+        if r.duration_s is not None:
+            head += f", {_duration(r.duration_s)}"
+        head += ")"
+        if r.source:
+            head += f" [router child {r.source}]"
+        what = []
+        if c.build is not None:
+            what.append(f"llama-server b{c.build}")
+        if c.model:
+            what.append(f"model '{c.model}'")
+        if c.verbosity is not None:
+            what.append(f"-lv {c.verbosity}")
+        if not r.started:
+            what.append("its start-up is not in the log")
+        out.append(head + (": " + ", ".join(what) if what else ""))
+        out.extend("  " + x for x in _ending_lines(r.ending))
+        out.append("  Configuration")
+        out.extend("    " + x for x in _config_lines(c))
+        out.append("  Activity")
+        out.extend("    " + x for x in _count_lines(r.counts))
+        s = r.failure_summary
+        if s.total:
+            out.append("  Failures")
+            if s.total > s.shown:
+                out.append(
+                    f"    {s.total:,} failures; the first and last {s.shown:,} are shown (--max-failures 0 shows all). "
+                    f"All of them: {s.aborted_requests:,} requests aborted, {s.victims:,} of them collateral victims; "
+                    f"overflow = the failed batch in {s.overflow_is_failed_batch:,}; most tokens in one slot "
+                    f"{s.max_tokens_at_abort:,}"
+                )
+            for f in r.failures:
+                out.extend("    " + x for x in _failure_lines(f.number, f))
+        if r.recommendations:
+            out.append("  Recommendations")
+            out.extend("    " + x for x in _recommendation_lines(r))
+        elif c.overcommit is not None and c.overcommit <= 1.0 and s.total:
+            out.append("  The pool is not overcommitted: these failures have another cause than slots sharing a pool.")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,246 @@
+"""What `diagnose` reports: plain dataclasses (the JSON schema is their fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEMA = "llamacpp-exporter/diagnose/v3"
+
+
+@dataclass
+class SlotAtAbort:
+    """One aborted slot: what its `stop processing: n_tokens = N` release line said."""
+
+    slot: int
+    task: int
+    tokens: int
+    share_of_pool: float | None  # tokens / pool cells (0-1)
+
+
+@dataclass
+class Failure:
+    """One fatal decode (`Context size has been exceeded` and relatives) and the requests it took down."""
+
+    number: int  # 1 = the run's first failure
+    line: int
+    elapsed_s: float | None  # since the server started (the log's own timestamp), if the line has one
+    reason: str
+    # The retry cascade that ended here.
+    retries: int
+    memory_slot_failures: int
+    idle_slots_purged: int
+    smallest_batch: int | None  # n_batch the halving reached (1 = the pool was full)
+    failed_offset: int | None
+    failed_batch: int | None  # tokens of the batch (from `off`) that found no room
+    # The abort.
+    aborted_requests: int
+    slots: list[SlotAtAbort]
+    tokens_sum: int
+    share_sum: float | None
+    pool_cells: int | None
+    overflow: int | None  # tokens_sum - pool_cells (unified pool only)
+    overflow_is_failed_batch: bool | None
+    heaviest_slot: int | None
+    equal_share: int | None  # pool cells / slots: what a private pool per slot would hold
+    victims: list[int]  # aborted slots that held no more than an equal share
+    # When the overflow became certain from the prompts in flight (their prompt demand passed the pool,
+    # as the exporter's LlamaCppKVPoolOverflowAhead sees it), and from which lines their sizes came.
+    predictable_line: int | None = None
+    predictable_elapsed_s: float | None = None
+    predictable_lead_s: float | None = None  # seconds from that line to the failure line
+    predictable_demand: int | None = None  # the prompt demand at that line (cells)
+    predictable_from: list[str] = field(default_factory=list)  # new_prompt | progress (how the sizes were known)
+
+
+@dataclass
+class InFlight:
+    """A request a run was processing when its log ended."""
+
+    slot: int
+    task: int
+    prompt_tokens: int | None  # the prompt's size, where the log gave it
+    tokens: int  # KV cells the slot held
+
+
+#: How a run ended, from its last lines (see `Ending`).
+ENDINGS = {
+    "clean": "shut down cleanly (its exit line)",
+    "failed_start": "failed to start (never listening)",
+    "died_mid_request": "crashed or was killed mid-request (no exit line; the next start follows)",
+    "died_idle": "crashed or was killed while idle (no exit line; the next start follows)",
+    "log_ends_mid_request": "the log ends mid-request (killed, crashed, or still running)",
+    "log_ends_idle": "the log ends while idle (still running, or stopped without its exit line)",
+    "log_ends_starting": "the log ends during start-up (still loading, or stopped before listening)",
+}
+
+
+@dataclass
+class Ending:
+    """How a run ended. A run whose next start follows without an exit line died; one at the end of
+    the log may still be running."""
+
+    how: str  # a key of ENDINGS
+    reason: str | None  # why a start failed, where the log says
+    in_flight: list[InFlight]
+    pool_used_tokens: int
+    pool_capacity_tokens: int | None
+
+
+@dataclass
+class FailureSummary:
+    """All failures of a run, including those not kept in detail."""
+
+    total: int = 0
+    shown: int = 0
+    aborted_requests: int = 0
+    victims: int = 0  # aborted requests that held no more than an equal share
+    overflow_is_failed_batch: int = 0  # failures where the overflow was exactly the failed batch
+    max_tokens_at_abort: int = 0
+
+
+@dataclass
+class Configuration:
+    """The server's configuration as far as the log tells."""
+
+    build: int | None
+    model: str | None
+    verbosity: int | None
+    n_slots: int | None
+    n_ctx_slot: int | None  # every slot's window (what each slot is promised)
+    kv_unified: bool | None
+    pool_cells: int | None  # KV cells in all (sum of streams)
+    pool_source: str  # log_kv_cache | log_context | log_slots | unknown (as the exporter's metric)
+    per_slot_cap: int | None  # --kv-unified-per-slot, when the capping line was logged
+    overcommit: float | None  # slots x window / pool: 1 = every promise can be kept
+    type_k: str | None
+    type_v: str | None
+    kv_bytes: int | None  # whole KV cache (all sub-caches) from the size line(s)
+    kv_bytes_per_cell: float | None  # K+V bytes per cell of the full-attention cache, measured
+    k_bytes_per_cell: float | None
+    v_bytes_per_cell: float | None
+    kv_bytes_rel_error: float | None  # the size line prints MiB with 2 decimals: relative uncertainty
+    swa_kv_bytes: int | None  # sliding-window sub-cache (does not scale with the window)
+
+
+@dataclass
+class Counts:
+    """Line counts for the run (each equals the number of such lines in the log)."""
+
+    requests_started: int  # `processing task`
+    requests_finished: int  # `stop processing` (aborted ones included)
+    retries: int  # `retrying with smaller batch size`
+    memory_slot_failures: int  # `failed to find a memory slot for batch of size N`
+    idle_slots_purged: int  # `purging slot S with N tokens`
+    cascades_recovered: int
+    cascades_failed: int
+    cascade_unfinished: bool  # the log ends inside a cascade
+    aborts: int  # `Context size has been exceeded.` decode lines
+    decode_failures: dict[str, int]  # every fatal decode line, by reason
+    aborted_requests: int  # `send_error` after a fatal decode (each an HTTP 500 at a client)
+    request_errors: dict[str, int]  # every `send_error` line, by reason
+    largest_request_tokens: int  # the most tokens a slot held (release lines, new prompts)
+    requests_over_equal_share: int | None  # releases above pool / slots
+
+
+@dataclass
+class MemoryCost:
+    """KV memory of a configuration at given cache types (from the measured bytes per cell)."""
+
+    type_k: str
+    type_v: str
+    flags: str  # what to add to llama-server's command line for these types ('' = as now)
+    kv_bytes: int
+    delta_bytes: int  # versus the KV cache of this run
+
+
+@dataclass
+class Recommendation:
+    """A change to llama-server's command line and what it costs."""
+
+    kind: str  # kv_unified_per_slot | no_kv_unified
+    flags: str
+    pool_cells: int
+    window_per_slot: int
+    memory: list[MemoryCost]
+    requests_over_window: int | None  # requests in this log that would not fit the window
+    supported_by_log: bool
+    summary: str
+
+
+@dataclass
+class RunReport:
+    """One server run (one process) in the log."""
+
+    index: int
+    source: str | None  # router child `[port]`, when the log came through `llama-server` router mode
+    file: str  # the input it was read from (its line numbers are that file's)
+    first_line: int
+    last_line: int
+    started: bool  # the run's start-up banner is in the log
+    duration_s: float | None
+    configuration: Configuration
+    counts: Counts
+    failures: list[Failure]
+    failure_summary: FailureSummary
+    recommendations: list[Recommendation]
+    verdict: str | None
+    cannot_know: list[str]
+    ending: Ending
+
+
+@dataclass
+class FileSummary:
+    """One input's runs, for the timeline of a history of files."""
+
+    file: str
+    modified: float | None = None  # its modification time (epoch seconds): about when its last run ended
+    runs: int = 0
+    failures: int = 0
+    aborted_requests: int = 0
+    endings: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LargeRequest:
+    """One of the largest requests of the whole history."""
+
+    tokens: int
+    run: int
+    file: str
+
+
+@dataclass
+class OmittedRuns:
+    """Runs not kept in detail (all but the last --max-runs)."""
+
+    runs: int = 0
+    failures: int = 0
+    aborted_requests: int = 0
+    retries: int = 0
+
+
+@dataclass
+class Report:
+    """Everything `diagnose` found in one log."""
+
+    schema: str
+    file: str
+    files: list[str]  # every input read, in the order read
+    files_order: str | None  # how several inputs were ordered
+    skipped: list[str]  # inputs not read, each with why (a copy of one read before, not a log)
+    lines: int
+    long_lines: int
+    runs_total: int
+    failures_total: int
+    aborted_requests_total: int
+    runs: list[RunReport]
+    omitted_runs: OmittedRuns
+    endings: dict[str, int]  # every run (shown or not) by how it ended (keys of ENDINGS)
+    failed_starts_in_a_row: int  # the longest streak of consecutive failed starts
+    by_file: list[FileSummary]  # per input, in the order read
+    largest_requests: list[LargeRequest]  # the 3 largest of the whole history, largest first
+
+    @property
+    def exit_status(self) -> int:
+        """0 when no failure was found, 1 when one was."""
+        return 1 if self.failures_total else 0

@@ -67,6 +67,7 @@ def build_live_sources(config: Config, state: ServerState, log_file: str | None)
             pid_file=config.pid_file,
             log_file=log_file,
             stdin_fd=0 if config.log_source == "stdin" else None,  # the server writes into our stdin pipe
+            unit=config.journal_unit if config.log_source == "journald" else None,
         )
         if proc
         else None,

@@ -392,3 +392,22 @@ def test_no_server_is_ours_while_our_log_does_not_exist(tmp_path: Path) -> None:
     finally:
         lone.kill()
         lone.wait()
+
+
+def test_with_the_journal_as_the_log_the_server_is_the_one_in_the_units_cgroup(tmp_path: Path) -> None:
+    """`--log-source journald`: the llama-server in the unit's cgroup, never a lone one by name (a
+    foreign server on the host would otherwise be taken)."""
+    root = tmp_path / "proc"
+    shutil.copytree(PROC / "single", root, symlinks=True)
+    (root / "4242" / "cgroup").write_text("0::/system.slice/llama-server.service\n")
+    shutil.copytree(root / "4242", root / "5000", symlinks=True)  # a foreign llama-server, in a user session
+    (root / "5000" / "cgroup").write_text("0::/user.slice/user-1000.slice/session-2.scope\n")
+    (root / "4243" / "cgroup").write_text("0::/system.slice/llamacpp-exporter.service\n")
+    for unit in ("llama-server.service", "llama-server"):
+        snap = ProcReader(root, unit=unit, self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100).read()
+        assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (4242, "unit")
+    snap = ProcReader(root, unit="other.service", self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100).read()
+    assert snap.process is None and snap.error is not None and "cgroup of other.service" in snap.error
+    (root / "4242" / "cgroup").unlink()  # cgroup unreadable: still never the foreign one by name
+    snap = ProcReader(root, unit="llama-server.service", self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100).read()
+    assert snap.process is None

@@ -16,6 +16,8 @@ Finding the pid, in this order:
    known to write another log is never taken. While our log file does not exist yet, no process
    writes it: only a server that names it is taken, whatever else runs on the host.
    A process taken by name is a guess: said once in the log, and `found_by` says "name".
+   With the journal as the log (`unit`): the newest `llama-server` in that unit's cgroup
+   (`/proc/<pid>/cgroup` ends in `/UNIT`), never one by name alone.
 
 The exporter itself, which has the log open for reading and `--log-file` on its own command line,
 never matches. The found pid is kept while it lives with the same start time; only then is /proc
@@ -51,7 +53,7 @@ class ProcessInfo:
     start_time_seconds: float | None  # Unix time
     rss_bytes: int
     command_line: ServerCommandLine
-    found_by: str  # "pid", "pid_file", "log_file", "name"
+    found_by: str  # "pid", "pid_file", "log_file", "unit", "name"
     environ_readable: bool = True
 
 
@@ -109,6 +111,7 @@ class ProcReader:
         pid_file: str | None = None,
         log_file: str | None = None,
         stdin_fd: int | None = None,
+        unit: str | None = None,
         self_pid: int | None = None,
         page_size: int | None = None,
         clock_ticks: int | None = None,
@@ -119,6 +122,7 @@ class ProcReader:
         self.log_file = log_file if log_file and log_file != "-" else None
         # Reading llama-server's output from a pipe on this fd (`llama-server … 2>&1 | exporter --log-file -`).
         self.stdin_fd = 0 if stdin_fd is None and log_file == "-" else stdin_fd
+        self.unit = unit  # the systemd unit whose journal is the log: its process is in that unit's cgroup
         self.self_pid = os.getpid() if self_pid is None else self_pid
         self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
         self.clock_ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
@@ -228,6 +232,8 @@ class ProcReader:
         return None if state == "Z" else ticks
 
     def _scan(self) -> tuple[int | None, str, str | None]:
+        if self.unit is not None:
+            return self._scan_unit(self.unit)
         log_stat = self._target_stat()
         log_real = os.path.realpath(self.log_file) if self.log_file else None
         candidates: list[_Candidate] = []
@@ -288,6 +294,29 @@ class ProcReader:
         missing = " (it does not exist yet)" if self.log_file and log_stat is None else ""
         also = f"; {others} other {SERVER_NAME} process(es) run" if others else ""
         return None, "name", f"no {SERVER_NAME} process{where}{missing} under {self.root}{also}"
+
+    def _scan_unit(self, unit: str) -> tuple[int | None, str, str | None]:
+        """The newest llama-server in `unit`'s cgroup (the journal source): never one by name alone."""
+        unit = unit if "." in unit else f"{unit}.service"  # as `journalctl -u NAME` reads it
+        found: list[tuple[int, int]] = []  # (start ticks, pid)
+        for entry in os.scandir(self.root):
+            if not entry.name.isdigit() or int(entry.name) == self.self_pid:
+                continue
+            c = self._candidate(int(entry.name), None, None)
+            if c is None or not c.named:
+                continue
+            try:
+                cgroups = _read_bytes(self.root / entry.name / "cgroup").decode(errors="replace")
+            except OSError:
+                continue
+            # `0::/system.slice/llama-server.service` (v2), `1:name=systemd:/system.slice/…` (v1)
+            if any(line.rpartition(":")[2].split("/")[-1] == unit for line in cgroups.splitlines()):
+                found.append((c.start_ticks, c.pid))
+        if not found:
+            return None, "unit", f"no {SERVER_NAME} process in the cgroup of {unit} under {self.root}"
+        ticks, pid = max(found)
+        self._cached = (pid, ticks, "unit")
+        return pid, "unit", None
 
     def _target_stat(self) -> tuple[int, int] | None:
         """(device, inode) of what llama-server writes: the log file, or the pipe on our standard input."""
@@ -394,7 +423,8 @@ class ProcCollector(Collector):
             found = GaugeMetricFamily(
                 "llamacpp_process_found_by",
                 "1 for how the llama-server process was found: pid, pid_file, log_file (it names or writes the "
-                "log), or name (a guess: the only llama-server whose log cannot be told).",
+                "log), unit (it runs in the journal unit's cgroup), or name (a guess: the only llama-server whose "
+                "log cannot be told).",
                 labels=["how"],
             )
             found.add_metric([p.found_by], 1)

@@ -8,11 +8,13 @@ Scenarios: `single` (llama-server names its log relative to its cwd; the exporte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -355,9 +357,10 @@ def test_an_exporter_started_before_its_server_never_adopts_a_foreign_one(tmp_pa
                 p.wait()
 
 
-def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """With no log file to compare with (the journal), the lone llama-server is taken as a guess: said
-    once, labelled. The /proc root holds only that process, so other servers on the host do not count."""
+@contextlib.contextmanager
+def _lone_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real process named llama-server that names no log, and a /proc root holding only it (so that
+    other llama-servers on the host do not count)."""
     lone = _spawn("llama-server", "import time; time.sleep(60)", [])
     try:
         _wait_exec(lone, "llama-server")
@@ -365,33 +368,31 @@ def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest
         root.mkdir()
         (root / "meminfo").symlink_to("/proc/meminfo")
         (root / str(lone.pid)).symlink_to(f"/proc/{lone.pid}")
+        yield lone, root
+    finally:
+        lone.kill()
+        lone.wait()
+
+
+def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With no log to compare with (a reader given neither a log file nor a unit), the lone llama-server
+    is taken as a guess: said once, labelled."""
+    with _lone_server(tmp_path) as (lone, root):
         reader = ProcReader(root)
         with caplog.at_level(logging.WARNING, logger="exporter.sources.procfs"):
             snaps = [reader.read() for _ in range(3)]
         assert all(s.process is not None and (s.process.pid, s.process.found_by) == (lone.pid, "name") for s in snaps)
         assert len([r for r in caplog.records if "by its name only" in r.getMessage()]) == 1
-    finally:
-        lone.kill()
-        lone.wait()
 
 
 def test_no_server_is_ours_while_our_log_does_not_exist(tmp_path: Path) -> None:
     """A lone llama-server that names no log (it writes to a terminal) is not taken while our log file
     does not exist: no process writes a file that is not there."""
-    lone = _spawn("llama-server", "import time; time.sleep(60)", [])
-    try:
-        _wait_exec(lone, "llama-server")
-        root = tmp_path / "proc"
-        root.mkdir()
-        (root / "meminfo").symlink_to("/proc/meminfo")
-        (root / str(lone.pid)).symlink_to(f"/proc/{lone.pid}")
+    with _lone_server(tmp_path) as (_, root):
         snap = ProcReader(root, log_file=str(tmp_path / "missing.log")).read()
         assert snap.process is None
         assert snap.error is not None and "missing.log (it does not exist yet)" in snap.error
         assert "1 other llama-server process(es) run" in snap.error
-    finally:
-        lone.kill()
-        lone.wait()
 
 
 def test_with_the_journal_as_the_log_the_server_is_the_one_in_the_units_cgroup(tmp_path: Path) -> None:

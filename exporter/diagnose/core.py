@@ -8,11 +8,10 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from exporter.diagnose.report import ENDINGS, SCHEMA, FileSummary, LargeRequest, OmittedRuns, Report, RunReport
-from exporter.diagnose.run import _Run, router_source
+from exporter.diagnose.run import _STAMP_FIRST, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 
-_STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Lines that feed_lines unwraps before its scan: JSONL, colours, CR.
 _ODD_LINES = re.compile(r"\n\{|[\x1b\r]")
 # A run of whole lines that are none of those and have no router prefix ("[ port] ").
@@ -57,7 +56,6 @@ class Diagnoser:
         self._runs = 0
         self._failures = 0
         self._aborted = 0
-        self._endings: dict[str, int] = {}
         self._by_file: dict[str, FileSummary] = {}
         self._largest: list[tuple[int, int, str]] = []  # a min-heap of (tokens, run, file), at most 3
         self._failed_streak = self._longest_failed_streak = 0
@@ -150,11 +148,7 @@ class Diagnoser:
             return
         run.last_line = last_lineno
         if run.first_elapsed is None:  # the run's first time stamp may be among them
-            for line in _lines_of(text[start:end]):
-                if line[:1] in _STAMP_FIRST:
-                    run.note_stamp(line)
-                    if run.first_elapsed is not None:
-                        break
+            run.note_first_stamp(_lines_of(text[start:end]))
         stop = end
         while stop > start:  # the last line that may carry a time stamp, from the end
             begin = max(text.rfind("\n", start, stop - 1) + 1, start)
@@ -170,11 +164,7 @@ class Diagnoser:
             return
         run.last_line = first_lineno + end - 1
         if run.first_elapsed is None:  # the run's first time stamp may be among them
-            for line in lines[start:end]:
-                if line[:1] in _STAMP_FIRST:
-                    run.note_stamp(line)
-                    if run.first_elapsed is not None:
-                        break
+            run.note_first_stamp(lines[start:end])
         for i in range(end - 1, start - 1, -1):
             if lines[i][:1] in _STAMP_FIRST:
                 run.last_stamped_line = lines[i]
@@ -240,7 +230,6 @@ class Diagnoser:
     def _close(self, run: _Run, *, next_start: bool = False) -> None:
         report = run.finish(next_start=next_start)
         how = report.ending.how
-        self._endings[how] = self._endings.get(how, 0) + 1
         self._failed_streak = self._failed_streak + 1 if how == "failed_start" else 0
         self._longest_failed_streak = max(self._longest_failed_streak, self._failed_streak)
         self._failures += report.failure_summary.total
@@ -264,6 +253,10 @@ class Diagnoser:
             self._omitted.retries += old.counts.retries
         self._done.append(report)
 
+    def _ended(self, how: str) -> int:
+        """Runs that ended `how`, in every file."""
+        return sum(fs.endings.get(how, 0) for fs in self._by_file.values())
+
     def finish(self) -> Report:
         """Close every open run and return the report (runs in order of their first line)."""
         for run in sorted(self._current.values(), key=lambda r: r.first_line):
@@ -282,7 +275,7 @@ class Diagnoser:
             aborted_requests_total=self._aborted,
             runs=sorted(self._done, key=lambda r: r.first_line),
             omitted_runs=self._omitted,
-            endings={how: self._endings[how] for how in ENDINGS if how in self._endings},
+            endings={how: total for how in ENDINGS if (total := self._ended(how))},
             failed_starts_in_a_row=self._longest_failed_streak,
             by_file=[self._by_file.get(f) or FileSummary(f) for f in self.files],
             largest_requests=[LargeRequest(t, r, f) for t, r, f in sorted(self._largest, reverse=True)],

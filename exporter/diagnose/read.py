@@ -214,18 +214,16 @@ def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: in
     and said in the report, unless none is one.
     """
     d = Diagnoser(paths[0], max_runs=max_runs, max_failures=max_failures)
-    seen: dict[str, str] = {}  # content digest -> the file read with it
+    seen = _Copies()
     long_lines = 0
     first_error: InputError | None = None
     read_any = False
     for path in paths:
         try:
-            if len(paths) > 1:
-                key = _content_digest(path)
-                if key in seen:
-                    d.skipped.append(f"{path}: the same content as {seen[key]}, read once")
-                    continue
-                seen[key] = path
+            original = seen.copy_of(path) if len(paths) > 1 else None
+            if original is not None:
+                d.skipped.append(f"{path}: the same content as {original}, read once")
+                continue
             if read_any:
                 d.next_file(path)
             else:
@@ -254,13 +252,39 @@ def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: in
     return report
 
 
-def _content_digest(path: str) -> str:
-    """SHA-256 of a file's content (decompressed); raises `InputError` when it cannot be read."""
+class _Copies:
+    """Which input is a copy of one seen before. Only the first block of each file is hashed, and a
+    whole file only when its first block equals an earlier one's: distinct logs are not read twice."""
+
+    def __init__(self) -> None:
+        self._by_head: dict[str, list[str]] = {}  # digest of the first block -> the files that start so
+        self._whole: dict[str, str] = {}  # path -> digest of all of it, once computed
+
+    def copy_of(self, path: str) -> str | None:
+        """The earlier file whose content equals `path`'s, or None (then `path` is remembered)."""
+        same_start = self._by_head.setdefault(_content_digest(path, _BLOCK_BYTES), [])
+        for other in same_start:
+            if self._digest(other) == self._digest(path):
+                return other
+        same_start.append(path)
+        return None
+
+    def _digest(self, path: str) -> str:
+        if path not in self._whole:
+            self._whole[path] = _content_digest(path)
+        return self._whole[path]
+
+
+def _content_digest(path: str, limit: int | None = None) -> str:
+    """SHA-256 of a file's content (decompressed), or of its first `limit` bytes; raises `InputError`
+    when it cannot be read."""
     digest = hashlib.sha256()
+    left = math.inf if limit is None else limit
     f = _open(path)
     try:
-        while chunk := f.read(_BLOCK_BYTES):
+        while left > 0 and (chunk := f.read(int(min(_BLOCK_BYTES, left)))):
             digest.update(chunk)
+            left -= len(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         raise InputError(f"{path}: read error: {exc}") from None
     finally:

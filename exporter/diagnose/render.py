@@ -246,17 +246,6 @@ def _wrap(text: str, first: str, rest: str, width: int = 96) -> list[str]:
     )
 
 
-_ENDING_SHORT = {
-    "clean": "clean",
-    "failed_start": "failed start",
-    "died_mid_request": "died mid-request",
-    "died_idle": "died while idle",
-    "log_ends_mid_request": "log ends mid-request",
-    "log_ends_idle": "log ends while idle",
-    "log_ends_starting": "log ends during start-up",
-}
-
-
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
@@ -272,7 +261,7 @@ def _history_lines(report: Report) -> list[str]:
         width = max(len(Path(fs.file).name) for fs in report.by_file)
         for fs in report.by_file:
             when = _utc(fs.modified) if fs.modified is not None else "?" * 19
-            ended = ", ".join(f"{n} {_ENDING_SHORT[how]}" for how, n in fs.endings.items())
+            ended = ", ".join(f"{n} {ENDINGS[how][0]}" for how, n in fs.endings.items())
             failed = f"; {_plural(fs.failures, 'failure')}, {fs.aborted_requests:,} aborted" if fs.failures else ""
             out.append(f"  {when}  {Path(fs.file).name:<{width}}  {_plural(fs.runs, 'run')}: {ended}{failed}")
         per_day: dict[str, int] = {}
@@ -298,7 +287,7 @@ def _history_lines(report: Report) -> list[str]:
 
 def _ending_lines(e: Ending) -> list[str]:
     """How the run ended, and what was in flight when its log stopped."""
-    lines = [f"Ended: {ENDINGS[e.how]}" + (f": {e.reason}" if e.reason else "")]
+    lines = [f"Ended: {ENDINGS[e.how][1]}" + (f": {e.reason}" if e.reason else "")]
     if e.in_flight:
         pool = f" of {e.pool_capacity_tokens:,}" if e.pool_capacity_tokens else ""
         fill = f" ({_pct(e.pool_used_tokens / e.pool_capacity_tokens)})" if e.pool_capacity_tokens else ""
@@ -327,7 +316,7 @@ def render_text(report: Report) -> str:
     long = f" ({_plural(report.long_lines, 'line')} over 1 MiB cut)" if report.long_lines else ""
     out.append(f"{report.lines:,} lines{long}, {runs}: {verdict}.")
     if report.endings:
-        ended = [f"{n:,} {_ENDING_SHORT[how]}" for how, n in report.endings.items()]
+        ended = [f"{n:,} {ENDINGS[how][0]}" for how, n in report.endings.items()]
         streak = report.failed_starts_in_a_row
         if streak > 1:
             ended.append(f"{streak} failed starts in a row")

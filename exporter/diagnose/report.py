@@ -62,15 +62,24 @@ class InFlight:
     tokens: int  # KV cells the slot held
 
 
-#: How a run ended, from its last lines (see `Ending`).
+#: How a run ended, from its last lines (see `Ending`): (short label, description).
 ENDINGS = {
-    "clean": "shut down cleanly (its exit line)",
-    "failed_start": "failed to start (never listening)",
-    "died_mid_request": "crashed or was killed mid-request (no exit line; the next start follows)",
-    "died_idle": "crashed or was killed while idle (no exit line; the next start follows)",
-    "log_ends_mid_request": "the log ends mid-request (killed, crashed, or still running)",
-    "log_ends_idle": "the log ends while idle (still running, or stopped without its exit line)",
-    "log_ends_starting": "the log ends during start-up (still loading, or stopped before listening)",
+    "clean": ("clean", "shut down cleanly (its exit line)"),
+    "failed_start": ("failed start", "failed to start (never listening)"),
+    "died_mid_request": (
+        "died mid-request",
+        "crashed or was killed mid-request (no exit line; the next start follows)",
+    ),
+    "died_idle": ("died while idle", "crashed or was killed while idle (no exit line; the next start follows)"),
+    "log_ends_mid_request": ("log ends mid-request", "the log ends mid-request (killed, crashed, or still running)"),
+    "log_ends_idle": (
+        "log ends while idle",
+        "the log ends while idle (still running, or stopped without its exit line)",
+    ),
+    "log_ends_starting": (
+        "log ends during start-up",
+        "the log ends during start-up (still loading, or stopped before listening)",
+    ),
 }
 
 

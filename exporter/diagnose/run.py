@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 _ROUTER = re.compile(r"^\[\s*(\d+)\] ")
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
+_STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
 # cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
 _PROGRESS = frozenset(
@@ -262,6 +263,14 @@ class _Run:
         elif self.predictable is None:
             sources = [name for name, n in f.sources().items() if n and name != "held"]
             self.predictable = _Predictable(lineno, elapsed_seconds(line), f.prompt_demand, sources)
+
+    def note_first_stamp(self, lines: Iterable[str]) -> None:
+        """The run's first time stamp, where one of `lines` (none with an event) carries it."""
+        for line in lines:
+            if line[:1] in _STAMP_FIRST:
+                self.note_stamp(line)
+                if self.first_elapsed is not None:
+                    return
 
     def note_stamp(self, line: str) -> None:
         """Remember the last line that may carry a time stamp (for the run's duration)."""

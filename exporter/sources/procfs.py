@@ -12,7 +12,7 @@ Finding the pid, in this order:
    by device and inode); then any process writing the log file (a renamed binary). With standard
    input (`llama-server … | llamacpp-exporter --log-file -`) the `llama-server` writing into that
    pipe. Last, by name: the only `llama-server` whose relation to the log cannot be told (its
-   descriptors are unreadable to a non-root exporter, or there is no log file: the journal); one
+   descriptors are unreadable to a non-root exporter, or it was given no log at all); one
    known to write another log is never taken. While our log file does not exist yet, no process
    writes it: only a server that names it is taken, whatever else runs on the host.
    A process taken by name is a guess: said once in the log, and `found_by` says "name".
@@ -259,7 +259,8 @@ class ProcReader:
                 if writes is None and c.named and c.names_log is None:
                     unknown.append(c)
         elif log_stat is None and self.log_file is None and self.stdin_fd is None:
-            # No log to compare with (the journal): the only llama-server is the best guess there is.
+            # No log to compare with (a reader given neither a log file nor a unit): the only llama-server
+            # is the best guess there is.
             unknown = [c for c in newest_first if c.named and c.names_log is None]
         # A log file that does not exist yet (or standard input that is not a pipe) is written by no
         # process: no llama-server is ours until one names it, whatever else runs on the host.

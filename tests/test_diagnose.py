@@ -477,7 +477,7 @@ _FAILURE_KEYS = [
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v3" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v4" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -495,6 +495,9 @@ def test_json_schema_is_stable() -> None:
         "failed_starts_in_a_row",
         "by_file",
         "largest_requests",
+        "history",
+        "overlaps",
+        "history_advice",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -515,7 +518,27 @@ def test_json_schema_is_stable() -> None:
         "cannot_know",
         "ending",
     ]
-    assert list(run["ending"]) == ["how", "reason", "in_flight", "pool_used_tokens", "pool_capacity_tokens"]
+    assert list(run["ending"]) == ["how", "reason", "in_flight", "pool_used_tokens", "pool_capacity_tokens", "memory"]
+    assert list(data["history"][0]) == [
+        "index",
+        "file",
+        "source",
+        "first_line",
+        "last_line",
+        "ending",
+        "failures",
+        "aborted_requests",
+        "retries",
+        "largest_request_tokens",
+        "duration_s",
+        "started_at",
+        "ended_at",
+        "clock",
+        "in_flight_prompt_tokens",
+        "n_ctx_slot",
+        "memory",
+        "same_as",
+    ]
     assert list(run["configuration"]) == [
         "build",
         "model",
@@ -902,6 +925,11 @@ def test_docstring_examples() -> None:
         assert doctest.testmod(module).failed == 0, info.name
 
 
+def _again(text: str, k: int) -> str:
+    """A capture as the k-th later start of its server (its first time stamp moved: see distinct_run)."""
+    return str(_bench().distinct_run(text.encode(), k).decode())
+
+
 def _line_by_line(path: Path) -> Report:
     """The reference: every line through `feed_line`, as `analyze` does."""
     d = Diagnoser(str(path))
@@ -910,9 +938,7 @@ def _line_by_line(path: Path) -> Report:
         for line in diagnose.read_lines(f, stats):
             d.feed_line(line, stats.lines)
     d.long_lines = stats.long_lines
-    report = d.finish()
-    report.by_file[0].modified = path.stat().st_mtime  # what diagnose_files adds: the file's time
-    return report
+    return d.finish({str(path): path.stat().st_mtime})  # what diagnose_files adds: the file's time
 
 
 @pytest.mark.parametrize("mix", ["plain", "odd"])
@@ -929,7 +955,7 @@ def test_batched_diagnose_equals_line_by_line(tmp_path: Path, mix: str) -> None:
     size = 0
     while size < 3 * diagnose.SNIFF_BYTES:
         for c in plain if mix == "plain" else captures:
-            parts.append(c)
+            parts.append(_again(c, len(parts)))
             size += len(c)
         if mix == "odd":
             first = plain[0].splitlines(keepends=True)
@@ -971,8 +997,9 @@ def test_how_each_run_ended() -> None:
     lines = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text().splitlines(keepends=True)
     listening = next(i for i, line in enumerate(lines) if "listening on" in line)
     in_flight = next(i for i, line in enumerate(lines) if "task 20 | new prompt" in line) + 1
-    never_listens = lines[:listening]
-    history = [*lines, *never_listens * 3, *lines[:in_flight], *lines[:in_flight]]
+    never_listens = "".join(lines[:listening])
+    starts = [never_listens, never_listens, never_listens, "".join(lines[:in_flight]), "".join(lines[:in_flight])]
+    history = [*lines, *(x for k, text in enumerate(starts, 1) for x in _again(text, k).splitlines(keepends=True))]
     report = analyze(history, "history.log", max_runs=0)
     assert [r.ending.how for r in report.runs] == [
         "clean",
@@ -997,13 +1024,17 @@ def test_how_each_run_ended() -> None:
 
 
 def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None:
-    """Rotated, gzipped and copied files (quoted pattern too): oldest first, a copy read once, a file
-    that is not a log skipped and said; the same history as one stream on stdin gives the same runs."""
-    lines = {n: (CAPTURE_ROOT / n / "llama-server.log").read_bytes() for n in ("exhaust-lv4", "recover-purge-lv4")}
-    crashed = b"".join(lines["exhaust-lv4"].splitlines(keepends=True)[:250])  # killed mid-request
+    """Rotated, gzipped and copied files (quoted pattern too): oldest first, a copy read once, a partial
+    copy (taken while its run went on) counted once, a file that is not a log skipped and said; the same
+    history as one stream on stdin gives the same runs."""
+    names = ("exhaust-lv4", "recover-purge-lv4", "exhaust-long-lv4")
+    lines = {n: (CAPTURE_ROOT / n / "llama-server.log").read_bytes() for n in names}
+    crashed = b"".join(lines["exhaust-long-lv4"].splitlines(keepends=True)[:250])  # killed mid-request
+    partial = b"".join(crashed.splitlines(keepends=True)[:200])  # copied while it still ran
     files = {
         "llama-server.log.2.gz": (gzip.compress(lines["exhaust-lv4"]), 1_000),
         "llama-server.log.1": (crashed, 2_000),
+        "llama-server.log.prev-0920": (partial, 2_200),  # a wrapper's copy, taken mid-run
         "llama-server.log.prev-0930": (crashed, 2_500),  # a wrapper's copy of the same run
         "llama-server.log": (lines["recover-purge-lv4"], 3_000),
         "notes.txt": (b"not a log\n", 3_500),
@@ -1014,18 +1045,27 @@ def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None
     paths, order = diagnose.input_files([str(tmp_path / "llama-server.log*"), str(tmp_path / "notes.txt")])
     assert order == "by modification time, oldest first"
     report = diagnose.diagnose_files(paths, max_runs=0)
-    assert [Path(f).name for f in report.files] == ["llama-server.log.2.gz", "llama-server.log.1", "llama-server.log"]
-    assert [Path(r.file).name for r in report.runs] == [Path(f).name for f in report.files]
+    read = ["llama-server.log.2.gz", "llama-server.log.1", "llama-server.log.prev-0920", "llama-server.log"]
+    assert [Path(f).name for f in report.files] == read
+    assert [Path(r.file).name for r in report.runs] == [read[0], read[1], read[3]]
     assert [r.ending.how for r in report.runs] == ["clean", "died_mid_request", "clean"]
     assert report.runs[1].ending.in_flight and report.runs[1].last_line == 250
     assert len(report.skipped) == 2 and "the same content as" in report.skipped[0] and "notes.txt" in report.skipped[1]
-    assert [(Path(fs.file).name, fs.modified, fs.runs, fs.aborted_requests) for fs in report.by_file] == [
-        ("llama-server.log.2.gz", 1_000, 1, 4),
-        ("llama-server.log.1", 2_000, 1, 0),
-        ("llama-server.log", 3_000, 1, 0),
+    assert report.runs_total == 3 and [s.same_as for s in report.history] == [None, None, 2, None]
+    assert (
+        len(report.overlaps) == 1
+        and "run 3 (" in report.overlaps[0]
+        and "lines 1-200) is run 2 (" in report.overlaps[0]
+    )
+    assert [(Path(fs.file).name, fs.modified, fs.runs, fs.copies, fs.aborted_requests) for fs in report.by_file] == [
+        ("llama-server.log.2.gz", 1_000, 1, 0, 4),
+        ("llama-server.log.1", 2_000, 1, 0, 0),
+        ("llama-server.log.prev-0920", 2_200, 0, 1, 0),
+        ("llama-server.log", 3_000, 1, 0, 0),
     ]
     text = render_text(report)
-    assert "  1970-01-01 00:16:40  llama-server.log.2.gz  1 run: 1 clean; 1 failure, 4 aborted" in text
+    assert "  1970-01-01 00:16:40  llama-server.log.2.gz       1 run: 1 clean; 1 failure, 4 aborted" in text
+    assert "llama-server.log.prev-0920  1 run read twice" in text and "Read twice: run 3 (" in text
     assert "Aborted requests per day: 1970-01-01 4" in text
     assert "Restart loop" not in text  # 1,000 s apart
     for name, (_, mtime) in files.items():  # the same three starts within one minute
@@ -1037,7 +1077,7 @@ def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None
 
     stream = subprocess.run(
         [sys.executable, "-m", "exporter", "diagnose", "--json", "--max-runs", "0", "-"],
-        input=lines["exhaust-lv4"] + crashed + lines["recover-purge-lv4"],
+        input=lines["exhaust-lv4"] + crashed + partial + lines["recover-purge-lv4"],
         capture_output=True,
         check=False,
         cwd=REPO,

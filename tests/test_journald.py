@@ -16,13 +16,16 @@ restart) loses and repeats no line.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from llama_harness import ExporterProcess, LlamaServer, run_concurrent_completions, wait_for
@@ -413,3 +416,85 @@ def test_the_harness_says_which_component_died(tmp_path: Path) -> None:
         why = j.why_a_writer_died(unit, "llama-server", rc, err)
         assert rc != 0 and "had died" in why and "that is the cause" in why
         assert "Error" in why.split("its stderr before the journal took over:")[1]  # the wrapper's own words
+
+
+# ------------------------------------------------------------------------------------ diagnose on the journal
+
+
+@pytest.mark.system
+def test_diagnose_reads_the_journal_in_every_output_format(journald: PrivateJournald, tmp_path: Path) -> None:
+    """Three real captures logged as three processes of a unit (one with colours, so that the export
+    format writes its messages as binary fields): `diagnose` on `journalctl -o json`, `-o export`,
+    `-o short-iso` (files or standard input) finds the same runs as on the plain lines (`-o cat`),
+    each dated by the journal; several journal files are ordered by their time stamps, not by file
+    times; and a --log-file that repeats a run of the journal is counted once."""
+    unit = "diagnose.service"
+    names = ("exhaust-lv4", "recover-purge-lv4", "checkpoints-swa-lv4")
+    logs = [next(c for c in CAPTURES if c.parent.name == n) for n in names]
+    coloured = tmp_path / "coloured.log"
+    coloured.write_text("".join(f"\x1b[32m{x}\x1b[0m\n" for x in logs[1].read_text().splitlines()))
+    total = 0
+    for log in (logs[0], coloured, logs[2]):
+        journald.write(unit, log)
+        total += count_lines(log.read_bytes())
+    wait_for(lambda: len(journald.journalctl("-u", unit, "-o", "cat").splitlines()) >= total, timeout=30, what="lines")
+
+    def journal(*args: str) -> bytes:  # bytes: the export format is binary where a message has control bytes
+        cmd = ["journalctl", "--no-pager", "--quiet", f"--namespace={journald.namespace}", "-u", unit, *args]
+        return subprocess.run(cmd, capture_output=True, timeout=60, check=True).stdout
+
+    def diagnose_json(*args: str, stdin: bytes | None = None) -> dict[str, Any]:
+        out = subprocess.run(
+            [sys.executable, "-m", "exporter", "diagnose", "--json", "--max-runs", "0", *args],
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert out.returncode == 1, out.stderr.decode()  # the first capture aborts requests
+        return dict(json.loads(out.stdout))
+
+    def key(report: dict[str, Any]) -> list[tuple[object, ...]]:
+        return [(r["counts"], r["ending"]["how"], r["failure_summary"]["total"]) for r in report["runs"]]
+
+    plain = diagnose_json("-", stdin=journal("-o", "cat"))
+    assert plain["runs_total"] == 3 and [h["clock"] for h in plain["history"]] == [None, None, None]
+    for fmt in ("json", "export", "short-iso", "short-iso-precise"):
+        from_stdin = diagnose_json("-", stdin=journal("-o", fmt))
+        assert key(from_stdin) == key(plain), fmt
+        assert [h["clock"] for h in from_stdin["history"]] == ["log"] * 3, fmt
+        starts = [h["started_at"] for h in from_stdin["history"]]
+        assert starts == sorted(starts) and all(abs(t - time.time()) < 600 for t in starts), fmt
+
+    # One journal file per run, their file times the wrong way round: the journal's clock orders them.
+    files = []
+    for i, cursor_run in enumerate(_journal_runs(journald, unit)):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(cursor_run)
+        os.utime(path, (1_000_000 - i, 1_000_000 - i))
+        files.append(str(path))
+    by_files = diagnose_json(*reversed(files))
+    assert by_files["files_order"] == "by the journal's time stamps, oldest first"
+    assert by_files["files"] == files and key(by_files) == key(plain)
+
+    # The journal and a --log-file of its second run: that run is read twice and counted once.
+    journal_file = tmp_path / "journal.export"
+    journal_file.write_bytes(journal("-o", "export"))
+    both = diagnose_json(str(journal_file), str(logs[2]))
+    assert both["runs_total"] == 3 and len(both["overlaps"]) == 1, both["overlaps"]
+    # The --log-file is older, so it is read first; the journal's last run is the same run, read again.
+    assert [(Path(h["file"]).name, h["same_as"]) for h in both["history"]] == [
+        (logs[2].name, None),
+        (journal_file.name, None),
+        (journal_file.name, None),
+        (journal_file.name, 1),
+    ]
+
+
+def _journal_runs(journald: PrivateJournald, unit: str) -> list[str]:
+    """`journalctl -o json` of each process of `unit`, one text per process (by _PID)."""
+    runs: dict[str, list[str]] = {}
+    for line in journald.journalctl("-u", unit, "-o", "json").splitlines():
+        entry = json.loads(line)
+        runs.setdefault(str(entry.get("_PID")), []).append(line + "\n")
+    return ["".join(lines) for lines in runs.values()]

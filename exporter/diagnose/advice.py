@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation
+from collections.abc import Sequence
+
+from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation, RunSummary
 
 MIB = 1024 * 1024
 # Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
@@ -142,3 +144,71 @@ _UNKNOWNS = [
     "future requests: the windows above are sized from this log's requests",
 ]
 _HIDDEN_SIZE = "KV memory: the `llama_kv_cache: size` line is hidden at this verbosity (run with -lv 4)"
+
+
+#: Less than this much memory left at start (MiB, and a share of what there was) is little: llama.cpp's
+#: own --fit keeps 1,024 MiB free on each device by default.
+_LITTLE_HEADROOM_MIB = 1024
+_LITTLE_HEADROOM_SHARE = 0.05
+
+
+def _little(runs: Sequence[RunSummary]) -> bool | None:
+    """Whether these runs started with little memory to spare; None when no log said."""
+    known = [r.memory for r in runs if r.memory is not None]
+    if not known:
+        return None
+    return any(m.headroom_mib < max(_LITTLE_HEADROOM_MIB, m.available_mib * _LITTLE_HEADROOM_SHARE) for m in known)
+
+
+def history_advice(runs: Sequence[RunSummary]) -> list[str]:
+    """What the whole history points at: crashes that line up with long prompts (and little memory)
+    point at memory headroom (-c, -ub, a q8_0 cache), not at the shared pool.
+
+    A prompt is long when it is at least half its slot's window, or longer than any request a run that
+    did not crash finished. Only runs that stopped mid-request without their exit line (crashed or
+    killed, then started again) count as crashes.
+    """
+    crashes = [r for r in runs if r.ending == "died_mid_request"]
+    if not crashes:
+        return []
+    finished = max((r.largest_request_tokens for r in runs if r.ending != "died_mid_request"), default=0)
+
+    def long(r: RunSummary) -> bool:
+        p = r.in_flight_prompt_tokens or 0
+        return bool(p) and ((r.n_ctx_slot is not None and 2 * p >= r.n_ctx_slot) or (finished > 0 and p > finished))
+
+    at_long = [r for r in crashes if long(r)]
+    if not at_long or 2 * len(at_long) < len(crashes):
+        return []
+    sizes = sorted(r.in_flight_prompt_tokens or 0 for r in at_long)
+    span = f"{sizes[0]:,}" if sizes[0] == sizes[-1] else f"{sizes[0]:,}-{sizes[-1]:,}"
+    head = (
+        f"{len(at_long)} of {len(crashes)} crash{'es' if len(crashes) > 1 else ''} came while a long prompt "
+        f"({span} tokens) was being processed"
+    )
+    pool = (
+        "; the pool did not overflow in those runs"
+        if not any(r.failures for r in at_long)
+        else "; some of those runs also had pool failures (see each run)"
+    )
+    fix = (
+        "free memory for the compute buffers that a long prompt needs: a smaller -c, a smaller -ub (the "
+        "compute buffer grows with it), or a q8_0 KV cache (-ctk q8_0 -ctv q8_0, half of f16's size)"
+    )
+    little = _little(at_long)
+    if little is None:
+        return [
+            f"{head}{pool}. If memory was short, this points at memory headroom rather than the KV pool: {fix}. "
+            "The logs do not say how much was free: llama-server prints it at -lv 4 "
+            "(`projected to use … MiB of device memory vs. … MiB of free device memory`), and "
+            "llamacpp_gpu_memory_free_bytes shows it live."
+        ]
+    if not little:
+        return []
+    left = min((r.memory for r in at_long if r.memory is not None), key=lambda m: m.headroom_mib)
+    assert left is not None
+    where = "device" if left.kind == "device" else "host"
+    return [
+        f"{head}, with as little as {left.headroom_mib:,} MiB of {where} memory left at start (of "
+        f"{left.available_mib:,} MiB){pool}. This points at memory headroom, not at the KV pool: {fix}."
+    ]

@@ -7,8 +7,19 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from exporter.diagnose.report import ENDINGS, SCHEMA, FileSummary, LargeRequest, OmittedRuns, Report, RunReport
-from exporter.diagnose.run import _STAMP_FIRST, _Run, router_source
+from exporter.diagnose.advice import history_advice
+from exporter.diagnose.report import (
+    CRASHED_MID_REQUEST,
+    ENDINGS,
+    SCHEMA,
+    FileSummary,
+    LargeRequest,
+    OmittedRuns,
+    Report,
+    RunReport,
+    RunSummary,
+)
+from exporter.diagnose.run import _STAMP_FIRST, Fingerprint, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 
@@ -52,29 +63,30 @@ class Diagnoser:
         self._current: dict[str | None, _Run] = {}
         self._line_format: dict[str | None, ev.LineFormat] = {}  # of the latest line with an event, by source
         self._done: deque[RunReport] = deque(maxlen=max_runs if max_runs > 0 else None)
-        self._omitted = OmittedRuns()
         self._runs = 0
-        self._failures = 0
-        self._aborted = 0
-        self._by_file: dict[str, FileSummary] = {}
-        self._largest: list[tuple[int, int, str]] = []  # a min-heap of (tokens, run, file), at most 3
-        self._failed_streak = self._longest_failed_streak = 0
+        # Every run in one line, and its fingerprint: the totals are made from these at the end, once
+        # runs read twice (overlapping files) are known. Memory grows with runs, not with lines.
+        self._history: list[tuple[RunSummary, Fingerprint]] = []
 
-    def feed_line(self, line: str, lineno: int) -> None:
-        """Parse one raw line (any format the exporter reads) and apply it."""
+    def feed_line(self, line: str, lineno: int, wall: float | None = None) -> None:
+        """Parse one raw line (any format the exporter reads) and apply it; `wall`: when it was written
+        (epoch seconds), where the input says (the journal)."""
         if lineno > self.lines:
             self.lines = lineno
         events = parse_line_events(line)
         source = router_source(line) if line[:1] == "[" else None
-        if not events:
-            run = self._current.get(source)
-            if run is not None:
-                run.last_line = lineno
-                if line[:1] in _STAMP_FIRST:
-                    run.note_stamp(line)
+        if events:
+            for e in events:
+                self.feed_event(e, lineno, line, source=source)
+        run = self._current.get(source)
+        if run is None:
             return
-        for e in events:
-            self.feed_event(e, lineno, line, source=source)
+        if wall is not None:
+            run.note_wall(wall)
+        if not events:
+            run.last_line = lineno
+            if line[:1] in _STAMP_FIRST:
+                run.note_stamp(line)
 
     def feed_lines(self, lines: Sequence[str], first_lineno: int) -> None:
         """`feed_line` for consecutive lines, numbered from `first_lineno`, with one regex scan for all.
@@ -204,6 +216,8 @@ class Diagnoser:
             run = self._new_run(source, lineno)
         if line[:1] in _STAMP_FIRST:
             run.note_stamp(line)
+        if line and run.fingerprint.lines < 256:
+            run.fingerprint.add(lineno, line)
         run.apply(e, lineno, line)
 
     def next_file(self, file: str) -> None:
@@ -229,39 +243,71 @@ class Diagnoser:
 
     def _close(self, run: _Run, *, next_start: bool = False) -> None:
         report = run.finish(next_start=next_start)
-        how = report.ending.how
-        self._failed_streak = self._failed_streak + 1 if how == "failed_start" else 0
-        self._longest_failed_streak = max(self._longest_failed_streak, self._failed_streak)
-        self._failures += report.failure_summary.total
-        self._aborted += report.counts.aborted_requests
-        fs = self._by_file.setdefault(report.file, FileSummary(report.file))
-        fs.runs += 1
-        fs.failures += report.failure_summary.total
-        fs.aborted_requests += report.counts.aborted_requests
-        fs.endings[how] = fs.endings.get(how, 0) + 1
-        if report.counts.largest_request_tokens:
-            entry = (report.counts.largest_request_tokens, report.index, report.file)
-            if len(self._largest) < 3:
-                heapq.heappush(self._largest, entry)
-            else:
-                heapq.heappushpop(self._largest, entry)
-        if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
-            old = self._done[0]
-            self._omitted.runs += 1
-            self._omitted.failures += old.failure_summary.total
-            self._omitted.aborted_requests += old.counts.aborted_requests
-            self._omitted.retries += old.counts.retries
+        ending = report.ending
+        in_flight = [f.prompt_tokens or f.tokens for f in ending.in_flight]
+        summary = RunSummary(
+            index=report.index,
+            file=report.file,
+            source=report.source,
+            first_line=report.first_line,
+            last_line=report.last_line,
+            ending=ending.how,
+            failures=report.failure_summary.total,
+            aborted_requests=report.counts.aborted_requests,
+            retries=report.counts.retries,
+            largest_request_tokens=report.counts.largest_request_tokens,
+            duration_s=report.duration_s,
+            started_at=run.first_wall,
+            ended_at=run.last_wall,
+            clock="log" if run.first_wall is not None else None,
+            in_flight_prompt_tokens=max(in_flight) if in_flight and ending.how in CRASHED_MID_REQUEST else None,
+            n_ctx_slot=report.configuration.n_ctx_slot,
+            memory=ending.memory,
+        )
+        self._history.append((summary, run.fingerprint))
         self._done.append(report)
 
-    def _ended(self, how: str) -> int:
-        """Runs that ended `how`, in every file."""
-        return sum(fs.endings.get(how, 0) for fs in self._by_file.values())
-
-    def finish(self) -> Report:
-        """Close every open run and return the report (runs in order of their first line)."""
+    def finish(self, modified: dict[str, float] | None = None) -> Report:
+        """Close every open run and return the report (runs in order). `modified`: each file's
+        modification time, which dates its last run where the log has no wall-clock time stamps."""
         for run in sorted(self._current.values(), key=lambda r: r.first_line):
             self._close(run)
         self._current = {}
+        overlaps = self._mark_copies()
+        order = {f: i for i, f in enumerate(self.files)}
+        history = sorted((s for s, _ in self._history), key=lambda s: (order.get(s.file, 0), s.first_line))
+        _date_by_file(history, modified or {})
+        kept = [s for s in history if s.same_as is None]
+        copies = {s.index for s in history if s.same_as is not None}
+        by_file = {f: FileSummary(f, modified.get(f) if modified else None) for f in self.files}
+        for s in history:
+            if s.same_as is not None:
+                by_file.setdefault(s.file, FileSummary(s.file)).copies += 1
+        shown = sorted(
+            (r for r in self._done if r.index not in copies),
+            key=lambda r: (order.get(r.file, 0), r.first_line),
+        )
+        shown_ids = {r.index for r in shown}
+        omitted = OmittedRuns()
+        streak = longest = 0
+        for s in kept:
+            if s.index not in shown_ids:
+                omitted.runs += 1
+                omitted.failures += s.failures
+                omitted.aborted_requests += s.aborted_requests
+                omitted.retries += s.retries
+            fs = by_file.setdefault(s.file, FileSummary(s.file))
+            fs.runs += 1
+            fs.failures += s.failures
+            fs.aborted_requests += s.aborted_requests
+            fs.endings[s.ending] = fs.endings.get(s.ending, 0) + 1
+            streak = streak + 1 if s.ending == "failed_start" else 0
+            longest = max(longest, streak)
+        endings: dict[str, int] = {}
+        for s in kept:
+            endings[s.ending] = endings.get(s.ending, 0) + 1
+        sized = [(s.largest_request_tokens, s.index, s.file) for s in kept if s.largest_request_tokens]
+        largest = heapq.nlargest(3, sized)
         return Report(
             schema=SCHEMA,
             file=self.file if len(self.files) == 1 else f"{len(self.files)} files",
@@ -270,16 +316,57 @@ class Diagnoser:
             skipped=list(self.skipped),
             lines=self._lines_before + self.lines,
             long_lines=self.long_lines,
-            runs_total=self._runs,
-            failures_total=self._failures,
-            aborted_requests_total=self._aborted,
-            runs=sorted(self._done, key=lambda r: r.first_line),
-            omitted_runs=self._omitted,
-            endings={how: total for how in ENDINGS if (total := self._ended(how))},
-            failed_starts_in_a_row=self._longest_failed_streak,
-            by_file=[self._by_file.get(f) or FileSummary(f) for f in self.files],
-            largest_requests=[LargeRequest(t, r, f) for t, r, f in sorted(self._largest, reverse=True)],
+            runs_total=len(kept),
+            failures_total=sum(s.failures for s in kept),
+            aborted_requests_total=sum(s.aborted_requests for s in kept),
+            runs=shown,
+            omitted_runs=omitted,
+            endings={how: endings[how] for how in ENDINGS if how in endings},
+            failed_starts_in_a_row=longest,
+            by_file=[by_file[f] for f in self.files],
+            largest_requests=[LargeRequest(t, r, f) for t, r, f in largest],
+            history=history,
+            overlaps=overlaps,
+            history_advice=history_advice(kept),
         )
+
+    def _mark_copies(self) -> list[str]:
+        """Find runs read twice (the same first lines, in two files or twice in a stream): the one with
+        fewer lines is marked `same_as` the other and counted once. Returns one sentence per copy."""
+        by_start: dict[bytes, list[int]] = {}  # digest of the first 16 lines -> positions in _history
+        for i, (_, fp) in enumerate(self._history):
+            if fp.stamped and 16 in fp.digests:
+                by_start.setdefault(fp.digests[16], []).append(i)
+        said = []
+        for group in by_start.values():
+            if len(group) < 2:
+                continue
+            # Longest first: each shorter run that matches a longer one from another file is its copy.
+            group.sort(key=lambda i: -(self._history[i][0].last_line - self._history[i][0].first_line))
+            for n, i in enumerate(group):
+                s, fp = self._history[i]
+                for j in group[:n]:
+                    t, other = self._history[j]
+                    if t.same_as is None and fp.same_run(other):
+                        s.same_as = t.index
+                        said.append(
+                            f"run {s.index} ({s.file}, lines {s.first_line:,}-{s.last_line:,}) is run {t.index} "
+                            f"({t.file}) again: counted once"
+                        )
+                        break
+        return said
+
+
+def _date_by_file(history: list[RunSummary], modified: dict[str, float]) -> None:
+    """Date the last run of each file by the file's modification time, where the log gave no time."""
+    last: dict[str, RunSummary] = {}
+    for s in history:
+        last[s.file] = s
+    for file, s in last.items():
+        if s.clock is None and file in modified:
+            s.clock = "file"
+            s.ended_at = modified[file]
+            s.started_at = s.ended_at - s.duration_s if s.duration_s is not None else None
 
 
 def analyze(lines: Iterable[str], file: str = "-", *, max_runs: int = 10, max_failures: int = 10) -> Report:

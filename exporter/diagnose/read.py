@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, cast
 
 from exporter.diagnose.core import Diagnoser
+from exporter.diagnose.journal import export_lines, journal_format, json_lines, short_iso_lines
 from exporter.diagnose.report import Report
 
 #: Lines longer than this are cut (the rest is read and dropped), as the tailer does.
@@ -197,6 +198,10 @@ def input_files(args: Sequence[str]) -> tuple[list[str], str | None]:
     if len(unique) == 1:
         return unique, None
 
+    starts = {path: _first_time(path) for path in unique}
+    if all(t is not None for t in starts.values()):
+        return sorted(unique, key=lambda p: starts[p] or 0.0), "by the journal's time stamps, oldest first"
+
     def mtime(path: str) -> float:
         try:
             return Path(path).stat().st_mtime
@@ -204,6 +209,36 @@ def input_files(args: Sequence[str]) -> tuple[list[str], str | None]:
             return math.inf  # opening it fails with the reason, in its place at the end
 
     return sorted(unique, key=mtime), "by modification time, oldest first"
+
+
+def _first_time(path: str) -> float | None:
+    """The wall-clock time of the first dated line of a journal output file, or None (any other log:
+    llama-server's own stamps count from its start)."""
+    try:
+        f = _open(path)
+    except InputError:
+        return None
+    try:
+        head = _peek(f, _BLOCK_BYTES)
+        kind = journal_format(head)
+        if kind is None:
+            return None
+        if kind == "export":
+            dated: Iterator[tuple[float | None, str]] = ((t, x) for t, x, _ in export_lines(io.BytesIO(head)))
+        else:
+            text = head.decode("utf-8", "replace").splitlines(keepends=True)
+            dated = json_lines(text) if kind == "json" else short_iso_lines(text)
+        return next((t for t, _ in dated if t is not None), None)
+    except (OSError, EOFError, zlib.error):
+        return None
+    finally:
+        f.close()
+
+
+def _peek(f: IO[bytes], n: int) -> bytes:
+    """Up to `n` bytes from the start of `f` without consuming them (a buffered file, gzip, or stdin)."""
+    peek = getattr(f, "peek", None)
+    return bytes(peek(n)[:n]) if peek is not None else b""
 
 
 def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: int = 10) -> Report:
@@ -244,12 +279,12 @@ def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: in
     if not read_any:
         raise first_error or InputError("no input")
     d.long_lines = long_lines
-    report = d.finish()
-    for fs in report.by_file:
-        if fs.file != "-":
+    modified: dict[str, float] = {}
+    for file in d.files:
+        if file != "-":
             with contextlib.suppress(OSError):
-                fs.modified = Path(fs.file).stat().st_mtime
-    return report
+                modified[file] = Path(file).stat().st_mtime
+    return d.finish(modified)
 
 
 class _Copies:
@@ -297,20 +332,48 @@ def _feed_file(d: Diagnoser, path: str, stats: ReadStats) -> None:
     before = d.specific_events
     f = _open(path)
     try:
-        # Line by line while the first MiB decides whether this is a log at all, then in blocks.
-        for line in read_lines(f, stats):
-            d.feed_line(line, stats.lines)
-            if stats.bytes >= SNIFF_BYTES:
-                break
-        if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not _looks_binary(stats)):
-            for text in read_blocks(f, stats):
-                first = stats.lines - text.count("\n", 0, len(text) - 1)
-                d.feed_text(text, first)
+        kind = journal_format(_peek(f, 64 * 1024))
+        if kind is not None:
+            _feed_journal(d, f, kind, stats)
+        else:
+            _feed_log(d, f, stats, before)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{path}: read error after {stats.lines:,} lines: {exc}") from None
     finally:
         if f is not sys.stdin.buffer:
             f.close()
+    _check_read(d, path, stats, before)
+
+
+def _feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
+    """llama-server's own log: line by line while the first MiB decides whether this is a log at all,
+    then in blocks."""
+    for line in read_lines(f, stats):
+        d.feed_line(line, stats.lines)
+        if stats.bytes >= SNIFF_BYTES:
+            break
+    if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not _looks_binary(stats)):
+        for text in read_blocks(f, stats):
+            first = stats.lines - text.count("\n", 0, len(text) - 1)
+            d.feed_text(text, first)
+
+
+def _feed_journal(d: Diagnoser, f: IO[bytes], kind: str, stats: ReadStats) -> None:
+    """Journal output (see exporter/diagnose/journal.py): each log line with the time it was written."""
+    lineno = 0
+    if kind == "export":
+        for when, line, read in export_lines(f):
+            lineno += 1
+            stats.bytes, stats.lines = read, lineno
+            d.feed_line(line, lineno, when)
+        return
+    lines = read_lines(f, stats)
+    for when, line in json_lines(lines) if kind == "json" else short_iso_lines(lines):
+        d.feed_line(line, stats.lines, when)
+
+
+def _check_read(d: Diagnoser, path: str, stats: ReadStats, before: int) -> None:
+    """Raise `InputError` when what was read of `path` is not a llama-server log."""
     if stats.bytes == 0:
         raise InputError(f"{path}: empty file, nothing to diagnose")
     if stats.lines == 0:

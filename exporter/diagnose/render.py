@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.diagnose.report import ENDINGS, Configuration, Counts, Ending, Failure, Report, RunReport
+from exporter.diagnose.report import (
+    ENDINGS,
+    Configuration,
+    Counts,
+    Ending,
+    Failure,
+    Report,
+    RunReport,
+    RunSummary,
+)
 from exporter.logs import events as ev
 
 MIB = 1024 * 1024
@@ -250,28 +259,44 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
+#: The timeline lists at most this many runs (the latest).
+_TIMELINE_RUNS = 50
+
+
 def _history_lines(report: Report) -> list[str]:
-    """The whole period of a history of files: a timeline, aborted requests per day, restart loops,
-    the largest requests. Times are the files' modification times (llama-server's own count from
-    its start), so each is about when that file's last run ended."""
+    """The whole period of a history: a timeline, aborted requests per day, restart loops, the largest
+    requests, runs read twice, and what the history points at. Runs are dated by the journal's time
+    stamps where the input has them; otherwise by their files' modification times (llama-server's own
+    stamps count from its start), each about when that file's last run ended."""
     out: list[str] = []
-    timed = [fs for fs in report.by_file if fs.modified is not None]
-    if len(report.by_file) > 1:
+    runs = [s for s in report.history if s.same_as is None]
+    by_clock = bool(runs) and all(s.clock == "log" for s in runs)
+    if by_clock and len(runs) > 1:
+        out.extend(_run_timeline(runs))
+    elif len(report.by_file) > 1:
         out.append("Timeline (UTC; each file's modification time, about when its last run ended):")
         width = max(len(Path(fs.file).name) for fs in report.by_file)
         for fs in report.by_file:
             when = _utc(fs.modified) if fs.modified is not None else "?" * 19
             ended = ", ".join(f"{n} {ENDINGS[how][0]}" for how, n in fs.endings.items())
             failed = f"; {_plural(fs.failures, 'failure')}, {fs.aborted_requests:,} aborted" if fs.failures else ""
-            out.append(f"  {when}  {Path(fs.file).name:<{width}}  {_plural(fs.runs, 'run')}: {ended}{failed}")
+            copies = f"{'; ' if fs.runs else ''}{_plural(fs.copies, 'run')} read twice" if fs.copies else ""
+            counted = f"{_plural(fs.runs, 'run')}: {ended}" if fs.runs else ""
+            out.append(f"  {when}  {Path(fs.file).name:<{width}}  {counted}{failed}{copies}")
+    if by_clock or len(report.by_file) > 1:
         per_day: dict[str, int] = {}
-        for fs in timed:
-            if fs.aborted_requests:
-                day = _utc(fs.modified or 0)[:10]
-                per_day[day] = per_day.get(day, 0) + fs.aborted_requests
+        modified = {fs.file: fs.modified for fs in report.by_file}
+        for s in runs:
+            end = s.ended_at if by_clock else modified.get(s.file)
+            if s.aborted_requests and end is not None:
+                day = _utc(end)[:10]
+                per_day[day] = per_day.get(day, 0) + s.aborted_requests
         if per_day:
             out.append("Aborted requests per day: " + ", ".join(f"{d} {n:,}" for d, n in sorted(per_day.items())))
-        times = sorted(fs.modified or 0 for fs in timed for _ in range(fs.runs))
+        if by_clock:
+            times = sorted(s.started_at for s in runs if s.started_at is not None)
+        else:
+            times = sorted(fs.modified for fs in report.by_file if fs.modified is not None for _ in range(fs.runs))
         most = max((bisect.bisect_right(times, t + 60) - i for i, t in enumerate(times)), default=0)
         if most >= 3:
             out.append(f"Restart loop: {most} starts within one minute.")
@@ -282,6 +307,26 @@ def _history_lines(report: Report) -> list[str]:
             for r in report.largest_requests
         ]
         out.append("Largest requests: " + ", ".join(largest) + ".")
+    out.extend(f"Read twice: {x}." for x in report.overlaps)
+    for advice in report.history_advice:
+        out.extend(_wrap(advice, "Across the history: ", "  "))
+    return out
+
+
+def _run_timeline(runs: Sequence[RunSummary]) -> list[str]:
+    """One line per run, dated by the journal: when it started, how long it ran, how it ended."""
+    out = ["Timeline (UTC; the journal's time stamps):"]
+    if len(runs) > _TIMELINE_RUNS:
+        out.append(f"  ({len(runs) - _TIMELINE_RUNS:,} earlier runs not listed)")
+    for s in runs[-_TIMELINE_RUNS:]:
+        when = _utc(s.started_at) if s.started_at is not None else "?" * 19
+        took = _duration(s.ended_at - s.started_at) if s.started_at is not None and s.ended_at is not None else "?"
+        line = f"  {when}  run {s.index:<4} {took:>9}  {ENDINGS[s.ending][0]}"
+        if s.in_flight_prompt_tokens:
+            line += f" ({s.in_flight_prompt_tokens:,}-token prompt in flight)"
+        if s.failures:
+            line += f"; {_plural(s.failures, 'failure')}, {s.aborted_requests:,} aborted"
+        out.append(line)
     return out
 
 
@@ -295,6 +340,13 @@ def _ending_lines(e: Ending) -> list[str]:
         lines[0] += f"; in flight: {_plural(len(e.in_flight), 'request')}, {held}"
         rows = [[str(f.slot), str(f.task), _n(f.prompt_tokens), f"{f.tokens:,}"] for f in e.in_flight]
         lines.extend("  " + x for x in _table(rows, ["slot", "task", "prompt tokens", "tokens held"]))
+    m = e.memory
+    if m is not None:
+        what = "free device memory" if m.kind == "device" else "host memory"
+        lines.append(
+            f"Memory at start: {m.used_mib:,} MiB projected of {m.available_mib:,} MiB {what} "
+            f"({m.headroom_mib:,} MiB left)"
+        )
     return lines
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA = "llamacpp-exporter/diagnose/v3"
+SCHEMA = "llamacpp-exporter/diagnose/v4"
 
 
 @dataclass
@@ -84,6 +84,20 @@ ENDINGS = {
 
 
 @dataclass
+class MemoryFigures:
+    """What llama-server projected at start (`common_params_fit_impl: projected to use …`, logged at
+    -lv 4 from b9151): the memory its model and context take, and what the device had free."""
+
+    kind: str  # device (GPU) | host (no GPU)
+    used_mib: int
+    available_mib: int  # free device memory, or total host memory
+
+    @property
+    def headroom_mib(self) -> int:
+        return self.available_mib - self.used_mib
+
+
+@dataclass
 class Ending:
     """How a run ended. A run whose next start follows without an exit line died; one at the end of
     the log may still be running."""
@@ -93,6 +107,11 @@ class Ending:
     in_flight: list[InFlight]
     pool_used_tokens: int
     pool_capacity_tokens: int | None
+    memory: MemoryFigures | None = None  # the last memory figures the log gave
+
+
+#: Endings of a run that stopped without its exit line while it was processing a request.
+CRASHED_MID_REQUEST = frozenset({"died_mid_request", "log_ends_mid_request"})
 
 
 @dataclass
@@ -207,6 +226,35 @@ class FileSummary:
     failures: int = 0
     aborted_requests: int = 0
     endings: dict[str, int] = field(default_factory=dict)
+    copies: int = 0  # runs that are another input's run read again (not counted in `runs`)
+
+
+@dataclass
+class RunSummary:
+    """Every run of the whole history in one line: the timeline, the totals and the advice over all of
+    them (runs beyond --max-runs are not kept in detail, but each has one of these)."""
+
+    index: int
+    file: str
+    source: str | None
+    first_line: int
+    last_line: int
+    ending: str  # a key of ENDINGS
+    failures: int
+    aborted_requests: int
+    retries: int
+    largest_request_tokens: int
+    duration_s: float | None
+    # Wall-clock time (epoch seconds) of its first and last line. `clock` says where it comes from:
+    # "log" (the journal's time stamps), "file" (its file's modification time, for the last run of a
+    # file: llama-server stamps lines with the time since its start only), or None (unknown).
+    started_at: float | None = None
+    ended_at: float | None = None
+    clock: str | None = None
+    in_flight_prompt_tokens: int | None = None  # the longest prompt in flight when it stopped
+    n_ctx_slot: int | None = None
+    memory: MemoryFigures | None = None
+    same_as: int | None = None  # this run is run N read again from another file (counted once)
 
 
 @dataclass
@@ -248,6 +296,9 @@ class Report:
     failed_starts_in_a_row: int  # the longest streak of consecutive failed starts
     by_file: list[FileSummary]  # per input, in the order read
     largest_requests: list[LargeRequest]  # the 3 largest of the whole history, largest first
+    history: list[RunSummary] = field(default_factory=list)  # every run, in order, copies included
+    overlaps: list[str] = field(default_factory=list)  # runs read twice (counted once), each with where
+    history_advice: list[str] = field(default_factory=list)  # what the whole history points at
 
     @property
     def exit_status(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -16,6 +17,7 @@ from exporter.diagnose.report import (
     Failure,
     FailureSummary,
     InFlight,
+    MemoryFigures,
     RunReport,
     SlotAtAbort,
 )
@@ -78,6 +80,48 @@ def router_source(line: str) -> str | None:
         if m is not None:
             return m[1]
     return None
+
+
+#: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
+FINGERPRINT_LINES = (16, 64, 256)
+
+
+class Fingerprint:
+    """A run's first lines with an event (without a router prefix), hashed after 16, 64 and 256 of them.
+
+    Two runs from different files whose first lines hash alike are one run read twice: a copy of a
+    log taken while it was still being written, or the journal and a --log-file of the same process.
+    Only runs whose lines carry time stamps can be told apart this way (without them two starts of the
+    same server print the same lines), so `stamped` says whether every line hashed had one.
+    """
+
+    __slots__ = ("_hash", "_last", "digests", "lines", "stamped")
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._last = -1
+        self.lines = 0
+        self.digests: dict[int, bytes] = {}
+        self.stamped = True
+
+    def add(self, lineno: int, line: str) -> None:
+        if self.lines >= FINGERPRINT_LINES[-1] or lineno == self._last:
+            return
+        self._last = lineno
+        if line[:1] == "[":
+            line = _ROUTER.sub("", line, count=1)
+        if self.stamped and _STAMP.match(line) is None and _JSONL_TIME.match(line) is None:
+            self.stamped = False
+        self._hash.update(line.rstrip("\r\n").encode("utf-8", "surrogatepass") + b"\n")
+        self.lines += 1
+        if self.lines in FINGERPRINT_LINES:
+            self.digests[self.lines] = self._hash.digest()
+
+    def same_run(self, other: Fingerprint) -> bool:
+        """Both hold the same first lines, as many as the shorter one has (at least 16), with stamps."""
+        n = min(self.lines, other.lines)
+        common = [c for c in FINGERPRINT_LINES if c <= n]
+        return bool(common) and self.stamped and other.stamped and self.digests[common[-1]] == other.digests[common[-1]]
 
 
 @dataclass
@@ -156,6 +200,10 @@ class _Run:
         self.events = 0
         self.first_elapsed: float | None = None
         self.last_stamped_line = ""
+        self.first_wall: float | None = None  # wall-clock time of its first and last line (the journal's)
+        self.last_wall: float | None = None
+        self.fingerprint = Fingerprint()
+        self.memory: MemoryFigures | None = None
         self.tasks_started = 0
         self.releases = 0
         self.largest_request = 0
@@ -244,6 +292,15 @@ class _Run:
 
     def _ready(self, e: ev.ServerReady, lineno: int, line: str) -> None:
         self.in_startup = False
+
+    def _memory_projection(self, e: ev.MemoryProjection, lineno: int, line: str) -> None:
+        self.memory = MemoryFigures(e.kind, e.used_mib, e.available_mib)
+
+    def note_wall(self, t: float) -> None:
+        """A line of this run was written at wall-clock time `t` (epoch seconds)."""
+        if self.first_wall is None:
+            self.first_wall = t
+        self.last_wall = t
 
     def _kv_section(self, e: ev.KVCacheSection, lineno: int, line: str) -> None:
         self.kv_swa_section = e.swa
@@ -417,7 +474,7 @@ class _Run:
             how = "died_mid_request" if in_flight else "died_idle"
         else:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
-        return Ending(how, st.start_error, in_flight, st.pool_used(), pool)
+        return Ending(how, st.start_error, in_flight, st.pool_used(), pool, self.memory)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -463,4 +520,5 @@ _RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
     ev.ServerReady: _Run._ready,
     ev.KVCacheSection: _Run._kv_section,
     ev.KVCacheSize: _Run._kv_size,
+    ev.MemoryProjection: _Run._memory_projection,
 }

@@ -82,6 +82,17 @@ class ServerExiting:
 
 
 @event
+class MemoryProjection:
+    """`common_params_fit_impl: projected to use 9876 MiB of device memory vs. 10240 MiB of free device
+    memory` (`… of host memory vs. N MiB of total host memory` without a GPU): the memory the model and
+    its context will take at start, and what there is (b7xxx+, printed before the model loads)."""
+
+    kind: str  # device | host
+    used_mib: int
+    available_mib: int
+
+
+@event
 class SlotsInitialized:
     """`initializing, n_slots = 4, n_ctx_slot = 512, kv_unified = 'true'` (b9829+).
 
@@ -503,6 +514,7 @@ Event: TypeAlias = (
     | ServerReady
     | ServerExiting
     | ModelLoadFailed
+    | MemoryProjection
     | SlotsInitialized
     | SlotCreated
     | ContextParam

@@ -57,6 +57,7 @@ class JournalEntry:
     cursor: str | None
     pid: str | None
     lines: list[str]
+    realtime: float | None = None  # when it was logged (epoch seconds; the entry's __REALTIME_TIMESTAMP)
 
 
 def _field_text(value: object) -> str | None:
@@ -85,10 +86,14 @@ def parse_entry(raw: bytes | str) -> JournalEntry | None:
         return None
     cursor = obj.get("__CURSOR")
     message = _field_text(obj.get("MESSAGE"))
+    realtime = _field_text(obj.get("__REALTIME_TIMESTAMP"))
+    if not (realtime and realtime.isascii() and realtime.isdigit() and len(realtime) < 20):
+        realtime = None
     return JournalEntry(
         cursor=cursor if isinstance(cursor, str) else None,
         pid=_field_text(obj.get("_PID")),
         lines=(message.splitlines() or [""]) if message is not None else [],
+        realtime=int(realtime) / 1e6 if realtime else None,
     )
 
 

@@ -351,6 +351,12 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     # b11434: `srv    operator(): operator(): cleaning up before exit...` (the signal handler's lambda).
     ("cleaning operator()", r"(?:operator\(\): )?cleaning up before exit\.\.\.$", lambda m: ev.ServerExiting()),
     (
+        "projected",
+        r"projected to use (?P<proj_used>\d+) MiB of (?P<proj_kind>host|device) memory vs\. "
+        r"(?P<proj_avail>\d+) MiB of (?:total host|free device) memory$",
+        lambda m: ev.MemoryProjection(m["proj_kind"], int(m["proj_used"]), int(m["proj_avail"])),
+    ),
+    (
         "capping",
         r"capping per-slot context \((?P<cap_requested>\d+)\) to --kv-unified-per-slot \((?P<cap>\d+)\)",
         lambda m: ev.PerSlotCap(int(m["cap_requested"]), int(m["cap"])),

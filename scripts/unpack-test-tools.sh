@@ -7,6 +7,8 @@
 #   mtail                           (mtail; the bench's comparison)
 #   prometheus-node-exporter        (prometheus-node-exporter; reads the same --web.config.file)
 #   docker-compose 1.29.2           (docker-compose and its python3-* packages, run by /usr/bin/python3)
+#   chromium, headless              (chromium and those of its libraries this host lacks; the test
+#                                    that opens `diagnose --html` pages in a real browser)
 #
 # Each package is fetched with `apt-get download` and unpacked with `dpkg -x` into
 # $TOOLS/root; $TOOLS/bin holds one link (or, for docker-compose, a wrapper) per tool.
@@ -32,25 +34,39 @@ PACKAGES=("${GO_TOOLS[@]}" "${COMPOSE[@]}")
 stamp="$TOOLS/.unpacked"
 want="$(printf '%s\n' "${PACKAGES[@]}" | sha256sum | cut -d' ' -f1)"
 
-if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+tmp=""
+trap 'rm -rf "${tmp:-}"' EXIT
+need_apt() {
     command -v apt-get >/dev/null && command -v dpkg >/dev/null ||
-        die "needs apt-get and dpkg (Debian or Ubuntu); elsewhere put promtool, prometheus, amtool, prometheus-alertmanager, mtail and docker-compose on PATH"
-    tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
-    chmod 755 "$tmp" # apt-get download writes as _apt when run as root
-    say "downloading ${#PACKAGES[@]} Debian packages into $TOOLS (≈40 MB, ≈170 MB unpacked; nothing is installed)"
-    if ! (cd "$tmp" && apt-get download -qq "${PACKAGES[@]}" >/dev/null 2>"$tmp/apt.err"); then
-        # A fresh machine (a container) may never have fetched apt's package lists.
-        SUDO=""
-        if [[ $(id -u) -ne 0 ]]; then
-            sudo -n true 2>/dev/null || die "apt-get download failed: $(tail -1 "$tmp/apt.err") (run 'sudo apt-get update' once, then again)"
-            SUDO="sudo -n"
-        fi
-        say "fetching apt's package lists (apt-get update)"
-        $SUDO apt-get update -qq >&2
-        rm -f "$tmp"/*.deb
-        (cd "$tmp" && apt-get download -qq "${PACKAGES[@]}" >/dev/null) || die "apt-get download failed"
+        die "needs apt-get and dpkg (Debian or Ubuntu); elsewhere put promtool, prometheus, amtool, prometheus-alertmanager, mtail, docker-compose and chromium on PATH"
+}
+# apt_update WHY: fetch apt's package lists (a fresh machine, a container, may never have).
+apt_update() {
+    local sudo=""
+    if [[ $(id -u) -ne 0 ]]; then
+        sudo -n true 2>/dev/null || die "$1 (run 'sudo apt-get update' once, then again)"
+        sudo="sudo -n"
     fi
+    say "fetching apt's package lists (apt-get update)"
+    $sudo apt-get update -qq >&2
+}
+# download DIR PACKAGE...: the packages' .deb files into DIR (a new temporary folder).
+download() {
+    local dir="$1"
+    shift
+    chmod 755 "$dir" # apt-get download writes as _apt when run as root
+    if ! (cd "$dir" && apt-get download -qq "$@" >/dev/null 2>"$dir/apt.err"); then
+        apt_update "apt-get download failed: $(tail -1 "$dir/apt.err")"
+        rm -f "$dir"/*.deb
+        (cd "$dir" && apt-get download -qq "$@" >/dev/null) || die "apt-get download failed"
+    fi
+}
+
+if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+    need_apt
+    tmp="$(mktemp -d)"
+    say "downloading ${#PACKAGES[@]} Debian packages into $TOOLS (≈40 MB, ≈170 MB unpacked; nothing is installed)"
+    download "$tmp" "${PACKAGES[@]}"
     rm -rf "$TOOLS"
     mkdir -p "$TOOLS/root" "$TOOLS/bin"
     for deb in "$tmp"/*.deb; do
@@ -82,9 +98,45 @@ EOF
     echo "$want" >"$stamp"
 fi
 
+# Chromium: Debian's package, and those of its libraries that this host lacks (what `apt-get install
+# -s` would install), unpacked into $TOOLS/chromium; $TOOLS/bin/chromium runs it with them on
+# LD_LIBRARY_PATH. A chromium already on PATH is used as it is.
+if [[ ! -x "$TOOLS/bin/chromium" ]]; then
+    if command -v chromium >/dev/null; then
+        ln -sfn "$(command -v chromium)" "$TOOLS/bin/chromium"
+    else
+        need_apt
+        sim() { apt-get install -s --no-install-recommends chromium 2>/dev/null | awk '/^Inst /{print $2}'; }
+        missing="$(sim || true)"
+        if [[ -z "$missing" ]]; then
+            apt_update "apt-get cannot find chromium"
+            missing="$(sim)"
+            [[ -n "$missing" ]] || die "apt-get cannot find chromium"
+        fi
+        rm -rf "${tmp:-}"
+        tmp="$(mktemp -d)"
+        say "downloading chromium and $(($(wc -w <<<"$missing") - 1)) of its libraries into $TOOLS/chromium (≈120 MB, ≈400 MB unpacked)"
+        # shellcheck disable=SC2086 # one package name per word
+        download "$tmp" $missing
+        rm -rf "$TOOLS/chromium"
+        mkdir -p "$TOOLS/chromium"
+        for deb in "$tmp"/*.deb; do
+            dpkg -x "$deb" "$TOOLS/chromium"
+        done
+        [[ -x "$TOOLS/chromium/usr/lib/chromium/chromium" ]] || die "chromium is not in its Debian package"
+        libs="$(find "$TOOLS/chromium" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')"
+        cat >"$TOOLS/bin/chromium" <<EOF
+#!/bin/sh
+LD_LIBRARY_PATH="${libs}\${LD_LIBRARY_PATH:-}" exec "$TOOLS/chromium/usr/lib/chromium/chromium" "\$@"
+EOF
+        chmod 755 "$TOOLS/bin/chromium"
+    fi
+fi
+
 for tool in promtool amtool mtail; do
     "$TOOLS/bin/$tool" --version >/dev/null 2>&1 || die "$TOOLS/bin/$tool does not run"
 done
 "$TOOLS/bin/docker-compose" version --short >/dev/null 2>&1 ||
     die "$TOOLS/bin/docker-compose does not run (it needs /usr/bin/python3 from Debian or Ubuntu)"
+"$TOOLS/bin/chromium" --headless --no-sandbox --version >/dev/null 2>&1 || die "$TOOLS/bin/chromium does not run"
 say "tools in $TOOLS/bin: $("$TOOLS/bin/promtool" --version 2>&1 | head -1)"

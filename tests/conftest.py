@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_harness import find_llama_server
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama
 
-#: Where scripts/unpack-test-tools.sh unpacks promtool, Prometheus, Alertmanager, mtail, node_exporter
-#: and docker-compose from Debian's packages. First on PATH, so a host's own (other) versions do not
+#: Where scripts/unpack-test-tools.sh unpacks promtool, Prometheus, Alertmanager, mtail, node_exporter,
+#: docker-compose and Chromium from Debian's packages. First on PATH, so a host's own (other) versions do not
 #: change what the tests check.
 TOOLS_BIN = (
     Path(
@@ -68,6 +68,15 @@ def promtool_bin() -> Path:
     found = shutil.which(os.environ.get("PROMTOOL_BIN") or "promtool")  # which() also checks +x
     if not found:
         _missing("promtool", "run scripts/unpack-test-tools.sh or set PROMTOOL_BIN")
+    return Path(found)
+
+
+@pytest.fixture(scope="session")
+def chromium_bin() -> Path:
+    """A headless-capable Chromium: ``$CHROMIUM_BIN``, then ``$PATH`` (the tools folder's first)."""
+    found = shutil.which(os.environ.get("CHROMIUM_BIN") or "chromium")
+    if not found:
+        _missing("chromium", "run scripts/unpack-test-tools.sh or set CHROMIUM_BIN")
     return Path(found)
 
 

@@ -7,11 +7,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from exporter.diagnose.read import InputError, diagnose_files, input_files
 from exporter.diagnose.render import render_text, to_json
-from exporter.diagnose.report import SCHEMA
+from exporter.diagnose.report import SCHEMA, Report
 
 PROG = "llamacpp-exporter diagnose"
 
@@ -54,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help=f"print the report as JSON (schema {SCHEMA})")
     p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained page with charts: every run and how it ended, "
+        "the tokens each slot held over time, failures and crashes marked (needs the html extra: "
+        "pip install 'llamacpp-exporter[html]')",
+    )
+    p.add_argument(
         "--max-runs",
         type=_non_negative,
         default=10,
@@ -71,13 +79,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`llamacpp-exporter diagnose LOG... [--json]`; returns the exit status."""
+    """`llamacpp-exporter diagnose LOG... [--json] [--html FILE]`; returns the exit status."""
     parser = build_parser()
     ns = parser.parse_args(list(argv))
+    if ns.html is not None:
+        try:
+            import matplotlib  # noqa: F401  (said before the logs are read, not after)
+        except ImportError:
+            print(f"{PROG}: error: --html needs matplotlib: pip install 'llamacpp-exporter[html]'", file=sys.stderr)
+            return 2
     try:
         paths, order = input_files(ns.logs)
-        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures)
+        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=ns.html is not None)
         report.files_order = order
+        if ns.html is not None:
+            _write_html(report, ns.html)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +114,23 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
         return 2
     return report.exit_status
+
+
+def _write_html(report: Report, path: str) -> None:
+    """Write the page to `path` (atomically: a reader never sees half of it)."""
+    from exporter.diagnose.html import render_html
+
+    page = render_html(report)
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InputError(f"{path}: cannot write the page: {exc.strerror or exc}") from None
+    print(f"{PROG}: wrote {path} ({len(page.encode()) / 1024:,.0f} KiB)", file=sys.stderr)
 
 
 def _discard_stdout() -> None:

@@ -19,7 +19,7 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import _STAMP_FIRST, Fingerprint, _Run, router_source
+from exporter.diagnose.run import _STAMP_FIRST, Fingerprint, PoolSeries, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 
@@ -49,7 +49,7 @@ class Diagnoser:
     1
     """
 
-    def __init__(self, file: str, *, max_runs: int = 10, max_failures: int = 10) -> None:
+    def __init__(self, file: str, *, max_runs: int = 10, max_failures: int = 10, series: bool = False) -> None:
         self.file = file
         self.files = [file]
         self.skipped: list[str] = []
@@ -67,6 +67,8 @@ class Diagnoser:
         # Every run in one line, and its fingerprint: the totals are made from these at the end, once
         # runs read twice (overlapping files) are known. Memory grows with runs, not with lines.
         self._history: list[tuple[RunSummary, Fingerprint]] = []
+        self._series = series  # keep each shown run's pool series (for --html)
+        self.series: dict[int, PoolSeries] = {}  # by run index, for the runs in _done
 
     def feed_line(self, line: str, lineno: int, wall: float | None = None) -> None:
         """Parse one raw line (any format the exporter reads) and apply it; `wall`: when it was written
@@ -233,7 +235,7 @@ class Diagnoser:
 
     def _new_run(self, source: str | None, lineno: int) -> _Run:
         self._runs += 1
-        run = _Run(self._runs, source, lineno, self.max_failures, self.files[-1])
+        run = _Run(self._runs, source, lineno, self.max_failures, self.files[-1], series=self._series)
         run.state.provenance.banners_reformat = True  # a file holds one run after another: each start may change it
         line_format = self._line_format.get(source)
         if line_format is not None:
@@ -265,6 +267,10 @@ class Diagnoser:
             memory=ending.memory,
         )
         self._history.append((summary, run.fingerprint))
+        if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
+            self.series.pop(self._done[0].index, None)  # about to leave the shown runs
+        if run.series is not None:
+            self.series[run.index] = run.series
         self._done.append(report)
 
     def finish(self, modified: dict[str, float] | None = None) -> Report:
@@ -328,6 +334,7 @@ class Diagnoser:
             history=history,
             overlaps=overlaps,
             history_advice=history_advice(kept),
+            series={i: self.series[i] for i in shown_ids if i in self.series},
         )
 
     def _mark_copies(self) -> list[str]:

@@ -241,14 +241,15 @@ def _peek(f: IO[bytes], n: int) -> bytes:
     return bytes(peek(n)[:n]) if peek is not None else b""
 
 
-def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: int = 10) -> Report:
+def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: int = 10, series: bool = False) -> Report:
     """`diagnose_file` over several files in the order given, one report; runs restart at each file.
 
     A file whose content equals an earlier one's (a `.prev-*` copy of a rotated file) is read once.
+    `series`: keep each shown run's pool series (`Report.series`, for --html).
     With one file, bad input raises `InputError`; with several, a file that is not a log is skipped
     and said in the report, unless none is one.
     """
-    d = Diagnoser(paths[0], max_runs=max_runs, max_failures=max_failures)
+    d = Diagnoser(paths[0], max_runs=max_runs, max_failures=max_failures, series=series)
     seen = _Copies()
     long_lines = 0
     first_error: InputError | None = None

@@ -36,7 +36,8 @@ _DECODE_MESSAGES = {
 
 def to_json(report: Report) -> str:
     """The report as JSON (stable keys; see `SCHEMA`)."""
-    data: dict[str, Any] = dataclasses.asdict(report)
+    data: dict[str, Any] = dataclasses.asdict(dataclasses.replace(report, series={}))
+    del data["series"]  # for --html only
     data["exit_status"] = report.exit_status
     return json.dumps(data, indent=2)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 SCHEMA = "llamacpp-exporter/diagnose/v4"
 
@@ -299,6 +300,8 @@ class Report:
     history: list[RunSummary] = field(default_factory=list)  # every run, in order, copies included
     overlaps: list[str] = field(default_factory=list)  # runs read twice (counted once), each with where
     history_advice: list[str] = field(default_factory=list)  # what the whole history points at
+    # Each shown run's pool series (exporter.diagnose.run.PoolSeries) by run index, for --html; not JSON.
+    series: dict[int, Any] = field(default_factory=dict, repr=False)
 
     @property
     def exit_status(self) -> int:

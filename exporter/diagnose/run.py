@@ -52,6 +52,20 @@ _PROGRESS = frozenset(
 # Events after which the forecast of the requests in flight may grow, or shrink.
 _DEMAND_GROWS = frozenset({ev.NewPrompt, ev.PromptProgress, ev.TaskStarted})
 _DEMAND_SHRINKS = frozenset({ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle})
+# Events after which the pool series (`diagnose --html`) takes a point.
+_SERIES = frozenset(
+    {
+        ev.GenerationProgress,
+        ev.PromptProgress,
+        ev.CachedTokens,
+        ev.NewPrompt,
+        ev.SlotReleased,
+        ev.SlotCleared,
+        ev.SlotPurged,
+        ev.DecodeFatal,
+        ev.AllSlotsIdle,
+    }
+)
 # What does not end an abort's trail of lines (the aborted requests' errors and releases).
 _ABORT_TRAIL = frozenset({ev.RequestError, ev.SlotReleased, ev.SlotCleared})
 
@@ -124,6 +138,36 @@ class Fingerprint:
         return bool(common) and self.stamped and other.stamped and self.digests[common[-1]] == other.digests[common[-1]]
 
 
+class PoolSeries:
+    """The tokens each slot held over one run, for `diagnose --html`: x is seconds since the start
+    (the log's time stamps) or, without stamps, line numbers.
+
+    Bounded: at most `MAX_POINTS`; when full, every other point is dropped and from then on only
+    every second change is kept, so the whole run stays covered evenly. A failure is always kept.
+    """
+
+    MAX_POINTS = 2000
+
+    __slots__ = ("_every", "_seen", "by_line", "tokens", "x")
+
+    def __init__(self) -> None:
+        self.x: list[float] = []
+        self.tokens: list[tuple[int, ...]] = []
+        self.by_line = False
+        self._every = 1
+        self._seen = 0
+
+    def add(self, x: float, tokens: tuple[int, ...], *, keep: bool = False) -> None:
+        self._seen += 1
+        if not keep and self._seen % self._every:
+            return
+        self.x.append(x)
+        self.tokens.append(tokens)
+        if len(self.x) >= self.MAX_POINTS:
+            del self.x[1::2], self.tokens[1::2]
+            self._every *= 2
+
+
 @dataclass
 class _Cascade:
     """A retry cascade in progress: what is needed to explain the failure it may end in."""
@@ -187,7 +231,16 @@ class _Predictable:
 class _Run:
     """Accumulates one server run. Memory is bounded: counters, the slots, and at most N failures."""
 
-    def __init__(self, index: int, source: str | None, first_line: int, max_failures: int, file: str = "") -> None:
+    def __init__(
+        self,
+        index: int,
+        source: str | None,
+        first_line: int,
+        max_failures: int,
+        file: str = "",
+        *,
+        series: bool = False,
+    ) -> None:
         self.index = index
         self.source = source
         self.file = file
@@ -204,6 +257,7 @@ class _Run:
         self.last_wall: float | None = None
         self.fingerprint = Fingerprint()
         self.memory: MemoryFigures | None = None
+        self.series = PoolSeries() if series else None
         self.tasks_started = 0
         self.releases = 0
         self.largest_request = 0
@@ -245,6 +299,25 @@ class _Run:
         handler = _RUN_HANDLERS.get(kind)
         if handler is not None:
             handler(self, e, lineno, line)
+        if self.series is not None and kind in _SERIES:
+            self._sample(lineno, line, keep=kind is ev.DecodeFatal)
+
+    def _sample(self, lineno: int, line: str, *, keep: bool) -> None:
+        """One point of the pool series: every slot's tokens now."""
+        series = self.series
+        assert series is not None
+        elapsed = elapsed_seconds(line) if line[:1] in _STAMP_FIRST else None
+        if not series.x:
+            series.by_line = elapsed is None  # a run without time stamps is drawn by line number
+        if series.by_line:
+            x = float(lineno)
+        elif elapsed is None:
+            return
+        else:
+            x = elapsed
+        slots = self.state.slots
+        tokens = tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
+        series.add(x, tokens, keep=keep)
 
     # One handler per event type that the report follows beyond the state (dispatched by type).
 

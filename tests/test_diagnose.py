@@ -1092,3 +1092,43 @@ def test_a_history_of_files_in_time_order_each_read_once(tmp_path: Path) -> None
             b["ending"]["how"],
             b["failure_summary"],
         )
+
+
+@pytest.mark.parametrize("mix", ["plain", "odd", "starting"])
+def test_a_big_log_on_several_cores_gives_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mix: str
+) -> None:
+    """A log split at start lines and read by worker processes gives the report of one process, byte
+    for byte (JSON, with --html's series); where a split would change it (router mode, a run cut
+    during its start-up), the log is read as a whole. "starting": every start-up is cut short, so a
+    start line may follow a run that never printed its own `initializing ...`."""
+    from exporter.diagnose import parallel
+
+    built = _bench().build_log(tmp_path / "big.log", 6 * 2**20, root=CAPTURE_ROOT)
+    path = built.path
+    if mix == "odd":
+        lines = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text().splitlines(keepends=True)
+        with path.open("a") as f:
+            f.write("".join(f"[ 8081] {line}" for line in lines))
+    elif mix == "starting":
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if "initializing ..." not in line or len(line) % 3))
+    split: list[bool] = []
+    real = parallel.feed_in_parts
+
+    def recorded(*args: Any, **kwargs: Any) -> bool:
+        split.append(real(*args, **kwargs))
+        return split[-1]
+
+    monkeypatch.setattr(parallel, "feed_in_parts", recorded)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(parallel, "workers", lambda: 3)
+    in_parts = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
+    whole = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
+    assert split[0] == (mix != "odd")  # router mode is read as a whole
+    assert len(in_parts.history) > 100
+    assert to_json(in_parts) == to_json(whole)
+    assert {i: (s.x, s.tokens) for i, s in in_parts.series.items()} == {
+        i: (s.x, s.tokens) for i, s in whole.series.items()
+    }

@@ -6,6 +6,7 @@ import heapq
 import re
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from exporter.diagnose.advice import history_advice
 from exporter.diagnose.report import (
@@ -59,6 +60,7 @@ class Diagnoser:
         self.lines = 0
         self.long_lines = 0
         self.events = 0
+        self.routed = False  # a line with a router prefix was seen (llama-server's router mode)
         self.specific_events = 0  # events only llama-server writes (not `listening on …`, `loading model '…'`)
         self._current: dict[str | None, _Run] = {}
         self._line_format: dict[str | None, ev.LineFormat] = {}  # of the latest line with an event, by source
@@ -77,6 +79,8 @@ class Diagnoser:
             self.lines = lineno
         events = parse_line_events(line)
         source = router_source(line) if line[:1] == "[" else None
+        if source is not None:
+            self.routed = True
         if events:
             for e in events:
                 self.feed_event(e, lineno, line, source=source)
@@ -218,9 +222,50 @@ class Diagnoser:
             run = self._new_run(source, lineno)
         if line[:1] in _STAMP_FIRST:
             run.note_stamp(line)
-        if line and run.fingerprint.lines < 256:
+        if line and run.fingerprint.lines < 64:
             run.fingerprint.add(lineno, line)
         run.apply(e, lineno, line)
+
+    @property
+    def keeps_series(self) -> bool:
+        """Whether each shown run's pool series is kept (for --html)."""
+        return self._series
+
+    def close_open(self, *, next_start: bool) -> tuple[bool, bool] | None:
+        """Close every open run; `next_start`: as if another start followed. Returns, for the open run
+        without a router prefix, whether it was still starting and whether it printed `initializing
+        ...` (what decides if a start line that followed would begin a new run), or None."""
+        run = self._current.get(None)
+        state = (run.in_startup, ev.ServerStarting in run.banner_seen) if run is not None else None
+        for open_run in sorted(self._current.values(), key=lambda r: r.first_line):
+            self._close(open_run, next_start=next_start)
+        self._current = {}
+        return state
+
+    def part(self) -> Part:
+        """What this diagnoser found, for `absorb` by another (a part of a log read in another process)."""
+        return Part(
+            list(self._done), self._history, self.series, self._runs, self.lines, self.events, self.specific_events
+        )
+
+    def absorb(self, part: Part) -> None:
+        """Add the runs of a later part of the current file, found by another diagnoser (its runs are
+        numbered after this one's, its lines were numbered from where the part starts)."""
+        offset = self._runs
+        for summary, _ in part.history:
+            summary.index += offset
+        for report in part.runs:
+            report.index += offset
+            if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
+                self.series.pop(self._done[0].index, None)
+            self._done.append(report)
+        shown = {r.index for r in self._done}
+        self.series.update({i + offset: s for i, s in part.series.items() if i + offset in shown})
+        self._history.extend(part.history)
+        self._runs += part.runs_total
+        self.lines = max(self.lines, part.lines)
+        self.events += part.events
+        self.specific_events += part.specific_events
 
     def next_file(self, file: str) -> None:
         """The lines that follow come from `file`, numbered from 1 again. llama-server truncates its log
@@ -266,6 +311,7 @@ class Diagnoser:
             n_ctx_slot=report.configuration.n_ctx_slot,
             memory=ending.memory,
         )
+        run.fingerprint.close()
         self._history.append((summary, run.fingerprint))
         if self._done.maxlen is not None and len(self._done) == self._done.maxlen:
             self.series.pop(self._done[0].index, None)  # about to leave the shown runs
@@ -362,6 +408,19 @@ class Diagnoser:
                         )
                         break
         return said
+
+
+@dataclass
+class Part:
+    """The runs a `Diagnoser` found in a part of a log (see `Diagnoser.part` and `absorb`)."""
+
+    runs: list[RunReport]  # the shown ones (the last --max-runs)
+    history: list[tuple[RunSummary, Fingerprint]]
+    series: dict[int, PoolSeries]
+    runs_total: int
+    lines: int  # the last line number seen
+    events: int
+    specific_events: int
 
 
 def _date_by_file(history: list[RunSummary], modified: dict[str, float]) -> None:

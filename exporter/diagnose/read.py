@@ -336,8 +336,8 @@ def _feed_file(d: Diagnoser, path: str, stats: ReadStats) -> None:
         kind = journal_format(_peek(f, 64 * 1024))
         if kind is not None:
             _feed_journal(d, f, kind, stats)
-        else:
-            _feed_log(d, f, stats, before)
+        elif not (isinstance(f, io.BufferedReader) and f is not sys.stdin.buffer and _in_parts(d, path, stats)):
+            feed_log(d, f, stats, before)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{path}: read error after {stats.lines:,} lines: {exc}") from None
     finally:
@@ -346,7 +346,16 @@ def _feed_file(d: Diagnoser, path: str, stats: ReadStats) -> None:
     _check_read(d, path, stats, before)
 
 
-def _feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
+def _in_parts(d: Diagnoser, path: str, stats: ReadStats) -> bool:
+    """A big plain file, on several cores where it can be split (see exporter/diagnose/parallel.py)."""
+    from exporter.diagnose import parallel  # it builds on this module's readers
+
+    return parallel.feed_in_parts(
+        d, path, stats, max_runs=d.max_runs, max_failures=d.max_failures, series=d.keeps_series
+    )
+
+
+def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
     """llama-server's own log: line by line while the first MiB decides whether this is a log at all,
     then in blocks."""
     for line in read_lines(f, stats):

@@ -97,11 +97,11 @@ def router_source(line: str) -> str | None:
 
 
 #: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
-FINGERPRINT_LINES = (16, 64, 256)
+FINGERPRINT_LINES = (16, 64)
 
 
 class Fingerprint:
-    """A run's first lines with an event (without a router prefix), hashed after 16, 64 and 256 of them.
+    """A run's first lines with an event (without a router prefix), hashed after 16 and 64 of them.
 
     Two runs from different files whose first lines hash alike are one run read twice: a copy of a
     log taken while it was still being written, or the journal and a --log-file of the same process.
@@ -112,24 +112,31 @@ class Fingerprint:
     __slots__ = ("_hash", "_last", "digests", "lines", "stamped")
 
     def __init__(self) -> None:
-        self._hash = hashlib.blake2b(digest_size=16)
+        self._hash: Any = hashlib.blake2b(digest_size=16)
         self._last = -1
         self.lines = 0
         self.digests: dict[int, bytes] = {}
         self.stamped = True
 
     def add(self, lineno: int, line: str) -> None:
-        if self.lines >= FINGERPRINT_LINES[-1] or lineno == self._last:
+        if lineno == self._last or self._hash is None:
             return
         self._last = lineno
         if line[:1] == "[":
             line = _ROUTER.sub("", line, count=1)
-        if self.stamped and _STAMP.match(line) is None and _JSONL_TIME.match(line) is None:
+        first = line[:1]
+        if self.stamped and not ("0" <= first <= "9" or (first == "{" and '"time"' in line)):
             self.stamped = False
         self._hash.update(line.rstrip("\r\n").encode("utf-8", "surrogatepass") + b"\n")
         self.lines += 1
         if self.lines in FINGERPRINT_LINES:
             self.digests[self.lines] = self._hash.digest()
+            if self.lines == FINGERPRINT_LINES[-1]:
+                self.close()
+
+    def close(self) -> None:
+        """No more lines: the hash's state is let go (a history keeps one fingerprint per run)."""
+        self._hash = None
 
     def same_run(self, other: Fingerprint) -> bool:
         """Both hold the same first lines, as many as the shorter one has (at least 16), with stamps."""

@@ -1,0 +1,185 @@
+"""One big log diagnosed on several cores: split at server starts, each part in its own process.
+
+llama-server's runs are independent: a run's report depends only on its own lines. A log is split
+into parts that each begin with a start line (`initializing ...`), every part is diagnosed by its own
+`Diagnoser` in a worker process, and the parts are joined in order (`Diagnoser.absorb`): runs are
+numbered on, lines were numbered from where each part starts (counted beforehand), the last run of a
+part is closed as "another start followed". The result is the same report as one process reading
+the whole log (a test holds it to that).
+
+The split is only taken where that holds; otherwise the log is read in one process as before:
+
+* a part whose last run was still starting and had not printed its own `initializing ...` (the
+  next start line would then continue that run, as a crash loop during start-up does);
+* router mode (`[port]` prefixes): the children's runs run across the router's starts.
+
+Only plain files at least `MIN_BYTES` long are split (gzip cannot be read from the middle; standard
+input cannot be read twice).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from exporter.diagnose.core import Diagnoser, Part
+from exporter.diagnose.read import ReadStats, feed_log, read_blocks
+from exporter.logs import events as ev
+from exporter.logs.parse import parse_line_events
+
+#: Logs smaller than this are read in one process (starting workers costs more than it saves).
+MIN_BYTES = 32 * 1024 * 1024
+#: How far past a split point a start line is looked for.
+_SEARCH_BYTES = 64 * 1024 * 1024
+_BLOCK = 1024 * 1024
+_START = re.compile(rb"initializing \.\.\.")
+
+
+@dataclass
+class _Job:
+    path: str
+    start: int  # byte offset: the first byte of a line (a start line, but for the first part)
+    end: int
+    first_line: int  # the number of the part's first line in the file
+    last: bool  # the part that ends the file
+    max_runs: int
+    max_failures: int
+    series: bool
+
+
+@dataclass
+class _Result:
+    part: Part
+    stats: ReadStats
+    open_run: tuple[bool, bool] | None  # see Diagnoser.close_open
+    routed: bool
+
+
+class _Slice(io.RawIOBase):
+    """Bytes [start, end) of a file, as a stream."""
+
+    def __init__(self, f: io.BufferedReader, start: int, end: int) -> None:
+        f.seek(start)
+        self._f, self._left = f, end - start
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = self._f.readinto(memoryview(buffer)[: min(len(buffer), self._left)])
+        self._left -= n
+        return n
+
+
+def _diagnose_part(job: _Job) -> _Result:
+    """In a worker: one part of the log through its own Diagnoser."""
+    d = Diagnoser(job.path, max_runs=job.max_runs, max_failures=job.max_failures, series=job.series)
+    stats = ReadStats()
+    with open(job.path, "rb") as raw:  # noqa: PTH123 (a raw binary file, read in slices)
+        f = io.BufferedReader(_Slice(raw, job.start, job.end), _BLOCK)
+        if job.start == 0:
+            feed_log(d, f, stats, 0)  # the first part decides whether the file is a log at all
+        else:
+            for text in read_blocks(f, stats):
+                d.feed_text(text, job.first_line + stats.lines - text.count("\n", 0, len(text) - 1) - 1)
+    open_run = d.close_open(next_start=not job.last)
+    return _Result(d.part(), stats, open_run, d.routed)
+
+
+def _is_start(line: bytes) -> bool:
+    return not line.startswith(b"[") and any(
+        type(e) is ev.ServerStarting for e in parse_line_events(line.decode("utf-8", "replace"))
+    )
+
+
+def _start_after(f: io.BufferedReader, offset: int, limit: int) -> int | None:
+    """The offset of the first start line that begins after `offset` (and before `limit`), or None."""
+    f.seek(offset)
+    f.readline()  # the rest of the line `offset` is in
+    pos = f.tell()
+    while pos < limit:
+        block = f.read(_BLOCK)
+        whole = block.rfind(b"\n") + 1
+        if not whole:  # no line ends in it: past the end, or in a line longer than a block
+            if not block:
+                return None
+            f.readline()
+            pos = f.tell()
+            continue
+        block = block[:whole]  # whole lines only: a start line never crosses it
+        for m in _START.finditer(block):
+            begin = block.rfind(b"\n", 0, m.start()) + 1
+            if _is_start(block[begin : block.find(b"\n", m.end()) + 1]):
+                return pos + begin
+        pos += whole
+        f.seek(pos)
+    return None
+
+
+def _split(path: str, size: int, parts: int) -> list[int]:
+    """Offsets of the parts: 0, then a start line after each 1/parts of the file."""
+    offsets = [0]
+    with open(path, "rb") as f:  # noqa: PTH123
+        for k in range(1, parts):
+            at = _start_after(f, max(size * k // parts, offsets[-1] + 1), min(size, size * k // parts + _SEARCH_BYTES))
+            if at is not None and at > offsets[-1]:
+                offsets.append(at)
+    return offsets
+
+
+def _line_numbers(path: str, offsets: list[int]) -> list[int]:
+    """The number of the line that starts at each offset."""
+    numbers = [1]
+    with open(path, "rb") as f:  # noqa: PTH123
+        lines, pos = 0, 0
+        for target in offsets[1:]:
+            while pos < target:
+                block = f.read(min(_BLOCK, target - pos))
+                lines += block.count(b"\n")
+                pos += len(block)
+            numbers.append(lines + 1)
+    return numbers
+
+
+def workers() -> int:
+    """The processes to use: the cores this process may run on, at most 8."""
+    try:
+        return min(len(os.sched_getaffinity(0)), 8)
+    except AttributeError:  # not Linux
+        return min(os.cpu_count() or 1, 8)
+
+
+def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, max_failures: int, series: bool) -> bool:
+    """Diagnose the plain file `path` in parts on several cores, into `d`; False (and `d` unchanged)
+    where it cannot be split so that the report is the same: then the caller reads it as a whole."""
+    n = workers()
+    size = Path(path).stat().st_size
+    if n < 2 or size < MIN_BYTES:
+        return False
+    offsets = _split(path, size, n)
+    if len(offsets) < 2:
+        return False
+    first_lines = _line_numbers(path, offsets)
+    ends = [*offsets[1:], size]
+    jobs = [
+        _Job(path, start, end, line, i == len(offsets) - 1, max_runs, max_failures, series)
+        for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
+    ]
+    with ProcessPoolExecutor(len(jobs), mp_context=get_context("fork")) as pool:
+        results = list(pool.map(_diagnose_part, jobs))
+    if any(r.routed for r in results):
+        return False
+    if any(r.open_run is not None and r.open_run[0] and not r.open_run[1] for r in results[:-1]):
+        return False
+    for r in results:
+        d.absorb(r.part)
+    first = results[0].stats
+    stats.bytes, stats.nul_bytes, stats.replaced = size, first.nul_bytes, first.replaced
+    stats.lines = first_lines[-1] - 1 + results[-1].stats.lines
+    stats.long_lines = sum(r.stats.long_lines for r in results)
+    return True

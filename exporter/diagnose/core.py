@@ -20,15 +20,22 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import _STAMP_FIRST, Fingerprint, PoolSeries, _Run, router_source
+from exporter.diagnose.run import _STAMP_FIRST, FINGERPRINT_LINES, Fingerprint, PoolSeries, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
 
-# Lines that feed_lines unwraps before its scan: JSONL, colours, CR.
-_ODD_LINES = re.compile(r"\n\{|[\x1b\r]")
+
+def _has_odd_lines(text: str) -> bool:
+    """Whether `text` has lines that feed_lines unwraps before its scan: JSONL, colours, CR. (Three
+    substring tests: each runs at memchr speed, unlike one regex with an alternation.)"""
+    return "\x1b" in text or "\r" in text or "\n{" in text
+
+
 # A run of whole lines that are none of those and have no router prefix ("[ port] ").
 _PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
+# Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
+_SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, *_BANNER})
 
 
 def _lines_of(text: str) -> list[str]:
@@ -106,7 +113,7 @@ class Diagnoser:
             for i, line in enumerate(lines):
                 self.feed_line(line, first_lineno + i)
             return
-        if _ODD_LINES.search(text) is not None or text[:1] == "{":
+        if _has_odd_lines(text) or text[:1] == "{":
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
             text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
         done = 0  # lines[:done] are applied
@@ -126,7 +133,7 @@ class Diagnoser:
         """
         if not text:
             return
-        if text[:1] not in "[{" and "\n[" not in text and _ODD_LINES.search(text) is None:
+        if text[:1] not in "[{" and "\n[" not in text and not _has_odd_lines(text):
             self._feed_plain(text, first_lineno)
             return
         lineno, pos = first_lineno, 0
@@ -192,6 +199,17 @@ class Diagnoser:
         """Apply one parsed event; `line` is the raw line (read only for a fatal decode's offset and time)."""
         kind = type(e)
         run = self._current.get(source)
+        if run is not None and kind not in _SPECIAL:  # most events: nothing but the run's own work
+            self.events += 1
+            if kind not in ev.GENERIC:
+                self.specific_events += 1
+            if line:
+                if line[:1] in _STAMP_FIRST:
+                    run.note_stamp(line)
+                if run.fingerprint.lines < FINGERPRINT_LINES[-1]:
+                    run.fingerprint.add(lineno, line)
+            run.apply(e, lineno, line)
+            return
         if isinstance(e, ev.LineFormat):  # how the next line is written: for the run's state, and for a run it starts
             self._line_format[source] = e
             if run is not None:
@@ -222,7 +240,7 @@ class Diagnoser:
             run = self._new_run(source, lineno)
         if line[:1] in _STAMP_FIRST:
             run.note_stamp(line)
-        if line and run.fingerprint.lines < 64:
+        if line and run.fingerprint.lines < FINGERPRINT_LINES[-1]:
             run.fingerprint.add(lineno, line)
         run.apply(e, lineno, line)
 

@@ -97,11 +97,11 @@ def router_source(line: str) -> str | None:
 
 
 #: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
-FINGERPRINT_LINES = (16, 64)
+FINGERPRINT_LINES = (16, 32)
 
 
 class Fingerprint:
-    """A run's first lines with an event (without a router prefix), hashed after 16 and 64 of them.
+    """A run's first lines with an event (without a router prefix), hashed after 16 and 32 of them.
 
     Two runs from different files whose first lines hash alike are one run read twice: a copy of a
     log taken while it was still being written, or the journal and a --log-file of the same process.

@@ -70,6 +70,8 @@ class ServerState:
     ready: bool = False
     exiting: bool = False  # the server said it is shutting down (`cleaning up before exit`)
     start_error: str | None = None  # why the start failed, where the log says
+    # What the server projected at start (`common_params_fit_impl: projected to use …`, -lv 4), if logged.
+    memory_projection: ev.MemoryProjection | None = None
     n_slots: int | None = None
     n_ctx_slot: int | None = None
     kv_unified: bool | None = None
@@ -241,6 +243,7 @@ class ServerState:
         self.ready = False
         self.exiting = False
         self.start_error = None
+        self.memory_projection = None
         self.context = {}
         self.kv_k_bytes = self.kv_v_bytes = 0.0
         self.slots = {}
@@ -478,6 +481,9 @@ class ServerState:
     def _on_model_load_failed(self, e: ev.ModelLoadFailed) -> None:
         self.model = e.model
         self.start_error = f"failed to load model '{e.model}'"
+
+    def _on_memory_projection(self, e: ev.MemoryProjection) -> None:
+        self.memory_projection = e
 
     def _on_slots_initialized(self, e: ev.SlotsInitialized) -> None:
         self.n_slots = e.n_slots
@@ -720,6 +726,7 @@ _HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.ServerReady: ServerState._on_server_ready,
     ev.ServerExiting: ServerState._on_server_exiting,
     ev.ModelLoadFailed: ServerState._on_model_load_failed,
+    ev.MemoryProjection: ServerState._on_memory_projection,
     ev.SlotsInitialized: ServerState._on_slots_initialized,
     ev.SlotCreated: ServerState._on_slot_created,
     ev.ContextParam: ServerState._on_context_param,

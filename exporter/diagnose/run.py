@@ -263,7 +263,6 @@ class _Run:
         self.first_wall: float | None = None  # wall-clock time of its first and last line (the journal's)
         self.last_wall: float | None = None
         self.fingerprint = Fingerprint()
-        self.memory: MemoryFigures | None = None
         self.series = PoolSeries() if series else None
         self.tasks_started = 0
         self.releases = 0
@@ -372,9 +371,6 @@ class _Run:
 
     def _ready(self, e: ev.ServerReady, lineno: int, line: str) -> None:
         self.in_startup = False
-
-    def _memory_projection(self, e: ev.MemoryProjection, lineno: int, line: str) -> None:
-        self.memory = MemoryFigures(e.kind, e.used_mib, e.available_mib)
 
     def note_wall(self, t: float) -> None:
         """A line of this run was written at wall-clock time `t` (epoch seconds)."""
@@ -554,7 +550,9 @@ class _Run:
             how = "died_mid_request" if in_flight else "died_idle"
         else:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
-        return Ending(how, st.start_error, in_flight, st.pool_used(), pool, self.memory)
+        m = st.memory_projection
+        memory = MemoryFigures(m.kind, m.used_mib, m.available_mib) if m is not None else None
+        return Ending(how, st.start_error, in_flight, st.pool_used(), pool, memory)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -600,5 +598,4 @@ _RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
     ev.ServerReady: _Run._ready,
     ev.KVCacheSection: _Run._kv_section,
     ev.KVCacheSize: _Run._kv_size,
-    ev.MemoryProjection: _Run._memory_projection,
 }

@@ -573,15 +573,26 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     scan = "\n" + text
     out: list[tuple[int, int, ev.Event]] = []
     index, counted_to, last = 0, 0, -1
+    lead_len, lead_first = -1, ""
+    # `_line_format` and `_event` written out inline, as in `_events` (the hot path of `diagnose`).
     for m in _SCAN_LINES.finditer(scan):
         start = m.start()  # this line's "\n" in `scan`, i.e. where the line starts in `text`
         index += scan.count("\n", counted_to, start)  # newlines before this line's own "\n"
         counted_to = start
-        code = _line_format(m["lead"])
-        if code != last:
-            out.append((index, start, ev.LineFormat(code)))
-            last = code
-        out.append((index, start, _event(m)))
+        lead_start, lead_end = m.span(1)
+        if lead_end - lead_start != lead_len or scan[lead_start] != lead_first:
+            lead_len, lead_first = lead_end - lead_start, scan[lead_start]
+            code = _line_format(scan[lead_start:lead_end])
+            if code != last:
+                out.append((index, start, ev.LineFormat(code)))
+                last = code
+        rule = m.lastgroup or ""
+        try:
+            build = _TEXT_BUILDS.get(rule)
+            e = build(m) if build is not None else _SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m)
+        except _UNREADABLE:
+            e = ev.Rejected("malformed")
+        out.append((index, start, e))
     return out
 
 

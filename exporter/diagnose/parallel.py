@@ -34,6 +34,9 @@ from exporter.logs.parse import parse_line_events
 
 #: Logs smaller than this are read in one process (starting workers costs more than it saves).
 MIN_BYTES = 32 * 1024 * 1024
+#: Parts per process: parts of a log differ in how much work a byte is, so several smaller parts per
+#: process keep every process busy until the end (a measured 1 GB log: 50 s and 57 s in two halves).
+_PARTS_PER_WORKER = 4
 #: How far past a split point a start line is looked for.
 _SEARCH_BYTES = 64 * 1024 * 1024
 _BLOCK = 1024 * 1024
@@ -161,7 +164,7 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
     size = Path(path).stat().st_size
     if n < 2 or size < MIN_BYTES:
         return False
-    offsets = _split(path, size, n)
+    offsets = _split(path, size, min(n * _PARTS_PER_WORKER, max(size // (MIN_BYTES // 4), n)))
     if len(offsets) < 2:
         return False
     first_lines = _line_numbers(path, offsets)
@@ -170,7 +173,7 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
         _Job(path, start, end, line, i == len(offsets) - 1, max_runs, max_failures, series)
         for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
     ]
-    with ProcessPoolExecutor(len(jobs), mp_context=get_context("fork")) as pool:
+    with ProcessPoolExecutor(min(n, len(jobs)), mp_context=get_context("fork")) as pool:
         results = list(pool.map(_diagnose_part, jobs))
     if any(r.routed for r in results):
         return False

@@ -389,7 +389,14 @@ class _Run:
 
     def _note_demand(self, lineno: int, line: str) -> None:
         """Remember the first line at which the prompts in flight needed more than the pool; forget it when they fit."""
-        f = forecast(self.state)
+        st = self.state
+        capacity, _ = st.pool_capacity()
+        # Cheap first: no slot's prompt demand exceeds what it holds or its prompt's size, so while
+        # those fit the pool the forecast (the costly part, on every new prompt) need not be made.
+        if not capacity or sum(max(s.tokens, s.prompt_size or 0) for s in st.slots.values()) <= capacity:
+            self.predictable = None
+            return
+        f = forecast(st)
         ratio = f.ratio("prompt")
         if ratio is None or ratio <= 1:
             self.predictable = None

@@ -1132,3 +1132,36 @@ def test_a_big_log_on_several_cores_gives_the_same_report(
     assert {i: (s.x, s.tokens) for i, s in in_parts.series.items()} == {
         i: (s.x, s.tokens) for i, s in whole.series.items()
     }
+
+
+def test_crashes_at_long_prompts_with_little_memory_point_at_headroom() -> None:
+    """Real b11434 runs: two clean ones, and two cut mid-prompt (each followed by the next start: a
+    crash), whose 339-token prompt is longer than any request the clean runs finished. The memory the
+    crashed runs projected at start decides the advice: little left (the `projected to use` line
+    rewritten with device figures) points at memory headroom; plenty (as logged, on a CPU) gives no
+    advice; none logged says what would tell."""
+    clean = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text()
+    cut = "".join((CAPTURE_ROOT / "exhaust-long-lv4" / "llama-server.log").read_text().splitlines(keepends=True)[:400])
+    as_logged = re.search(r"projected to use \d+ MiB of host memory vs\. \d+ MiB of total host memory", cut)
+    assert as_logged is not None
+
+    def history(projection: str) -> Report:
+        crashed = cut.replace(as_logged[0], projection) if projection else cut.replace(as_logged[0], "x")
+        runs = [clean, crashed, crashed, clean]
+        return analyze("".join(_again(r, k) for k, r in enumerate(runs)).splitlines(keepends=True), max_runs=0)
+
+    little = history("projected to use 23668 MiB of device memory vs. 24080 MiB of free device memory")
+    assert [s.ending for s in little.history] == ["clean", "died_mid_request", "died_mid_request", "clean"]
+    assert little.runs[1].ending.memory is not None and little.runs[1].ending.memory.headroom_mib == 412
+    (advice,) = little.history_advice
+    assert advice.startswith("2 of 2 crashes came while a long prompt (339 tokens) was being processed")
+    assert "as little as 412 MiB of device memory left at start (of 24,080 MiB)" in advice
+    assert "Those runs also overflowed the KV pool" in advice  # they also aborted requests
+    assert "-ub" in advice and "-ctk q8_0 -ctv q8_0" in advice
+    text = render_text(little)
+    assert "Across the history: 2 of 2 crashes came while a long prompt" in text
+    assert "Memory at start: 23,668 MiB projected of 24,080 MiB free device memory (412 MiB left)" in text
+
+    assert history(as_logged[0]).history_advice == []  # 24 GB of host memory to spare
+    (unknown,) = history("").history_advice
+    assert "The logs do not say how much was free" in unknown and "llamacpp_gpu_memory_free_bytes" in unknown

@@ -186,20 +186,23 @@ def history_advice(runs: Sequence[RunSummary]) -> list[str]:
         f"{len(at_long)} of {len(crashes)} crash{'es' if len(crashes) > 1 else ''} came while a long prompt "
         f"({span} tokens) was being processed"
     )
+    overflowed = any(r.failures for r in at_long)
     pool = (
-        "; the pool did not overflow in those runs"
-        if not any(r.failures for r in at_long)
-        else "; some of those runs also had pool failures (see each run)"
+        " Those runs also overflowed the KV pool (see each run), but an overflow does not crash the server "
+        "(llama-server aborts the requests in flight and goes on): this points at memory headroom as well"
+        if overflowed
+        else " The pool did not overflow in those runs: this points at memory headroom, not at the KV pool"
     )
     fix = (
-        "free memory for the compute buffers that a long prompt needs: a smaller -c, a smaller -ub (the "
+        "make room for the compute buffers a long prompt needs with a smaller -c, a smaller -ub (the "
         "compute buffer grows with it), or a q8_0 KV cache (-ctk q8_0 -ctv q8_0, half of f16's size)"
     )
     little = _little(at_long)
     if little is None:
         return [
-            f"{head}{pool}. If memory was short, this points at memory headroom rather than the KV pool: {fix}. "
-            "The logs do not say how much was free: llama-server prints it at -lv 4 "
+            f"{head}. If memory was short, this points at memory headroom"
+            + (" as well as the KV pool" if overflowed else " rather than the KV pool")
+            + f": {fix}. The logs do not say how much was free: llama-server prints it at -lv 4 "
             "(`projected to use … MiB of device memory vs. … MiB of free device memory`), and "
             "llamacpp_gpu_memory_free_bytes shows it live."
         ]
@@ -210,5 +213,5 @@ def history_advice(runs: Sequence[RunSummary]) -> list[str]:
     where = "device" if left.kind == "device" else "host"
     return [
         f"{head}, with as little as {left.headroom_mib:,} MiB of {where} memory left at start (of "
-        f"{left.available_mib:,} MiB){pool}. This points at memory headroom, not at the KV pool: {fix}."
+        f"{left.available_mib:,} MiB).{pool}: {fix}."
     ]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from exporter.diagnose.read import InputError, diagnose_files, input_files
-from exporter.diagnose.render import render_text, to_json
+from exporter.diagnose.render import json_chunks, render_text
 from exporter.diagnose.report import SCHEMA, Report
 
 PROG = "llamacpp-exporter diagnose"
@@ -104,7 +104,12 @@ def main(argv: Sequence[str]) -> int:
     try:
         if out is None:  # started with standard output closed (`>&-`)
             raise OSError("standard output is closed")
-        out.write(to_json(report) + "\n" if ns.json else render_text(report))
+        if ns.json:
+            for chunk in json_chunks(report):
+                out.write(chunk)
+            out.write("\n")
+        else:
+            out.write(render_text(report))
         out.flush()
     except BrokenPipeError:  # `diagnose LOG | head`
         _discard_stdout()

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,21 @@ _DECODE_MESSAGES = {
 
 def to_json(report: Report) -> str:
     """The report as JSON (stable keys; see `SCHEMA`)."""
-    data: dict[str, Any] = dataclasses.asdict(dataclasses.replace(report, series={}))
+    return "".join(json_chunks(report))
+
+
+def json_chunks(report: Report) -> Iterator[str]:
+    """`to_json` in pieces: the history (a line per run, tens of thousands in a long one) is written
+    one run at a time, so that memory does not hold it twice more as dicts and as one string."""
+    data: dict[str, Any] = dataclasses.asdict(dataclasses.replace(report, series={}, history=[]))
     del data["series"]  # for --html only
     data["exit_status"] = report.exit_status
-    return json.dumps(data, indent=2)
+    # Inside a JSON string a quote is escaped, so the key, written out, occurs only as the key.
+    head, tail = json.dumps(data, indent=2).split('"history": []', 1)
+    yield head + '"history": ['
+    for i, run in enumerate(report.history):
+        yield ("," if i else "") + "\n    " + json.dumps(dataclasses.asdict(run))
+    yield ("\n  ]" if report.history else "]") + tail
 
 
 def _n(value: int | None) -> str:
@@ -321,8 +332,11 @@ def _run_timeline(runs: Sequence[RunSummary]) -> list[str]:
         out.append(f"  ({len(runs) - _TIMELINE_RUNS:,} earlier runs not listed)")
     for s in runs[-_TIMELINE_RUNS:]:
         when = _utc(s.started_at) if s.started_at is not None else "?" * 19
-        took = _duration(s.ended_at - s.started_at) if s.started_at is not None and s.ended_at is not None else "?"
-        line = f"  {when}  run {s.index:<4} {took:>9}  {ENDINGS[s.ending][0]}"
+        took = s.duration_s  # its own time stamps, else the journal's
+        if took is None and s.started_at is not None and s.ended_at is not None:
+            took = s.ended_at - s.started_at
+        took_text = _duration(took)
+        line = f"  {when}  run {s.index:<4} {took_text:>12}  {ENDINGS[s.ending][0]}"
         if s.in_flight_prompt_tokens:
             line += f" ({s.in_flight_prompt_tokens:,}-token prompt in flight)"
         if s.failures:

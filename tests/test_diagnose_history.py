@@ -120,6 +120,17 @@ def test_a_history_of_real_runs(llama_server_bin: Path, tiny_llama_model: Path, 
     (in_flight,) = killed.in_flight
     assert in_flight.prompt_tokens is not None and in_flight.prompt_tokens > 1000
     assert report.runs[3].ending.reason == f"failed to load model '{tmp_path / 'missing.gguf'}'"
+    # The memory each run projected at start (-lv 4), the last figures the log gave before the kill.
+    assert killed.memory is not None and killed.memory.kind == "host" and killed.memory.used_mib > 0
+    # Every run in one line, dated by its file's time (llama-server's stamps count from its start).
+    assert [(s.ending, s.clock, s.ended_at) for s in report.history] == [
+        ("clean", "file", stamp),
+        ("clean", "file", stamp + 60),
+        ("died_mid_request", "file", stamp + 120),
+        ("failed_start", "file", stamp + 180),
+    ]
+    assert report.history[2].in_flight_prompt_tokens == in_flight.prompt_tokens
+    assert report.overlaps == []
 
     text = render_text(report)
     assert "Timeline (UTC; each file's modification time, about when its last run ended):" in text
@@ -139,6 +150,20 @@ def test_a_history_of_real_runs(llama_server_bin: Path, tiny_llama_model: Path, 
     )
     assert report.aborted_requests_total == aborted == 4
     assert [r.counts.requests_started for r in report.runs] == [len(re.findall(rb"processing task", t)) for t in texts]
+
+    # The page: a chart of every run, and one of the tokens each slot held for each run that had requests.
+    page = tmp_path / "post-mortem.html"
+    html_run = subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", *paths, "--html", str(page)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert html_run.returncode == 1, html_run.stderr
+    html = page.read_text()
+    assert html.count("<svg") == 4, "the history, and runs 1-3 (run 4 never started: nothing to draw)"
+    assert "crashed or was killed mid-request" in html and "No request in this run" in html
 
     # The same history as one stream (oldest first, decompressed), as `zcat -f` would give it.
     stream = subprocess.run(

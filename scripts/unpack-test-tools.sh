@@ -101,17 +101,20 @@ fi
 # Chromium: Debian's package, and those of its libraries that this host lacks (what `apt-get install
 # -s` would install), unpacked into $TOOLS/chromium; $TOOLS/bin/chromium runs it with them on
 # LD_LIBRARY_PATH. A chromium already on PATH is used as it is.
-if [[ ! -x "$TOOLS/bin/chromium" ]]; then
+if ! "$TOOLS/bin/chromium" --headless --no-sandbox --version >/dev/null 2>&1; then
+    rm -f "$TOOLS/bin/chromium"
     if command -v chromium >/dev/null; then
         ln -sfn "$(command -v chromium)" "$TOOLS/bin/chromium"
     else
         need_apt
-        sim() { apt-get install -s --no-install-recommends chromium 2>/dev/null | awk '/^Inst /{print $2}'; }
+        # What `apt-get install` would add; not upgrades ("Inst libc6 [old] (new …)"): a newer libc
+        # next to the host's own loader would not run.
+        sim() { apt-get install -s --no-install-recommends chromium 2>/dev/null | awk '/^Inst / && $3 !~ /^\[/ {print $2}'; }
         missing="$(sim || true)"
         if [[ -z "$missing" ]]; then
             apt_update "apt-get cannot find chromium"
-            missing="$(sim)"
-            [[ -n "$missing" ]] || die "apt-get cannot find chromium"
+            missing="$(sim || true)"
+            [[ -n "$missing" ]] || die "apt-get cannot find a chromium package (Debian's); elsewhere put chromium on PATH or set CHROMIUM_BIN"
         fi
         rm -rf "${tmp:-}"
         tmp="$(mktemp -d)"
@@ -124,10 +127,10 @@ if [[ ! -x "$TOOLS/bin/chromium" ]]; then
             dpkg -x "$deb" "$TOOLS/chromium"
         done
         [[ -x "$TOOLS/chromium/usr/lib/chromium/chromium" ]] || die "chromium is not in its Debian package"
-        libs="$(find "$TOOLS/chromium" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')"
+        libs="$(find "$TOOLS/chromium" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)"
         cat >"$TOOLS/bin/chromium" <<EOF
 #!/bin/sh
-LD_LIBRARY_PATH="${libs}\${LD_LIBRARY_PATH:-}" exec "$TOOLS/chromium/usr/lib/chromium/chromium" "\$@"
+LD_LIBRARY_PATH="${libs}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$TOOLS/chromium/usr/lib/chromium/chromium" "\$@"
 EOF
         chmod 755 "$TOOLS/bin/chromium"
     fi

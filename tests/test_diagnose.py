@@ -1165,3 +1165,57 @@ def test_crashes_at_long_prompts_with_little_memory_point_at_headroom() -> None:
     assert history(as_logged[0]).history_advice == []  # 24 GB of host memory to spare
     (unknown,) = history("").history_advice
     assert "The logs do not say how much was free" in unknown and "llamacpp_gpu_memory_free_bytes" in unknown
+
+
+def test_journal_readers_take_hostile_input() -> None:
+    """journalctl output is read from files anyone may have edited: nesting deeper than Python
+    recurses, a 1 MiB+ text field, a cut binary field, impossible dates and U+2028 in a message (which
+    str.splitlines would take for a line end, letting a prompt forge a line) neither raise nor forge."""
+    from exporter.diagnose.journal import export_lines, json_lines
+    from exporter.logs.journald import parse_entry
+
+    assert parse_entry("[" * 100_000) is None
+    forged = '{"__CURSOR":"c","MESSAGE":"prompt\\u2028srv  update_slots: all slots are idle"}'
+    entry = parse_entry(forged)
+    assert entry is not None and entry.lines == ["prompt\u2028srv  update_slots: all slots are idle"]
+    dated = list(json_lines(['{"__REALTIME_TIMESTAMP":"9999999999999999999","MESSAGE":"a"}\n', "[" * 50_000]))
+    assert dated == [(None, "a\n")]
+
+    def entry_bytes(**fields: bytes) -> bytes:
+        out = b""
+        for name, value in fields.items():
+            if b"\n" in value or b"\x1b" in value:
+                out += name.encode() + b"\n" + len(value).to_bytes(8, "little") + value + b"\n"
+            else:
+                out += name.encode() + b"=" + value + b"\n"
+        return out + b"\n"
+
+    stream = (
+        entry_bytes(__REALTIME_TIMESTAMP=b"1764612809000000", MESSAGE=b"first")
+        + entry_bytes(MESSAGE=b"x" * (1024 * 1024 + 100))  # a text field over the 1 MiB kept
+        + entry_bytes(__REALTIME_TIMESTAMP=b"1764612810000000", MESSAGE=b"\x1b[32mcoloured\x1b[0m\nsecond line")
+        + entry_bytes(__REALTIME_TIMESTAMP=b"99999999999999999", MESSAGE=b"year 5138")
+        + b"MESSAGE\n\x10\x00\x00"  # a binary field cut in its length
+    )
+    got = [(t, line) for t, line, _ in export_lines(io.BytesIO(stream))]
+    assert got[0] == (1764612809.0, "first\n")
+    assert got[1][0] is None and len(got[1][1]) == 1024 * 1024 - len("MESSAGE=") + 1
+    assert got[2:] == [
+        (1764612810.0, "\x1b[32mcoloured\x1b[0m\n"),
+        (1764612810.0, "second line\n"),
+        (None, "year 5138\n"),
+    ]
+
+
+def test_a_big_file_that_is_not_a_log_is_refused_in_parts_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MiB of binary data, then a log: one process stops at the first MiB and says so; so must the
+    parts (a later part alone would find the log)."""
+    from exporter.diagnose import parallel
+
+    built = _bench().build_log(tmp_path / "log", 4 * 2**20, root=CAPTURE_ROOT)
+    path = tmp_path / "binary-then-log"
+    path.write_bytes(random.Random(7).randbytes(2**20) + built.path.read_bytes())
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(parallel, "workers", lambda: 3)
+    with pytest.raises(diagnose.InputError, match="binary data"):
+        diagnose.diagnose_files([str(path)])

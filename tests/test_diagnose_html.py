@@ -114,6 +114,14 @@ def test_html_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("target", [".", "", "log"])
+def test_html_to_a_folder_or_over_a_log_is_refused(tmp_path: Path, target: str) -> None:
+    logs = _history(tmp_path)
+    out = _diagnose(*logs, "--html", logs[0] if target == "log" else target)
+    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+    assert "not a folder" in out.stderr or "write over it" in out.stderr
+
+
 def test_html_to_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     out = _diagnose(*_history(tmp_path), "--html", str(tmp_path / "no" / "page.html"))
     assert out.returncode == 2 and out.stdout == ""

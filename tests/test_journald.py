@@ -482,12 +482,13 @@ def test_diagnose_reads_the_journal_in_every_output_format(journald: PrivateJour
     journal_file.write_bytes(journal("-o", "export"))
     both = diagnose_json(str(journal_file), str(logs[2]))
     assert both["runs_total"] == 3 and len(both["overlaps"]) == 1, both["overlaps"]
-    # The --log-file is older, so it is read first; the journal's last run is the same run, read again.
-    assert [(Path(h["file"]).name, h["same_as"]) for h in both["history"]] == [
-        (logs[2].name, None),
-        (journal_file.name, None),
-        (journal_file.name, None),
-        (journal_file.name, 1),
+    # The --log-file is older, so it is read first; the journal's last run is the same run, as long,
+    # and dated: that copy is counted, the file's is the one read twice.
+    assert [(Path(h["file"]).name, h["same_as"], h["clock"]) for h in both["history"]] == [
+        (logs[2].name, 4, "file"),
+        (journal_file.name, None, "log"),
+        (journal_file.name, None, "log"),
+        (journal_file.name, None, "log"),
     ]
 
 

@@ -211,7 +211,14 @@ def history_advice(runs: Sequence[RunSummary]) -> list[str]:
     left = min((r.memory for r in at_long if r.memory is not None), key=lambda m: m.headroom_mib)
     assert left is not None
     where = "device" if left.kind == "device" else "host"
-    return [
-        f"{head}, with as little as {left.headroom_mib:,} MiB of {where} memory left at start (of "
-        f"{left.available_mib:,} MiB).{pool}: {fix}."
-    ]
+    if left.headroom_mib >= 0:
+        short = (
+            f"with as little as {left.headroom_mib:,} MiB of {where} memory left at start "
+            f"(of {left.available_mib:,} MiB)"
+        )
+    else:
+        short = (
+            f"projected at start to need {-left.headroom_mib:,} MiB more {where} memory "
+            f"than the {left.available_mib:,} MiB there was"
+        )
+    return [f"{head}, {short}.{pool}: {fix}."]

@@ -82,14 +82,10 @@ def main(argv: Sequence[str]) -> int:
     """`llamacpp-exporter diagnose LOG... [--json] [--html FILE]`; returns the exit status."""
     parser = build_parser()
     ns = parser.parse_args(list(argv))
-    if ns.html is not None:
-        try:
-            import matplotlib  # noqa: F401  (said before the logs are read, not after)
-        except ImportError:
-            print(f"{PROG}: error: --html needs matplotlib: pip install 'llamacpp-exporter[html]'", file=sys.stderr)
-            return 2
     try:
         paths, order = input_files(ns.logs)
+        if ns.html is not None:
+            _check_html(ns.html, paths)  # said before the logs are read, not after
         report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=ns.html is not None)
         report.files_order = order
         if ns.html is not None:
@@ -121,11 +117,29 @@ def main(argv: Sequence[str]) -> int:
     return report.exit_status
 
 
+def _check_html(path: str, inputs: Sequence[str]) -> None:
+    """What makes `--html FILE` fail, found before the logs are read: raises `InputError`."""
+    try:
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        raise InputError("--html needs matplotlib: pip install 'llamacpp-exporter[html]'") from None
+    target = Path(path)
+    if not target.name or target.is_dir():
+        raise InputError(f"{path or repr(path)}: --html needs a file name, not a folder")
+    for log in inputs:
+        with contextlib.suppress(OSError):
+            if log != "-" and target.exists() and target.samefile(log):
+                raise InputError(f"{path}: is one of the logs read; --html would write over it")
+
+
 def _write_html(report: Report, path: str) -> None:
     """Write the page to `path` (atomically: a reader never sees half of it)."""
     from exporter.diagnose.html import render_html
 
-    page = render_html(report)
+    try:
+        page = render_html(report)
+    except Exception as exc:  # a chart matplotlib cannot draw must not end in a traceback
+        raise InputError(f"{path}: cannot draw the page: {exc}") from None
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:

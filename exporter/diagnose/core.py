@@ -345,7 +345,7 @@ class Diagnoser:
         self._current = {}
         overlaps = self._mark_copies()
         order = {f: i for i, f in enumerate(self.files)}
-        history = sorted((s for s, _ in self._history), key=lambda s: (order.get(s.file, 0), s.first_line))
+        history = sorted((s for s, _ in self._history), key=lambda s: (order.get(s.file, len(order)), s.first_line))
         _date_by_file(history, modified or {})
         kept = [s for s in history if s.same_as is None]
         copies = {s.index for s in history if s.same_as is not None}
@@ -355,7 +355,7 @@ class Diagnoser:
                 by_file.setdefault(s.file, FileSummary(s.file)).copies += 1
         shown = sorted(
             (r for r in self._done if r.index not in copies),
-            key=lambda r: (order.get(r.file, 0), r.first_line),
+            key=lambda r: (order.get(r.file, len(order)), r.first_line),
         )
         shown_ids = {r.index for r in shown}
         omitted = OmittedRuns()
@@ -412,14 +412,24 @@ class Diagnoser:
         for group in by_start.values():
             if len(group) < 2:
                 continue
-            # Longest first: each shorter run that matches a longer one from another file is its copy.
-            group.sort(key=lambda i: -(self._history[i][0].last_line - self._history[i][0].first_line))
+
+            # Longest first (then one dated by the journal): each run that matches a longer one is its copy.
+            def longest(i: int) -> tuple[int, bool]:
+                s = self._history[i][0]
+                return s.last_line - s.first_line, s.clock == "log"
+
+            group.sort(key=longest, reverse=True)
             for n, i in enumerate(group):
                 s, fp = self._history[i]
                 for j in group[:n]:
                     t, other = self._history[j]
                     if t.same_as is None and fp.same_run(other):
                         s.same_as = t.index
+                        if t.clock is None and s.clock == "log":  # the copy kept is undated: its start is
+                            t.started_at, t.clock = s.started_at, "log"
+                            t.ended_at = (
+                                s.ended_at if t.last_line - t.first_line <= s.last_line - s.first_line else None
+                            )
                         said.append(
                             f"run {s.index} ({s.file}, lines {s.first_line:,}-{s.last_line:,}) is run {t.index} "
                             f"({t.file}) again: counted once"

@@ -62,15 +62,23 @@ def _figure(width: float, height: float) -> Any:
 
 def _svg(fig: Any) -> str:
     """The figure as an inline <svg> element (text as paths: no font needed to show it)."""
+    from matplotlib import rc_context
+
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None})
+    with rc_context({"svg.fonttype": "path"}):  # the default, said: the page must need no font
+        fig.savefig(buf, format="svg", metadata={"Date": None})
     svg = buf.getvalue()
     return svg[svg.index("<svg") :]
 
 
+#: The history chart draws at most this many runs (the latest).
+TIMELINE_RUNS = 200
+
+
 def _timeline(history: Sequence[RunSummary]) -> str:
-    """One bar per run, coloured by its ending, with its failures in red."""
-    runs = [s for s in history if s.same_as is None]
+    """One bar per run, coloured by its ending, with its failures in red (the latest TIMELINE_RUNS)."""
+    every = [s for s in history if s.same_as is None]
+    runs = every[-TIMELINE_RUNS:]
     dated = all(s.started_at is not None and s.ended_at is not None for s in runs)
     fig = _figure(10, 1.2 + 0.18 * min(len(runs), 40))
     ax = fig.add_subplot()
@@ -99,7 +107,11 @@ def _timeline(history: Sequence[RunSummary]) -> str:
         ax.set_xticks([])
     handles = [_patch(_ENDING_COLOURS[how], ENDINGS[how][0]) for how in ENDINGS if any(s.ending == how for s in runs)]
     ax.legend(handles=handles, loc="upper right", fontsize="small")
-    ax.set_title("Every run, and how it ended")
+    ax.set_title(
+        "Every run, and how it ended"
+        if len(runs) == len(every)
+        else f"The last {len(runs):,} of {len(every):,} runs, and how they ended"
+    )
     return _svg(fig)
 
 

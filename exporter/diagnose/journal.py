@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import IO
 
-from exporter.logs.journald import parse_entry
+from exporter.logs.journald import LATEST_WALL_CLOCK, message_lines, parse_entry, realtime_seconds
 
 #: `journalctl -o short-iso` / `short-iso-precise`: `2026-12-01T19:13:29.123456+00:00 host llama-server[42]: `
 _SHORT_ISO = re.compile(
@@ -27,8 +27,9 @@ _MAX_FIELD = 1024 * 1024
 
 
 def journal_format(head: bytes) -> str | None:
-    """ "json", "export" or "short-iso" when the first bytes of an input are journalctl output, else None."""
-    first = head.split(b"\n", 1)[0]
+    """ "json", "export" or "short-iso" when the first bytes of an input are journalctl output, else None.
+    (Older journalctl starts its text output with a `-- Logs begin at …` line: skipped.)"""
+    first = next((line for line in head.split(b"\n") if not line.startswith(b"-- ")), b"")
     if first.startswith(b"{") and (b'"__REALTIME_TIMESTAMP"' in first or b'"__CURSOR"' in first):
         return "json"
     if first.startswith((b"__CURSOR=", b"__REALTIME_TIMESTAMP=")):
@@ -61,7 +62,9 @@ def short_iso_lines(lines: Iterable[str]) -> Iterator[tuple[float | None, str]]:
             stamp = stamp[:-1] + "+00:00"
         try:
             when: float | None = datetime.fromisoformat(_micro(stamp)).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError):
+            when = None
+        if when is not None and not 0 < when < LATEST_WALL_CLOCK:
             when = None
         yield when, raw[m.end() :]
 
@@ -78,16 +81,21 @@ def _micro(stamp: str) -> str:
 def export_lines(f: IO[bytes]) -> Iterator[tuple[float | None, str, int]]:
     """The log lines of `journalctl -o export` output, with the entry's time and the number of input
     bytes read so far. Entries are `FIELD=value` lines up to an empty line; a field with control
-    characters or newlines is `FIELD\\n`, its length (64-bit little-endian), the bytes, a newline."""
+    characters or newlines is `FIELD\\n`, its length (64-bit little-endian), the bytes, a newline.
+    A field longer than 1 MiB is cut there (the rest of it is read and dropped)."""
     read = 0
     realtime: float | None = None
     message: bytes | None = None
     while True:
         raw = f.readline(_MAX_FIELD)
         read += len(raw)
+        if len(raw) == _MAX_FIELD and not raw.endswith(b"\n"):  # a text field cut: drop the rest of it
+            while (more := f.readline(_MAX_FIELD)) and not more.endswith(b"\n"):
+                read += len(more)
+            read += len(more)
         if raw in (b"\n", b""):
             if message is not None:
-                for line in message.decode("utf-8", "replace").splitlines() or [""]:
+                for line in message_lines(message.decode("utf-8", "replace")):
                     yield realtime, line + "\n", read
             realtime, message = None, None
             if not raw:
@@ -110,5 +118,5 @@ def export_lines(f: IO[bytes]) -> Iterator[tuple[float | None, str, int]]:
             read += len(value) + len(f.read(1))
         if name == b"MESSAGE":
             message = value
-        elif name == b"__REALTIME_TIMESTAMP" and value.isdigit() and len(value) < 20:
-            realtime = int(value) / 1e6
+        elif name == b"__REALTIME_TIMESTAMP":
+            realtime = realtime_seconds(value)

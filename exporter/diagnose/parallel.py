@@ -11,7 +11,9 @@ The split is only taken where that holds; otherwise the log is read in one proce
 
 * a part whose last run was still starting and had not printed its own `initializing ...` (the
   next start line would then continue that run, as a crash loop during start-up does);
-* router mode (`[port]` prefixes): the children's runs run across the router's starts.
+* router mode (`[port]` prefixes): the children's runs run across the router's starts (such a log is
+  read twice: that it is one is known only once the parts are read);
+* a first MiB that is not a log (one process stops reading there and says so).
 
 Only plain files at least `MIN_BYTES` long are split (gzip cannot be read from the middle; standard
 input cannot be read twice).
@@ -22,7 +24,9 @@ from __future__ import annotations
 import io
 import os
 import re
+import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -100,10 +104,16 @@ def _is_start(line: bytes) -> bool:
     )
 
 
+def _skip_line(f: io.BufferedReader) -> None:
+    """Read past the end of the line the file is in, a block at a time (a line may be gigabytes long)."""
+    while (more := f.readline(_BLOCK)) and not more.endswith(b"\n"):
+        pass
+
+
 def _start_after(f: io.BufferedReader, offset: int, limit: int) -> int | None:
     """The offset of the first start line that begins after `offset` (and before `limit`), or None."""
     f.seek(offset)
-    f.readline()  # the rest of the line `offset` is in
+    _skip_line(f)  # the rest of the line `offset` is in
     pos = f.tell()
     while pos < limit:
         block = f.read(_BLOCK)
@@ -111,7 +121,7 @@ def _start_after(f: io.BufferedReader, offset: int, limit: int) -> int | None:
         if not whole:  # no line ends in it: past the end, or in a line longer than a block
             if not block:
                 return None
-            f.readline()
+            _skip_line(f)
             pos = f.tell()
             continue
         block = block[:whole]  # whole lines only: a start line never crosses it
@@ -173,8 +183,16 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
         _Job(path, start, end, line, i == len(offsets) - 1, max_runs, max_failures, series)
         for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
     ]
-    with ProcessPoolExecutor(min(n, len(jobs)), mp_context=get_context("fork")) as pool:
-        results = list(pool.map(_diagnose_part, jobs))
+    # fork: the workers start at once, with everything imported. A process with threads (fork copies
+    # only the calling one, perhaps with a lock held) uses a fresh server process instead.
+    context = get_context("fork" if threading.active_count() == 1 else "forkserver")
+    try:
+        with ProcessPoolExecutor(min(n, len(jobs)), mp_context=context) as pool:
+            results = list(pool.map(_diagnose_part, jobs))
+    except BrokenProcessPool:  # a worker died (killed for memory, say): one process reads it all
+        return False
+    if results[0].stats.bytes < ends[0]:  # the first part stopped at its first MiB: not a log
+        return False
     if any(r.routed for r in results):
         return False
     if any(r.open_run is not None and r.open_run[0] and not r.open_run[1] for r in results[:-1]):

@@ -46,7 +46,8 @@ def json_chunks(report: Report) -> Iterator[str]:
     del data["series"]  # for --html only
     data["exit_status"] = report.exit_status
     # Inside a JSON string a quote is escaped, so the key, written out, occurs only as the key.
-    head, tail = json.dumps(data, indent=2).split('"history": []', 1)
+    head, key, tail = json.dumps(data, indent=2).partition('"history": []')
+    assert key and '"history": []' not in tail
     yield head + '"history": ['
     for i, run in enumerate(report.history):
         yield ("," if i else "") + "\n    " + json.dumps(dataclasses.asdict(run))

@@ -80,21 +80,40 @@ def parse_entry(raw: bytes | str) -> JournalEntry | None:
     """
     try:
         obj = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested deeper than Python recurses
         return None
     if not isinstance(obj, dict):
         return None
     cursor = obj.get("__CURSOR")
     message = _field_text(obj.get("MESSAGE"))
     realtime = _field_text(obj.get("__REALTIME_TIMESTAMP"))
-    if not (realtime and realtime.isascii() and realtime.isdigit() and len(realtime) < 20):
-        realtime = None
     return JournalEntry(
         cursor=cursor if isinstance(cursor, str) else None,
         pid=_field_text(obj.get("_PID")),
-        lines=(message.splitlines() or [""]) if message is not None else [],
-        realtime=int(realtime) / 1e6 if realtime else None,
+        lines=message_lines(message) if message is not None else [],
+        realtime=realtime_seconds(realtime),
     )
+
+
+def message_lines(message: str) -> list[str]:
+    """A journal message's lines, split at "\\n" only, as a log file is: str.splitlines() also splits at
+    U+2028, \\x1c and the like, which a client can put in a prompt to forge a line of its own."""
+    lines = message.split("\n")
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+#: Wall-clock times outside 1970-2200 are taken for garbage (a forged or corrupt field), not dates.
+LATEST_WALL_CLOCK = 7_258_118_400.0
+
+
+def realtime_seconds(value: str | bytes | None) -> float | None:
+    """A journal `__REALTIME_TIMESTAMP` (µs since 1970) in seconds; None unless it is a plausible date."""
+    if not value or len(value) > 19 or not value.isdigit() or not value.isascii():
+        return None
+    seconds = int(value) / 1e6
+    return seconds if 0 < seconds < LATEST_WALL_CLOCK else None
 
 
 def is_start_banner(line: str) -> bool:

@@ -22,16 +22,10 @@ from exporter.diagnose.report import (
 )
 from exporter.diagnose.run import _STAMP_FIRST, FINGERPRINT_LINES, Fingerprint, PoolSeries, _Run, router_source
 from exporter.logs import events as ev
-from exporter.logs.parse import parse_line_events, parse_text_indexed, unwrap_marked
+from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
 
-
-def _has_odd_lines(text: str) -> bool:
-    """Whether `text` has lines that feed_lines unwraps before its scan: JSONL, colours, CR. (Three
-    substring tests: each runs at memchr speed, unlike one regex with an alternation.)"""
-    return "\x1b" in text or "\r" in text or "\n{" in text
-
-
-# A run of whole lines that are none of those and have no router prefix ("[ port] ").
+# A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
+# router prefix ("[ port] ").
 _PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
@@ -113,7 +107,7 @@ class Diagnoser:
             for i, line in enumerate(lines):
                 self.feed_line(line, first_lineno + i)
             return
-        if _has_odd_lines(text) or text[:1] == "{":
+        if not is_plain(text) or text[:1] == "{":
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
             text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
         done = 0  # lines[:done] are applied
@@ -133,7 +127,7 @@ class Diagnoser:
         """
         if not text:
             return
-        if text[:1] not in "[{" and "\n[" not in text and not _has_odd_lines(text):
+        if text[:1] not in "[{" and "\n[" not in text and is_plain(text):
             self._feed_plain(text, first_lineno)
             return
         lineno, pos = first_lineno, 0
@@ -199,29 +193,37 @@ class Diagnoser:
         """Apply one parsed event; `line` is the raw line (read only for a fatal decode's offset and time)."""
         kind = type(e)
         run = self._current.get(source)
-        if run is not None and kind not in _SPECIAL:  # most events: nothing but the run's own work
+        if run is None or kind in _SPECIAL:
+            run = self._run_for(e, run, lineno, source)
+            if run is None:
+                return
+        else:  # most events: nothing but the run's own work
             self.events += 1
             if kind not in ev.GENERIC:
                 self.specific_events += 1
-            if line:
-                if line[:1] in _STAMP_FIRST:
-                    run.note_stamp(line)
-                if run.fingerprint.lines < FINGERPRINT_LINES[-1]:
-                    run.fingerprint.add(lineno, line)
-            run.apply(e, lineno, line)
-            return
+        if line:
+            if line[:1] in _STAMP_FIRST:
+                run.note_stamp(line)
+            if run.fingerprint.lines < FINGERPRINT_LINES[-1]:
+                run.fingerprint.add(lineno, line)
+        run.apply(e, lineno, line)
+
+    def _run_for(self, e: ev.Event, run: _Run | None, lineno: int, source: str | None) -> _Run | None:
+        """`feed_event` for a line format, a rejected line, a start line, or the first event of a source:
+        the run that the event goes on to (a new one for a start), or None when it was dealt with here."""
+        kind = type(e)
         if isinstance(e, ev.LineFormat):  # how the next line is written: for the run's state, and for a run it starts
             self._line_format[source] = e
             if run is not None:
                 run.state.apply(e)
-            return
+            return None
         self.events += 1
         # A forged start must not split a run: a start line the state rejects is only counted. (Other
         # rejected events reach `_Run.apply`, which counts them and acts on none.)
         if kind is ev.Rejected or (kind is ev.SlotsInitialized and run is not None and not run.state.accepts(e)):
             if run is not None:
                 run.state.apply(e)
-            return
+            return None
         if kind not in ev.GENERIC:
             self.specific_events += 1
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
@@ -238,11 +240,7 @@ class Diagnoser:
             run.banner_seen.add(kind)
         elif run is None:
             run = self._new_run(source, lineno)
-        if line[:1] in _STAMP_FIRST:
-            run.note_stamp(line)
-        if line and run.fingerprint.lines < FINGERPRINT_LINES[-1]:
-            run.fingerprint.add(lineno, line)
-        run.apply(e, lineno, line)
+        return run
 
     @property
     def keeps_series(self) -> bool:
@@ -288,9 +286,7 @@ class Diagnoser:
     def next_file(self, file: str) -> None:
         """The lines that follow come from `file`, numbered from 1 again. llama-server truncates its log
         as it starts, so a file is a later run: a run still open here ended without its exit line."""
-        for run in sorted(self._current.values(), key=lambda r: r.first_line):
-            self._close(run, next_start=True)
-        self._current = {}
+        self.close_open(next_start=True)
         self._line_format = {}
         self._lines_before += self.lines
         self.lines = 0
@@ -340,9 +336,7 @@ class Diagnoser:
     def finish(self, modified: dict[str, float] | None = None) -> Report:
         """Close every open run and return the report (runs in order). `modified`: each file's
         modification time, which dates its last run where the log has no wall-clock time stamps."""
-        for run in sorted(self._current.values(), key=lambda r: r.first_line):
-            self._close(run)
-        self._current = {}
+        self.close_open(next_start=False)
         overlaps = self._mark_copies()
         order = {f: i for i, f in enumerate(self.files)}
         history = sorted((s for s, _ in self._history), key=lambda s: (order.get(s.file, len(order)), s.first_line))

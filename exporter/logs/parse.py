@@ -546,7 +546,7 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     return events
 
 
-def _plain(text: str) -> bool:
+def is_plain(text: str) -> bool:
     """No line in `text` needs `unwrap_marked`: no JSONL, colours or CR."""
     return not ("\x1b" in text or "\r" in text or "\n{" in text)
 
@@ -558,7 +558,7 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
     text = "\n" + "\n".join(lines)
-    if not _plain(text):
+    if not is_plain(text):
         text = "\n" + "\n".join([unwrap_marked(line) for line in lines])
     return _events(text, _SCAN_LINES)
 
@@ -568,7 +568,7 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     offset in `text` where that line starts.
 
     For callers that need to know which line an event came from (`diagnose`). The lines must be
-    plain (see `_plain`) or already passed through `unwrap_marked`.
+    plain (see `is_plain`) or already passed through `unwrap_marked`.
     """
     scan = "\n" + text
     out: list[tuple[int, int, ev.Event]] = []

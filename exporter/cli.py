@@ -22,6 +22,7 @@ from exporter.logs.source import LineSource
 from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
 from exporter.pipeline import LogPipeline
+from exporter.servers import ChildSources, FollowedServer, ServersCollector
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.procfs import ProcReader
@@ -34,7 +35,7 @@ log = logging.getLogger("llamacpp_exporter")
 
 
 def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources | None = None) -> CollectorRegistry:
-    """A registry with the exporter's collectors (and its own process metrics).
+    """A registry with one server's collectors (and the exporter's own process metrics), router mode aside.
 
     With `live`, the log collectors render `live.view()`: the state with `/slots` and the other live
     reads merged in.
@@ -78,6 +79,56 @@ def build_live_sources(config: Config, state: ServerState, log_file: str | None)
     )
 
 
+def servers_registry(servers: ServersCollector) -> CollectorRegistry:
+    """A registry with every followed server's series (see `exporter.servers`) and the exporter's process metrics."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(servers)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def child_sources(config: Config, url: str | None) -> ChildSources:
+    """How router children are read: through the router's URL (when HTTP is on), under the /proc root."""
+    live = not config.demo
+    return ChildSources(
+        url=url if config.http and live else None,
+        api_key=config.api_key,
+        timeout=config.server_timeout,
+        proc_root=config.proc_root if config.proc and live else None,
+    )
+
+
+def build_servers(config: Config) -> tuple[list[FollowedServer], list[LogTailer]]:
+    """One `FollowedServer` per entry of --servers-file, each labelled with its name (their tailers too)."""
+    servers: list[FollowedServer] = []
+    tailers: list[LogTailer] = []
+    owner: LiveSources | None = None
+    for spec in config.servers:
+        state = ServerState()
+        state.capacity_override = config.kv_pool_capacity
+        tailer = LogTailer(spec.log_file)
+        pipeline = LogPipeline(state, tailer)
+        live = LiveSources(
+            state,
+            nvml=NvmlReader() if config.nvml and owner is None else None,  # read once, for all servers
+            proc=ProcReader(config.proc_root, pid=spec.pid, pid_file=spec.pid_file, log_file=spec.log_file)
+            if config.proc
+            else None,
+            http=ServerHttpReader(spec.url, api_key=config.api_key, timeout=config.server_timeout)
+            if config.http and spec.url
+            else None,
+            timeout=config.server_timeout,
+        )
+        owner = owner or live
+        servers.append(
+            FollowedServer(
+                {"server": spec.name}, pipeline, live, children=child_sources(config, spec.url), nvml_owner=owner
+            )
+        )
+        tailers.append(tailer)
+    return servers, tailers
+
+
 def line_source(config: Config) -> LineSource | None:
     """The log source other than a file (`--log-source stdin|journald`), or None for the file tailer."""
     if config.log_source == "journald":
@@ -116,47 +167,36 @@ async def serve(config: Config) -> int:
         background.append(
             asyncio.create_task(replay_forever(demo_path, speed=config.demo_speed, stop=stop), name="demo replay")
         )
-    state = ServerState()
-    source = None if config.demo else line_source(config)
-    tailer = None
-    if source is None:
-        assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
-        tailer = LogTailer(log_file)
-    pipeline = LogPipeline(state, tailer, source)
-    log_description = source.description if source is not None else str(log_file)
-    replayed = pipeline.replay_existing()
-    log.info("following %s (replayed %d existing lines without counting them)", log_description, replayed)
-
-    live = build_live_sources(config, state, log_file if tailer is not None else None)
-    await live.refresh()  # says once, at start, which live sources work and why the others do not
-    registry = build_registry(state, pipeline, live)
+    if config.servers:
+        servers, tailers = build_servers(config)
+        log_description = f"{len(servers)} servers"
+    else:
+        state = ServerState()
+        source = None if config.demo else line_source(config)
+        tailers = []
+        if source is None:
+            assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
+            tailers.append(LogTailer(log_file))
+        pipeline = LogPipeline(state, tailers[0] if tailers else None, source)
+        log_description = source.description if source is not None else str(log_file)
+        live = build_live_sources(config, state, log_file if tailers else None)
+        servers = [FollowedServer({}, pipeline, live, children=child_sources(config, config.server_url))]
+    for server in servers:
+        replayed = server.pipeline.replay_existing()
+        where = server.pipeline.description if config.servers else log_description
+        log.info("following %s (replayed %d existing lines without counting them)", where, replayed)
+    collector = ServersCollector(servers)
+    await collector.refresh()  # says once, at start, which live sources work and why the others do not
+    registry = servers_registry(collector)
 
     def health() -> dict[str, object]:
-        log_status: dict[str, object] = {"path": log_description, "up": pipeline.up}
-        if pipeline.stopped is not None:
-            log_status["stopped"] = pipeline.stopped
-        down = [name for name, st in live.statuses.items() if not st.up]
-        if pipeline.stopped is not None:
-            summary = "the log pipeline stopped: restart the exporter"
-        elif not pipeline.up:
-            summary = "serving; the log cannot be read yet"
-        else:
-            summary = "serving; following the log" + (f"; not answering: {', '.join(down)}" if down else "")
-        return {
-            # A pipeline that stopped following the log never recovers by itself: restart the exporter.
-            "status": "ok" if pipeline.stopped is None else "failing",
-            "summary": summary,  # all a caller without credentials sees: no paths, no addresses
-            "version": __version__,
-            "log": log_status,
-            "sources": {name: {"up": st.up, "error": st.error} for name, st in live.statuses.items()},
-            "server_pid": live.pid,
-        }
+        return servers_health(servers, log_description)
 
     app = make_app(
         registry,
         log_description=log_description,
         health=health,
-        before_scrape=live.refresh,
+        before_scrape=collector.refresh,
         security=security,
         demo=config.demo,
     )
@@ -169,7 +209,8 @@ async def serve(config: Config) -> int:
         )
         for task in background:
             task.cancel()
-        await live.close()
+        for server in servers:
+            await server.close()
         return 1
     # The port bound, which differs from the flag's for port 0 ("any free port").
     port = serving.port
@@ -181,17 +222,18 @@ async def serve(config: Config) -> int:
     if security is not None:
         background.append(asyncio.create_task(security.watch(stop), name="web config watch"))
 
-    background.append(
-        asyncio.create_task(
-            pipeline.run(
-                poll_interval=config.log_poll_interval,
-                batch_interval=config.log_batch_interval,
-                use_watchdog=config.fs_events,
-                stop=stop,
-            ),
-            name="log pipeline",
+    for server in servers:
+        background.append(
+            asyncio.create_task(
+                server.pipeline.run(
+                    poll_interval=config.log_poll_interval,
+                    batch_interval=config.log_batch_interval,
+                    use_watchdog=config.fs_events,
+                    stop=stop,
+                ),
+                name="log pipeline" + (f" of {server.labels['server']}" if config.servers else ""),
+            )
         )
-    )
     for task in background:
         task.add_done_callback(_report_crash)
     try:
@@ -202,12 +244,50 @@ async def serve(config: Config) -> int:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         await serving.close()
-        await live.close()
-        if tailer is not None:
+        for server in servers:
+            await server.close()
+        for tailer in tailers:
             tailer.close()
         if demo_dir is not None:
             demo_dir.cleanup()
     return 0
+
+
+def servers_health(servers: Sequence[FollowedServer], log_description: str) -> dict[str, object]:
+    """`/healthz`: ok while every log pipeline follows its log; what each server's sources say."""
+    stopped = [s for s in servers if s.pipeline.stopped is not None]
+    unreadable = [s for s in servers if not s.pipeline.up]
+    down = sorted({name for s in servers for name, st in s.live.statuses.items() if not st.up})
+    if stopped:
+        summary = "the log pipeline stopped: restart the exporter"
+    elif unreadable:
+        summary = "serving; the log cannot be read yet"
+    else:
+        summary = "serving; following the log" + (f"; not answering: {', '.join(down)}" if down else "")
+
+    def detail(s: FollowedServer) -> dict[str, object]:
+        log_status: dict[str, object] = {"path": s.pipeline.description, "up": s.pipeline.up}
+        if s.pipeline.stopped is not None:
+            log_status["stopped"] = s.pipeline.stopped
+        return {
+            "log": log_status,
+            "sources": {name: {"up": st.up, "error": st.error} for name, st in s.live.statuses.items()},
+            "server_pid": s.live.pid,
+        }
+
+    body: dict[str, object] = {
+        # A pipeline that stopped following the log never recovers by itself: restart the exporter.
+        "status": "failing" if stopped else "ok",
+        "summary": summary,  # all a caller without credentials sees: no paths, no addresses
+        "version": __version__,
+    }
+    if len(servers) == 1 and "server" not in servers[0].labels:
+        one = detail(servers[0])
+        one["log"] = {**one["log"], "path": log_description}  # type: ignore[dict-item]
+        body.update(one)
+    else:
+        body["servers"] = {s.labels["server"]: detail(s) for s in servers}
+    return body
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

@@ -28,7 +28,7 @@ from exporter.state import PROMPT_EVAL_BUCKETS, ServerState
 CASCADE_OUTCOMES = ("recovered", "failed")
 ABORT_REASONS = ("context_exceeded",)
 DECODE_FAILURE_REASONS = ("context_exceeded", "invalid_batch", "compute_error")
-REJECT_REASONS = ("malformed", "out_of_range", "format", "inconsistent", "unexpected")
+REJECT_REASONS = ("malformed", "out_of_range", "format", "inconsistent", "unexpected", "unfollowed")
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -204,7 +204,8 @@ class ServerLogCollector(Collector):
             "Log lines read but not applied: malformed (a number that cannot be read), out_of_range (a slot, "
             "count or size the running server cannot have written: forged or corrupt), format (not written the "
             "way its run writes lines: forged), inconsistent (contradicts what its run said before: forged), "
-            "unexpected (an exporter bug).",
+            "unexpected (an exporter bug), unfollowed (a router child's line the exporter does not follow: past the "
+            "limit of children, or of a port no spawn line announced).",
             "reason",
             st.rejected,
             REJECT_REASONS,

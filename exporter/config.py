@@ -14,6 +14,7 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from exporter import __version__
+from exporter.servers_file import ServersFileError, ServerSpec, read_servers_file
 
 LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -51,6 +52,8 @@ class Config:
     api_key: str | None = field(default=None, repr=False)  # never printed
     kv_pool_capacity: int | None = None
     web_config_file: str | None = None
+    # --servers-file: several servers, each with its own log, URL and pid (empty: the flags' one server).
+    servers: tuple[ServerSpec, ...] = ()
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -101,6 +104,14 @@ def _url(value: str) -> str:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected an http(s) URL like http://127.0.0.1:8080, got {value!r}")
     return value.rstrip("/")
+
+
+def _url_value(value: str) -> str:
+    """`_url` for the servers file: a ValueError rather than argparse's error."""
+    try:
+        return _url(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _positive_float(value: str) -> float:
@@ -298,6 +309,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=default("log-level", "info").lower(),
         help=f"the exporter's own log level (default info). [{env_name('log-level')}]",
     )
+    p.add_argument(
+        "--servers-file",
+        default=env.get(env_name("servers-file")),
+        metavar="FILE",
+        help="follow several llama-servers, each named with its log, URL and pid in a YAML file "
+        "(servers: a list of name, log_file, url, pid or pid_file); their series get a server label. Replaces "
+        f"--log-file, --server-url, --pid and --pid-file. [{env_name('servers-file')}]",
+    )
     _add_live_source_flags(p, default, env_name, env)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
@@ -465,7 +484,19 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         demo = ns.demo if isinstance(ns.demo, bool) else _bool(ns.demo)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"{ENV_PREFIX}DEMO: {exc}")
-    log_source = _log_source(parser, ns, demo)
+    servers: tuple[ServerSpec, ...] = ()
+    if ns.servers_file is not None:
+        given = [f for f in ("log_file", "journal_unit", "pid", "pid_file") if getattr(ns, f) is not None]
+        if given or demo or (ns.log_source not in (None, "file")):
+            what = f"--{given[0].replace('_', '-')}" if given else "--demo" if demo else "--log-source"
+            parser.error(f"--servers-file names each server's log, URL and pid: leave out {what}")
+        try:
+            servers = read_servers_file(ns.servers_file, _url_value)
+        except ServersFileError as exc:
+            parser.error(f"--servers-file {ns.servers_file}: {exc}")
+        log_source = "file"
+    else:
+        log_source = _log_source(parser, ns, demo)
     if ns.log_level not in LOG_LEVELS:  # argparse checks the choices of a flag, not of an environment default
         parser.error(f"argument --log-level: invalid choice {ns.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
     if ns.pid is not None and ns.pid_file is not None:
@@ -499,4 +530,5 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         api_key=api_key,
         kv_pool_capacity=ns.kv_pool_capacity,
         web_config_file=ns.web_config_file,
+        servers=servers,
     )

@@ -19,6 +19,7 @@ from exporter.logs.parse import parse_lines
 from exporter.logs.source import LineSource
 from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
+from exporter.router import ServerLog
 from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class LogPipeline:
 
     def __init__(self, state: ServerState, tailer: LogTailer | None, source: LineSource | None = None) -> None:
         self.state = state
+        self.log = ServerLog(state)  # the state, or in router mode the router's and one per child
         self.tailer = tailer
         self.source: LineSource | None = source if source is not None or tailer is not None else StdinSource()
         self.lines = 0
@@ -50,6 +52,13 @@ class LogPipeline:
         # A file is rewritten at every server start (llama-server truncates it), so a new format can only
         # begin in a new file; the journal and standard input have no files: any start banner may.
         state.provenance.banners_reformat = tailer is None
+
+    @property
+    def description(self) -> str:
+        """The log in words: its path, or the source's description."""
+        if self.tailer is not None:
+            return str(self.tailer.path)
+        return self.source.description if self.source is not None else "standard input"
 
     # -- LogSourceStatus (read by the collector) -----------------------------------------------
     @property
@@ -126,7 +135,7 @@ class LogPipeline:
         """Read the log as it is now, rebuilding gauges without counting events. Returns lines read."""
         if self.tailer is None:
             return self._replay_source()
-        self.state.counting = False
+        self.log.set_counting(False)
         stats = self.tailer.stats
         switches = stats.truncations + stats.rotations
         try:
@@ -145,7 +154,7 @@ class LogPipeline:
                 ):
                     break
         finally:
-            self.state.counting = True
+            self.log.set_counting(True)
         self._report_tailer_error()
         self._report_hidden_lines()
         if self.understood is False:
@@ -155,18 +164,17 @@ class LogPipeline:
     def _replay_source(self) -> int:
         """The non-file sources' equivalent of the replay: their history, applied without counting."""
         lines = self.source.history() if self.source is not None else []
-        self.state.counting = False
+        self.log.set_counting(False)
         try:
             self._apply(lines)
         finally:
-            self.state.counting = True
+            self.log.set_counting(True)
         self.replayed_lines += len(lines)
         self._report_hidden_lines()
         return self.replayed_lines
 
     def _apply(self, lines: Sequence[str]) -> None:
         """Parse a batch of lines (one regex scan, see `parse_lines`) and apply their events in order."""
-        apply = self.state.apply
         if self.tailer is not None:
             stats = self.tailer.stats
             starts = stats.opens + stats.rotations + stats.truncations
@@ -174,15 +182,27 @@ class LogPipeline:
                 self._file_starts = starts
                 self.state.provenance.new_file = True
         try:
-            events = parse_lines(lines)
+            events = self.log.feed(lines, parse_lines)
         except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline
             self.state.last_unexpected = f"parse: {type(exc).__name__}: {exc}"[:200]
             self.state.rejected["unexpected"] += len(lines)
             return
         if not self._recognized:  # until the first one only: free afterwards
             self._recognized = any(type(e) not in ev.GENERIC for e in events)
-        for event in events:
-            apply(event)
+        if self.log.router.refused_names:
+            self._report_refused()
+
+    def _report_refused(self) -> None:
+        """One line per router child refused at the limit (the counter says how many in all)."""
+        router = self.log.router
+        for name in router.refused_names:
+            log.warning(
+                "router child %s not followed: the exporter follows at most %d children per router; its lines "
+                "are rejected (llamacpp_router_children_refused_total)",
+                name,
+                router.limit,
+            )
+        router.refused_names.clear()
 
     def _report_hidden_lines(self) -> None:
         """Say once per server start when the log's verbosity hides checkpoint and prompt-cache lines."""

@@ -2,7 +2,8 @@
 
 These double as executable documentation of llama-server behaviour the exporter relies on:
 the retry cascade and its HTTP 500s, which start-up lines reveal the KV pool size at which
-verbosity, and ``--log-file`` truncation on restart.
+verbosity, ``--log-file`` truncation on restart, and router mode (``--models-dir``): models loaded
+and unloaded on demand, each by a child llama-server.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_harness import LlamaServer, run_concurrent_completions, wait_for
+from llama_harness import LlamaRouter, LlamaServer, run_concurrent_completions, wait_for, write_router_models
 from tiny_gguf import SLOW_LOAD_SERVER_ARGS, write_slow_loading_model
 
 pytestmark = pytest.mark.llama_server
@@ -129,3 +130,83 @@ def test_health_reports_loading_model(llama_server_bin: Path, tmp_path: Path) ->
             assert srv.log_lines("model loaded")
     finally:
         model.unlink()  # 1 GiB: do not leave it in pytest's kept temp dirs
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_router_loads_unloads_and_autoload_false(llama_server_bin: Path, tmp_path: Path) -> None:
+    write_router_models(tmp_path / "models", ["alpha", "beta"])
+    router = LlamaRouter(llama_server_bin, tmp_path / "models", log_file=tmp_path / "router.log")
+    with router:
+        assert router.models() == {"alpha": "unloaded", "beta": "unloaded"}
+        alpha_pid = router.load("alpha")  # POST /models/load
+        status, body = router.complete("beta", "Hello there")  # a request naming beta loads it
+        assert status == 200, body
+        assert router.models() == {"alpha": "loaded", "beta": "loaded"}
+        beta_pid = router.child_pid("beta")
+        assert beta_pid is not None
+        assert router.children() == {alpha_pid: "alpha", beta_pid: "beta"}
+        # The port in /models' args is the one the router's spawn line names.
+        for name in ("alpha", "beta"):
+            port = router.child_port(name)
+            assert router.log_lines(f"spawning server instance with name={name} on port {port}")
+            assert router.log_lines(f"[{port}] ")  # the child's own lines, prefixed with its port
+        # The flags after --models-dir reach each child (long names); --log-file does not.
+        args = router.model_entries()["alpha"]["status"]["args"]
+        argv = " ".join(args)
+        for part in ("--ctx-size 1024 ", "--kv-unified ", "--parallel 2", "--alias alpha ", "--log-prefix "):
+            assert part in argv, args
+        assert "--log-file" not in args
+        assert Path(f"/proc/{alpha_pid}/cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in args]
+
+        status, slots = router.slots("alpha")
+        assert status == 200, slots
+        assert [s["n_ctx"] for s in slots] == [1024, 1024]
+
+        router.unload("beta")
+        assert router.models() == {"alpha": "loaded", "beta": "unloaded"}
+        assert router.child_pid("beta") is None
+        assert router.child_port("beta") is None
+        wait_for(lambda: router.log_lines("instance name=beta exited with status 0"), 5, what="beta's exit line")
+        assert router.log_lines("unload: stopping model instance name=beta")
+
+        # autoload=false answers without loading...
+        status, body = router.slots("beta")
+        assert (status, body["error"]["message"]) == (400, "model is not loaded"), body
+        assert router.models() == {"alpha": "loaded", "beta": "unloaded"}
+        assert len(router.log_lines("spawning server instance with name=beta")) == 1
+        # ...while a plain GET /slots?model=beta loads beta to answer.
+        status, slots = router.proxy_get("/slots", "beta", autoload=True)
+        assert status == 200, slots
+        assert router.models()["beta"] == "loaded"
+        assert len(router.log_lines("spawning server instance with name=beta")) == 2
+        children = list(router.children())
+    # SIGTERM: the router stops its children itself, and none is left.
+    assert router.leftover_children == []
+    assert not any(_alive(pid) for pid in children)
+    assert len(router.log_lines("unload_all: stopping model instance")) == 2
+
+
+def test_router_reports_a_killed_child_as_status_1(llama_server_bin: Path, tmp_path: Path) -> None:
+    write_router_models(tmp_path / "models", ["alpha"])
+    with LlamaRouter(llama_server_bin, tmp_path / "models", log_file=tmp_path / "router.log") as router:
+        router.load("alpha")
+        router.kill9_child("alpha")
+        line = wait_for(lambda: router.log_lines("instance name=alpha exited with status"), 10, what="exit line")
+        # b11434 reports a child killed by a signal as exit status 1 (EXIT_FAILURE), like a plain exit(1).
+        assert line[0].endswith("run: instance name=alpha exited with status 1"), line
+        router.wait_status("alpha", "unloaded", 5)
+        status = router.model_entries()["alpha"]["status"]
+        assert (status.get("exit_code"), status.get("failed")) == (1, True), status
+        assert router.child_pid("alpha") is None
+        # Nothing reloads it until a request names it; one that does brings it back.
+        assert router.models() == {"alpha": "unloaded"}
+        code, body = router.complete("alpha")
+        assert code == 200, body
+        assert "failed" not in router.model_entries()["alpha"]["status"]

@@ -486,6 +486,30 @@ class LineFormat:
 
 
 @event
+class ChildSpawned:
+    """Router mode (b7218+): `spawning server instance with name=NAME on port PORT`; the child's own lines
+    follow in the router's log as `[PORT] line`."""
+
+    name: str
+    port: int
+
+
+@event
+class ChildStopping:
+    """Router mode: `stopping model instance name=NAME` (an unload, or a model evicted by --models-max)."""
+
+    name: str
+
+
+@event
+class ChildExited:
+    """Router mode: `instance name=NAME exited with status N` (the child process ended)."""
+
+    name: str
+    status: int
+
+
+@event
 class Rejected:
     """A line that looked like a metric line but cannot be true: it is counted, never applied.
 
@@ -555,4 +579,7 @@ Event: TypeAlias = (
     | GenerationTiming
     | TimingsHead
     | LineFormat
+    | ChildSpawned
+    | ChildStopping
+    | ChildExited
 )

@@ -347,6 +347,22 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         lambda m: ev.ServerReady(m["address"]),
     ),
     ("loading", r"loading model '(?P<model>.*)'$", lambda m: ev.ModelLoading(m["model"])),
+    # Router mode's own lines about its children (b7218+). A name is a model id: no space, bounded length.
+    (
+        "spawning",
+        r"spawning server instance with name=(?P<spawn_name>[^\s]{1,200}) on port (?P<spawn_port>\d{1,5})$",
+        lambda m: ev.ChildSpawned(m["spawn_name"], int(m["spawn_port"])),
+    ),
+    (
+        "stopping",
+        r"stopping model instance name=(?P<stop_name>[^\s]{1,200})$",
+        lambda m: ev.ChildStopping(m["stop_name"]),
+    ),
+    (
+        "instance",
+        r"instance name=(?P<exit_name>[^\s]{1,200}) exited with status (?P<exit_status>-?\d{1,6})$",
+        lambda m: ev.ChildExited(m["exit_name"], int(m["exit_status"])),
+    ),
     ("failed", r"failed to load model, '(?P<failed_model>.*)'$", lambda m: ev.ModelLoadFailed(m["failed_model"])),
     # b11434: `srv    operator(): operator(): cleaning up before exit...` (the signal handler's lambda).
     ("cleaning operator()", r"(?:operator\(\): )?cleaning up before exit\.\.\.$", lambda m: ev.ServerExiting()),

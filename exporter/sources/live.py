@@ -113,8 +113,11 @@ class LiveSources:
         proc: ProcReader | None = None,
         http: ServerHttpReader | None = None,
         timeout: float = 2.0,
+        http_gate: Callable[[], tuple[str, bool] | None] | None = None,
     ) -> None:
         self.state = state
+        # A router child: (why not, loading) while its model is not loaded; its endpoints are then not read.
+        self.http_gate = http_gate
         self.nvml_reader, self.proc_reader, self.http_reader = nvml, proc, http
         self.timeout = timeout
         self.statuses: dict[str, SourceStatus] = {
@@ -172,6 +175,12 @@ class LiveSources:
 
     async def _refresh_http(self) -> None:
         if self._http_read is None:
+            return
+        closed = self.http_gate() if self.http_gate is not None else None
+        if closed is not None:
+            why, loading = closed
+            self.http = HttpSnapshot(loading=loading, errors={} if loading else {"/health": why})
+            self.statuses["http"].record(loading, 0.0, why)
             return
         snap, took, error = await self._read("http", self._http_read)
         self.http = snap if snap is not None else HttpSnapshot(errors={"*": error or "read failed"})

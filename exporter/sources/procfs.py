@@ -18,6 +18,7 @@ Finding the pid, in this order:
    A process taken by name is a guess: said once in the log, and `found_by` says "name".
    With the journal as the log (`unit`): the newest `llama-server` in that unit's cgroup
    (`/proc/<pid>/cgroup` ends in `/UNIT`), never one by name alone.
+3. a router child (`router_pid`, `port`): the router's child process started with `--port PORT`.
 
 The exporter itself, which has the log open for reading and `--log-file` on its own command line,
 never matches. The found pid is kept while it lives with the same start time; only then is /proc
@@ -115,8 +116,12 @@ class ProcReader:
         self_pid: int | None = None,
         page_size: int | None = None,
         clock_ticks: int | None = None,
+        router_pid: Callable[[], int | None] | None = None,
+        port: int | None = None,
     ) -> None:
         self.root = Path(proc_root)
+        # A router child: the process the router (its pid, from the router's own reader) started on `port`.
+        self.router_pid, self.port = router_pid, port
         self.pid = pid
         self.pid_file = pid_file
         self.log_file = log_file if log_file and log_file != "-" else None
@@ -232,6 +237,8 @@ class ProcReader:
         return None if state == "Z" else ticks
 
     def _scan(self) -> tuple[int | None, str, str | None]:
+        if self.router_pid is not None:
+            return self._scan_child(self.router_pid(), self.port)
         if self.unit is not None:
             return self._scan_unit(self.unit)
         log_stat = self._target_stat()
@@ -295,6 +302,29 @@ class ProcReader:
         missing = " (it does not exist yet)" if self.log_file and log_stat is None else ""
         also = f"; {others} other {SERVER_NAME} process(es) run" if others else ""
         return None, "name", f"no {SERVER_NAME} process{where}{missing} under {self.root}{also}"
+
+    def _scan_child(self, router: int | None, port: int | None) -> tuple[int | None, str, str | None]:
+        """The router's child process serving on `port` (its `--port` argument)."""
+        if router is None:
+            return None, "router", "the router's process is not known"
+        want = str(port).encode()
+        for entry in os.scandir(self.root):
+            if not entry.name.isdigit():
+                continue
+            try:
+                raw = _read_bytes(self.root / entry.name / "stat")
+                if int(raw[raw.rindex(b")") + 2 :].split()[1]) != router:
+                    continue
+                argv = _read_bytes(self.root / entry.name / "cmdline").split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if any(a == b"--port" and i + 1 < len(argv) and argv[i + 1] == want for i, a in enumerate(argv)):
+                pid = int(entry.name)
+                ticks = self._start_ticks(pid)
+                if ticks is not None:
+                    self._cached = (pid, ticks, "router")
+                    return pid, "router", None
+        return None, "router", f"no child of router pid {router} serves port {port}"
 
     def _scan_unit(self, unit: str) -> tuple[int | None, str, str | None]:
         """The newest llama-server in `unit`'s cgroup (the journal source): never one by name alone."""

@@ -10,6 +10,11 @@ come from the log.
 - `/slots`: per slot `n_prompt_tokens` (b9276+, the tokens the slot holds now, prompt + generated)
   and `is_processing`; `next_token` is an object before b6890 and an array of one object since.
 - `/props`: `build_info` (`b11434-…`), `total_slots`, `default_generation_settings.n_ctx` (per slot).
+
+Router mode (`llama-server --models-dir`): the router itself answers `/health` and `/models` (which
+models are loaded); a child's endpoints are read through the router with `?model=NAME&autoload=false`
+(`model=`), and only for a model `/models` lists as loaded. `autoload=false` matters: a plain
+`/slots?model=NAME` makes the router load the model, and a scrape must never wake a model.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +34,7 @@ from prometheus_client.registry import Collector
 from exporter.config import redact, redact_url
 
 ENDPOINTS = ("/health", "/slots", "/props")
+ROUTER_ENDPOINTS = ("/health", "/models")
 _BUILD = re.compile(r"^b?(\d+)")
 #: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
 MAX_BODY_BYTES = 16 << 20
@@ -71,6 +78,7 @@ class HttpSnapshot:
     total_slots: int | None = None
     n_ctx_slot: int | None = None
     model: str | None = None
+    models: Mapping[str, str] | None = None  # router mode: model id → status (`loaded`, `unloaded`, …)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +140,21 @@ def parse_slots(body: object) -> tuple[LiveSlot, ...]:
     return tuple(slots)
 
 
+def parse_models(body: object) -> dict[str, str]:
+    """Model id → status value from a router's `/models` body; raises ValueError when it is not one."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("expected an object with a data array")
+    models: dict[str, str] = {}
+    for item in data:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str):
+            continue
+        status = item.get("status")
+        value = status.get("value") if isinstance(status, dict) else None
+        models[item["id"]] = value if isinstance(value, str) else "unknown"
+    return models
+
+
 def parse_props(body: object) -> tuple[int | None, int | None, int | None, str | None]:
     """(build, total_slots, per-slot n_ctx, model) from a `/props` body."""
     if not isinstance(body, dict):
@@ -149,9 +172,14 @@ def parse_props(body: object) -> tuple[int | None, int | None, int | None, str |
 class ServerHttpReader:
     """Reads `/health`, `/slots` and `/props` through one aiohttp session (created on first use)."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0) -> None:
+    def __init__(
+        self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0, model: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        # A router child's endpoints, through the router: never load the model (see the module's docstring).
+        self._query = "?" + urllib.parse.urlencode({"model": model, "autoload": "false"}) if model else ""
+        self.router = False  # read the router's own endpoints (/health, /models) instead of a server's
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._has_key = bool(api_key)
         self._session: aiohttp.ClientSession | None = None
@@ -176,7 +204,7 @@ class ServerHttpReader:
     async def _get(self, endpoint: str) -> tuple[int, Any, str | None]:
         """(status, decoded JSON or None, error). Status 0 = no answer."""
         try:
-            async with self._client().get(self.base_url + endpoint, allow_redirects=False) as resp:
+            async with self._client().get(self.base_url + endpoint + self._query, allow_redirects=False) as resp:
                 status = resp.status
                 raw = bytearray()
                 async for chunk in resp.content.iter_chunked(64 * 1024):
@@ -195,12 +223,13 @@ class ServerHttpReader:
         return status, body, None
 
     async def read(self) -> HttpSnapshot:
-        """Fetch the three endpoints concurrently. Never raises (except cancellation)."""
-        results = await asyncio.gather(*(self._get(ep) for ep in ENDPOINTS))
+        """Fetch the endpoints concurrently. Never raises (except cancellation)."""
+        endpoints = ROUTER_ENDPOINTS if self.router else ENDPOINTS
+        results = await asyncio.gather(*(self._get(ep) for ep in endpoints))
         status: dict[str, int] = {}
         errors: dict[str, str] = {}
         bodies: dict[str, Any] = {}
-        for ep, (code, body, error) in zip(ENDPOINTS, results, strict=True):
+        for ep, (code, body, error) in zip(endpoints, results, strict=True):
             status[ep] = code
             bodies[ep] = body
             if error is not None:
@@ -214,7 +243,8 @@ class ServerHttpReader:
         slots: tuple[LiveSlot, ...] | None = None
         build = total = n_ctx = None
         model: str | None = None
-        for ep in ("/slots", "/props"):
+        models: dict[str, str] | None = None
+        for ep in endpoints[1:]:
             code = status[ep]
             if ep in errors or not up:
                 if ep in errors and (loading or "/health" in errors):
@@ -224,6 +254,8 @@ class ServerHttpReader:
                 try:
                     if ep == "/slots":
                         slots = parse_slots(bodies[ep])
+                    elif ep == "/models":
+                        models = parse_models(bodies[ep])
                     else:
                         build, total, n_ctx, model = parse_props(bodies[ep])
                 except ValueError as exc:
@@ -242,7 +274,7 @@ class ServerHttpReader:
             errors["/health"] = f"llama-server not answering at {redact_url(self.base_url)}: {errors['/health']}"
         for ep, error in errors.items():  # a client error may quote the URL, credentials and all
             errors[ep] = redact(error, self.base_url)
-        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model)
+        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model, models)
 
 
 def _message(body: object) -> str:
@@ -288,6 +320,6 @@ class ServerHttpCollector(Collector):
             "501 = endpoint disabled).",
             labels=["endpoint"],
         )
-        for ep in ENDPOINTS:
+        for ep in ROUTER_ENDPOINTS if "/models" in snap.status else ENDPOINTS:
             status.add_metric([ep], snap.status.get(ep, 0))
         yield status

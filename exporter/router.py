@@ -1,0 +1,178 @@
+"""llama-server's router mode in one log: the router's own lines and one `ServerState` per child. Pure.
+
+A router (`llama-server --models-dir DIR` or `--models-preset FILE`, b7218+) runs one child server per
+loaded model and writes each child's lines into its own log as `[PORT] line`:
+
+    0.03.218.682 I srv          load: spawning server instance with name=alpha on port 58071
+    [58071] 0.00.002.135 I srv  llama_server: initializing ...
+    [58071] 0.00.017.332 I srv    load_model: initializing, n_slots = 2, n_ctx_slot = 1024, kv_unified = 'true'
+    0.17.514.381 I srv        unload: stopping model instance name=beta
+    0.17.570.302 I srv           run: instance name=beta exited with status 0
+
+`ServerLog.feed` splits a batch of lines by that prefix. Lines without one are the router's (or, before
+any spawn line, a plain llama-server's): they go to `main`. A `[PORT]` line goes to the child spawned
+on that port, whose state is a fresh `ServerState` from the spawn line to its exit line. A child that
+exits is dropped with its series; the router counts how children ended. A new router start (its own
+`initializing ...`) ends every child.
+
+The number of children followed is bounded (`MAX_CHILDREN`): a spawn past it is refused, said once by
+the caller (`refused_names`), counted, and its lines are rejected (`unfollowed`) like any line the
+exporter cannot place. So are `[PORT]` lines of a port no spawn line announced: only the router's own
+line creates a child, which a client writing into a child's log cannot forge (the router prefixes
+every line of a child's output). Before the first spawn line, `[PORT]` lines go to `main` with their
+prefix stripped, as they always have: a log of one child, or a plain server's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from exporter.logs import events as ev
+from exporter.logs.parse import parse_lines
+from exporter.state import ServerState
+
+#: Router children followed at most per router (and so at most this many `model` label values per server).
+MAX_CHILDREN = 64
+#: How a child ended: `unloaded` after the router's stop line, `crashed` without one.
+EXIT_OUTCOMES = ("unloaded", "crashed")
+_PREFIX = re.compile(r"\[ *(\d{1,5})\] ")
+ROUTER_EVENTS = (ev.ChildSpawned, ev.ChildStopping, ev.ChildExited)
+
+
+@dataclass
+class RouterChild:
+    """One child server of a router: its model name, port and log state."""
+
+    name: str
+    port: int
+    state: ServerState
+    stopping: bool = False  # the router asked it to stop (an unload)
+
+
+@dataclass
+class RouterLog:
+    """The router's view of its children, from its log lines."""
+
+    limit: int = MAX_CHILDREN
+    active: bool = False  # a spawn line was seen in this router run
+    children: dict[int, RouterChild] = field(default_factory=dict)  # port → child
+    starts: int = 0
+    exits: Counter[str] = field(default_factory=Counter)
+    refused: int = 0
+    refused_names: list[str] = field(default_factory=list)  # refused since the caller last looked (bounded)
+
+    def by_name(self, name: str) -> RouterChild | None:
+        return next((c for c in self.children.values() if c.name == name), None)
+
+
+class ServerLog:
+    """Where each line of one log goes: `main`, or the router child its `[PORT]` prefix names."""
+
+    def __init__(self, main: ServerState, *, limit: int = MAX_CHILDREN) -> None:
+        self.main = main
+        self.router = RouterLog(limit=limit)
+        self.counting = True
+
+    # -- counting (off while the existing log is replayed) --------------------------------------
+    def set_counting(self, counting: bool) -> None:
+        self.counting = counting
+        self.main.counting = counting
+        for child in self.router.children.values():
+            child.state.counting = counting
+
+    def states(self) -> Iterator[ServerState]:
+        """Every state lines go to: main and each child."""
+        yield self.main
+        for child in self.router.children.values():
+            yield child.state
+
+    # -- feeding ----------------------------------------------------------------------------------
+    def feed(
+        self, lines: Sequence[str], parse: Callable[[Sequence[str]], list[ev.Event]] = parse_lines
+    ) -> list[ev.Event]:
+        """Apply a batch of lines; returns their events, children's included (for the caller's own checks)."""
+        if not any(line[:1] == "[" for line in lines):
+            return self._main(parse(lines))
+        out: list[ev.Event] = []
+        segment: list[str] = []
+        port: int | None = None
+        for line in lines:
+            m = _PREFIX.match(line) if line[:1] == "[" else None
+            p = int(m.group(1)) if m else None
+            if p != port and segment:
+                out.extend(self._segment(port, segment, parse))
+                segment = []
+            port = p
+            segment.append(line)
+        if segment:
+            out.extend(self._segment(port, segment, parse))
+        return out
+
+    def _segment(
+        self, port: int | None, lines: list[str], parse: Callable[[Sequence[str]], list[ev.Event]]
+    ) -> list[ev.Event]:
+        if port is None or not self.router.active:  # (decided here: a spawn line earlier in the batch counts)
+            return self._main(parse(lines))
+        child = self.router.children.get(port)
+        if child is None:
+            if self.counting:
+                self.main.rejected["unfollowed"] += len(lines)
+            return []
+        apply = child.state.apply
+        events = parse(lines)
+        for e in events:
+            if type(e) not in ROUTER_EVENTS:  # a child cannot speak for the router
+                apply(e)
+        return events
+
+    def _main(self, events: list[ev.Event]) -> list[ev.Event]:
+        apply = self.main.apply
+        for e in events:
+            kind = type(e)
+            if kind in ROUTER_EVENTS:
+                self._router_event(e)  # type: ignore[arg-type]
+            else:
+                if kind is ev.ServerStarting and self.router.active:
+                    self._router_restarted()
+                apply(e)
+        return events
+
+    def _router_event(self, e: ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
+        r = self.router
+        if isinstance(e, ev.ChildSpawned):
+            if not 0 < e.port < 65536:
+                self.main._reject("out_of_range")
+                return
+            r.active = True
+            same = r.by_name(e.name)  # the router runs one instance per name: an old one is gone
+            if same is not None:
+                del r.children[same.port]
+            if e.port not in r.children and len(r.children) >= r.limit:
+                if self.counting:
+                    r.refused += 1
+                if len(r.refused_names) < 16:
+                    r.refused_names.append(e.name)
+                return
+            state = ServerState(counting=self.counting)
+            r.children[e.port] = RouterChild(e.name, e.port, state)
+            if self.counting:
+                r.starts += 1
+        elif isinstance(e, ev.ChildStopping):
+            child = r.by_name(e.name)
+            if child is not None:
+                child.stopping = True
+        else:
+            child = r.by_name(e.name)
+            if child is None:
+                return
+            del r.children[child.port]
+            if self.counting:
+                r.exits["unloaded" if child.stopping else "crashed"] += 1
+
+    def _router_restarted(self) -> None:
+        """A new router process: its children died with the old one (not counted as exits: the router ended)."""
+        self.router.children.clear()
+        self.router.active = False

@@ -1,0 +1,296 @@
+"""Many servers per exporter: each followed server, its router children, and their series, labelled.
+
+One `FollowedServer` is one log (a `LogPipeline`) and the live sources of the server that writes it. A
+plain llama-server is one unit of series. A router (`llama-server --models-dir`) is the router's own
+unit (its health, process, how its children came and went) plus one unit per child, each with the
+child's log state, its `/slots` and `/props` read through the router, its process and its VRAM.
+
+`ServersCollector` renders every unit with its labels:
+
+- one server, not a router: no label at all, exactly what a single-server exporter always exported;
+- several servers (`--servers-file`): `server="NAME"` on every series of that server;
+- router children: `model="NAME"` (the router's name for the model), next to `server` when there are
+  several servers. A family's own label of that name (`llamacpp_server_info{model}`) is kept as
+  `exported_model`, as Prometheus does with clashing labels.
+
+Series of the host and the exporter (GPU totals, host memory, the exporter's version) are exported once,
+unlabelled. The number of units is bounded: `MAX_SERVERS` servers, `router.MAX_CHILDREN` children each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from exporter.collector import (
+    REJECT_REASONS,
+    CheckpointCacheCollector,
+    ExporterCollector,
+    KVForecastCollector,
+    ServerLogCollector,
+    _labelled_counter,
+)
+from exporter.pipeline import LogPipeline
+from exporter.router import EXIT_OUTCOMES, RouterChild
+from exporter.sources.live import LiveSources
+from exporter.sources.nvml import NvmlCollector
+from exporter.sources.procfs import ProcReader
+from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
+
+log = logging.getLogger(__name__)
+
+#: Families about the host or the exporter, not a server: exported once, without server labels.
+GLOBAL_FAMILIES = frozenset(
+    {
+        "llamacpp_gpu_memory_total_bytes",
+        "llamacpp_gpu_memory_used_bytes",
+        "llamacpp_gpu_memory_free_bytes",
+        "llamacpp_host_memory_available_bytes",
+        "llamacpp_host_memory_total_bytes",
+        "llamacpp_exporter_build",
+    }
+)
+
+Unit = tuple[Mapping[str, str], list[Collector]]
+
+
+@dataclass(frozen=True)
+class ChildSources:
+    """How to read a router child's live sources: through the router's URL, and under /proc."""
+
+    url: str | None
+    api_key: str | None
+    timeout: float
+    proc_root: str | None  # None: no /proc source
+
+
+def log_collectors(view: Callable[[], object]) -> list[Collector]:
+    """The collectors of what one server's log says (rendered from `view()`, a `ServerState`)."""
+    return [ServerLogCollector(view), KVForecastCollector(view), CheckpointCacheCollector(view)]  # type: ignore[arg-type]
+
+
+@dataclass
+class _Child:
+    child: RouterChild
+    live: LiveSources
+    collectors: list[Collector] = field(default_factory=list)
+
+
+class FollowedServer:
+    """One log and the server (plain, or a router and its children) that writes it."""
+
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        pipeline: LogPipeline,
+        live: LiveSources,
+        *,
+        children: ChildSources,
+        nvml_owner: LiveSources | None = None,
+    ) -> None:
+        self.labels = dict(labels)
+        self.pipeline = pipeline
+        self.live = live
+        self.nvml_owner = nvml_owner or live
+        self._child_sources = children
+        self._children: dict[int, _Child] = {}  # port → live sources of a child that runs now
+        exporter = ExporterCollector(pipeline, live.statuses)
+        sources = live.collectors() + self._shared_nvml(live)
+        self._own = [*log_collectors(live.view), exporter, *sources]
+        self._router_own: list[Collector] = [exporter, RouterCollector(pipeline), *sources]
+
+    def _shared_nvml(self, live: LiveSources) -> list[Collector]:
+        """NVML is read once for all servers (by `nvml_owner`); the others render its snapshot with their pid."""
+        owner = self.nvml_owner
+        if live is owner or owner.nvml_reader is None:
+            return []
+        return [NvmlCollector(lambda: owner.nvml, lambda: live.pid)]
+
+    @property
+    def is_router(self) -> bool:
+        return self.pipeline.log.router.active
+
+    def units(self) -> Iterator[Unit]:
+        """(labels, collectors) of the server, or of the router and each child it runs."""
+        if not self.is_router:
+            yield self.labels, self._own
+            return
+        yield self.labels, self._router_own
+        for port, child in self.pipeline.log.router.children.items():
+            c = self._children.get(port)
+            if c is not None and c.child is child:
+                yield {**self.labels, "model": child.name}, c.collectors
+
+    async def refresh(self) -> None:
+        """Read the live sources: the server's (the router's), then each child's. Never raises."""
+        if self.live.http_reader is not None:
+            self.live.http_reader.router = self.is_router
+        await self.live.refresh()
+        if not self.is_router:
+            await self._close_children(set(self._children))
+            return
+        running = self.pipeline.log.router.children
+        await self._close_children({p for p, c in self._children.items() if running.get(p) is not c.child})
+        for port, child in running.items():
+            if port not in self._children:
+                self._children[port] = self._open_child(child)
+        if self._children:
+            await asyncio.gather(*(c.live.refresh() for c in self._children.values()))
+
+    def _open_child(self, child: RouterChild) -> _Child:
+        src = self._child_sources
+        live = LiveSources(
+            child.state,
+            http=ServerHttpReader(src.url, api_key=src.api_key, timeout=src.timeout, model=child.name)
+            if src.url
+            else None,
+            proc=ProcReader(src.proc_root, router_pid=lambda: self.live.pid, port=child.port)
+            if src.proc_root is not None
+            else None,
+            timeout=src.timeout,
+            http_gate=_model_gate(lambda: self.live.http, child.name),
+        )
+        return _Child(child, live, log_collectors(live.view) + live.collectors() + self._shared_nvml(live))
+
+    async def _close_children(self, ports: Iterable[int]) -> None:
+        for port in list(ports):
+            c = self._children.pop(port, None)
+            if c is not None:
+                await c.live.close()
+
+    async def close(self) -> None:
+        await self._close_children(set(self._children))
+        await self.live.close()
+
+
+def _model_gate(router: Callable[[], HttpSnapshot | None], name: str) -> Callable[[], tuple[str, bool] | None]:
+    """None when the router's last `/models` lists `name` as loaded; else (why not, whether it is loading).
+
+    A child's endpoints are read only then: a model that is not loaded is never woken by a scrape, even
+    by a router too old to know `autoload=false`."""
+
+    def gate() -> tuple[str, bool] | None:
+        snap = router()
+        models = snap.models if snap is not None else None
+        if models is None:
+            return "the router's /models did not answer", False
+        status = models.get(name)
+        if status == "loaded":
+            return None
+        return f"model {name} is {status or 'not listed'} in the router's /models", status == "loading"
+
+    return gate
+
+
+class RouterCollector(Collector):
+    """A router's children: how many run, the limit followed, and how they started and ended.
+
+    # HELP llamacpp_router_children Router children (one per loaded model) running now, as the router's log says.
+    # TYPE llamacpp_router_children gauge
+    llamacpp_router_children 2.0
+    # HELP llamacpp_router_child_exits_total Router children that ended, by outcome: unloaded …
+    # TYPE llamacpp_router_child_exits_total counter
+    llamacpp_router_child_exits_total{outcome="crashed"} 1.0
+    llamacpp_router_child_exits_total{outcome="unloaded"} 3.0
+    """
+
+    def __init__(self, pipeline: LogPipeline) -> None:
+        self._pipeline = pipeline
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the router families, the router's own starts and its rejected lines."""
+        log = self._pipeline.log
+        r = log.router
+        yield GaugeMetricFamily(
+            "llamacpp_router_children",
+            "Router children (one per loaded model) running now, as the router's log says.",
+            value=len(r.children),
+        )
+        yield GaugeMetricFamily(
+            "llamacpp_router_children_limit",
+            "Router children the exporter follows at most; a child past it is refused (not followed).",
+            value=r.limit,
+        )
+        yield CounterMetricFamily(
+            "llamacpp_router_child_starts", "Router children started (spawn lines).", value=r.starts
+        )
+        yield _labelled_counter(
+            "llamacpp_router_child_exits",
+            "Router children that ended, by outcome: unloaded (after the router's stop line: an unload or an "
+            "eviction), crashed (the child ended without being asked to).",
+            "outcome",
+            r.exits,
+            EXIT_OUTCOMES,
+        )
+        yield CounterMetricFamily(
+            "llamacpp_router_children_refused",
+            "Router children not followed because the limit was reached (their lines are rejected as unfollowed).",
+            value=r.refused,
+        )
+        yield CounterMetricFamily(
+            "llamacpp_server_starts",
+            "llama-server starts seen (a new banner in the log or a new process in /proc, each start counted once).",
+            value=log.main.server_starts,
+        )
+        yield _labelled_counter(
+            "llamacpp_exporter_log_lines_rejected",
+            "Log lines read but not applied (see the single-server help for the reasons).",
+            "reason",
+            log.main.rejected,
+            REJECT_REASONS,
+        )
+
+
+def _relabel(sample: Sample, labels: Mapping[str, str]) -> Sample:
+    new = dict(sample.labels)
+    for key, value in labels.items():
+        if key in new:
+            new["exported_" + key] = new[key]
+        new[key] = value
+    return Sample(sample.name, new, sample.value, sample.timestamp, sample.exemplar)
+
+
+def merge_units(units: Iterable[Unit]) -> Iterator[Metric]:
+    """Every unit's families, one family per name, each sample with its unit's labels added."""
+    merged: dict[str, Metric] = {}
+    for labels, collectors in units:
+        for collector in collectors:
+            for family in collector.collect():
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+                    if family.name in GLOBAL_FAMILIES:
+                        out.samples.extend(family.samples)
+                        continue
+                if family.name in GLOBAL_FAMILIES:
+                    continue  # the host's and the exporter's series: once, from the first unit
+                if labels:
+                    out.samples.extend(_relabel(s, labels) for s in family.samples)
+                else:
+                    out.samples.extend(family.samples)
+    yield from merged.values()
+
+
+class ServersCollector(Collector):
+    """Every followed server's units, labelled (see the module's docstring)."""
+
+    def __init__(self, servers: list[FollowedServer]) -> None:
+        self.servers = servers
+
+    def collect(self) -> Iterator[Metric]:
+        units = [u for s in self.servers for u in s.units()]
+        if len(units) == 1 and not units[0][0]:  # one plain server: its families as they are
+            for collector in units[0][1]:
+                yield from collector.collect()
+            return
+        yield from merge_units(units)
+
+    async def refresh(self) -> None:
+        """The web app's `before_scrape`: every server's live sources, concurrently."""
+        await asyncio.gather(*(s.refresh() for s in self.servers))

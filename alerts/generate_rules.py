@@ -26,6 +26,16 @@ HERE = Path(__file__).resolve().parent
 RULES_FILE = HERE / "llamacpp-rules.yml"
 #: A counter increase for a description: increase() extrapolates, so round it.
 COUNT = '{{ printf "%.0f" $value }}'
+#: Which llama-server an alert is about, when one exporter follows several: " (server gpu0, model alpha)",
+#: " (server gpu0)", " (model alpha)" (a router's child) or nothing (one server: no such labels).
+WHO = (
+    "{{ if or $labels.server $labels.model }} ("
+    "{{ with $labels.server }}server {{ . }}{{ if $labels.model }}, {{ end }}{{ end }}"
+    "{{ with $labels.model }}model {{ . }}{{ end }}"
+    "){{ end }}"
+)
+#: Where the label fragment goes in the summaries and descriptions below.
+W = "<WHO>"
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,8 @@ class Config:
     exporter_down_for: str = "5m"
     #: LlamaCppExporterDown looks back this far for a target that used to be a llamacpp-exporter.
     exporter_down_lookback: str = "1h"
+    #: LlamaCppRouterChildrenRefused / LlamaCppRouterChildCrashed: an event within this window.
+    router_event_window: str = "15m"
 
 
 def _num(x: float) -> str:
@@ -103,14 +115,15 @@ class _Rules:
         return f"{self.cfg.runbook_url}#{alert.lower()}"
 
     def alert(self, name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
+        """An alerting rule; ``<WHO>`` in the annotations names the server and model (see WHO)."""
         return {
             "alert": name,
             "expr": expr,
             "for": for_,
             "labels": {"severity": severity},
             "annotations": {
-                "summary": summary,
-                "description": description,
+                "summary": summary.replace(W, WHO),
+                "description": description.replace(W, WHO),
                 "runbook_url": self.runbook(name),
             },
         }
@@ -148,8 +161,8 @@ class _Rules:
                 f"{prompt_demand} > {_num(c.kv_overflow_ahead_ratio)}\nand ignoring (horizon) {busy} > 0",
                 c.kv_overflow_ahead_for,
                 "critical",
-                "The prompts in flight on llama-server do not fit its KV pool: every request will be aborted.",
-                "Once the prompts now being processed on {{ $labels.instance }} are read, they need {{ $value | "
+                "The prompts in flight on llama-server<WHO> do not fit its KV pool: every request will be aborted.",
+                "Once the prompts now being processed on {{ $labels.instance }}<WHO> are read, they need {{ $value | "
                 "humanizePercentage }} of the shared KV pool. When it is full llama-server aborts EVERY in-flight "
                 "request ('Context size has been exceeded', HTTP 500), small ones included, unless a request ends "
                 "first. Act in the seconds left: cancel the request that holds the most (dashboard: demand per "
@@ -163,8 +176,8 @@ class _Rules:
                 f"and ignoring (horizon) {prompt_demand} > {_num(c.kv_saturated_ratio)}\nand {busy} > 0",
                 c.kv_saturated_for,
                 "critical",
-                "llama-server's shared KV pool is almost full while requests run.",
-                "The KV pool of {{ $labels.instance }} is {{ $value | humanizePercentage }} full and the requests "
+                "llama-server's shared KV pool<WHO> is almost full while requests run.",
+                "The KV pool of {{ $labels.instance }}<WHO> is {{ $value | humanizePercentage }} full and the requests "
                 "in flight hold that much. When it is full, llama-server halves its batch down to 1 and then "
                 "aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500). Act now: cancel "
                 "the request that holds the most, stop sending new long requests to this instance or drain it; "
@@ -179,8 +192,8 @@ class _Rules:
                 f"and ignoring (horizon) {busy} >= {c.kv_overflow_possible_min_processing}",
                 c.kv_overflow_possible_for,
                 "warning",
-                "The requests in flight on llama-server may together outgrow its KV pool.",
-                "If the requests running on {{ $labels.instance }} generate up to their limits (n_predict, or the "
+                "The requests in flight on llama-server<WHO> may together outgrow its KV pool.",
+                "If the requests running on {{ $labels.instance }}<WHO> generate up to their limits (n_predict, or the "
                 "slot's whole window where the limit is unknown: see llamacpp_kv_pool_demand_unknown_budget_slots; "
                 "--server-url gives it), they need {{ $value | humanizePercentage }} of the shared KV pool, and "
                 "an overflow aborts all of them. Cap generations (max_tokens / n_predict), keep long requests "
@@ -194,8 +207,8 @@ class _Rules:
                 f" >= 1\nand {m('llamacpp_kv_pool_usage_ratio')} > {_num(c.kv_fill_min_ratio)}\nand {busy} > 0",
                 c.kv_fill_for,
                 "warning",
-                f"llama-server's shared KV pool is predicted to be full within {c.kv_fill_minutes} minutes.",
-                f"At the trend of the last {c.kv_fill_window}, the KV pool of {{{{ $labels.instance }}}} would "
+                f"llama-server's shared KV pool<WHO> is predicted to be full within {c.kv_fill_minutes} minutes.",
+                f"At the trend of the last {c.kv_fill_window}, the KV pool of {{{{ $labels.instance }}}}<WHO> would "
                 f"need {{{{ $value | humanizePercentage }}}} of its cells {c.kv_fill_minutes} minutes from now: it "
                 "fills up before that, and then every in-flight request is aborted. Check which slots grow "
                 "(dashboard: tokens per slot), cap long generations (n_predict) or move clients away; plan "
@@ -209,8 +222,9 @@ class _Rules:
                 f"and {busy} >= {c.overcommit_min_processing}",
                 c.overcommit_for,
                 "warning",
-                "llama-server's slots are promised more KV cells than the pool holds, and requests run concurrently.",
-                "{{ $labels.instance }} promises its slots {{ $value | humanize }}x the KV pool (-kvu: every slot "
+                "llama-server's slots<WHO> are promised more KV cells than the pool holds, "
+                "and requests run concurrently.",
+                "{{ $labels.instance }}<WHO> promises its slots {{ $value | humanize }}x the KV pool (-kvu: every slot "
                 "may use the whole -c window) and serves concurrent requests, so a few long ones can fill the pool "
                 "and abort all others. Either keep every promise (--kv-unified-per-slot N, or no -kvu with "
                 "-c = slots x per-slot context) or make the pool bigger for the same memory (-ctk/-ctv q8_0), "
@@ -223,8 +237,8 @@ class _Rules:
                 f"increase({m('llamacpp_context_exceeded_total')}[{c.event_window}]) > 0",
                 "0m",
                 "critical",
-                "llama-server ran out of KV cells and aborted every in-flight request.",
-                "{{ $labels.instance }} logged 'Context size has been exceeded' in the last "
+                "llama-server<WHO> ran out of KV cells and aborted every in-flight request.",
+                "{{ $labels.instance }}<WHO> logged 'Context size has been exceeded' in the last "
                 f"{c.event_window} (count: {COUNT}): the shared KV pool was full, and every request in flight at that "
                 "moment was answered with HTTP 500, small ones included. Clients that retry will hit it again. "
                 "Confirm with grep 'Context size has been exceeded' in the server log; fix the sizing: "
@@ -237,8 +251,8 @@ class _Rules:
                 f"sum without (outcome) (increase({m('llamacpp_kv_cascades_total')}[{c.event_window}])) > 0",
                 "0m",
                 "warning",
-                "llama-server found its KV pool full and retried with smaller batches.",
-                f"{{{{ $labels.instance }}}} ran KV retry cascades in the last {c.event_window} (count: {COUNT}; "
+                "llama-server<WHO> found its KV pool full and retried with smaller batches.",
+                f"{{{{ $labels.instance }}}}<WHO> ran KV retry cascades in the last {c.event_window} (count: {COUNT}; "
                 "'failed to find free space in the KV cache, retrying with smaller batch "
                 "size'). The pool was full; a cascade that ends in 'Context size has been exceeded' aborts every "
                 "request. Look at the slots' tokens on the dashboard and plan the pool: --kv-unified-per-slot, "
@@ -278,8 +292,8 @@ class _Rules:
                 f"{m('llamacpp_up')} == 0\nunless {m('llamacpp_server_loading')} == 1",
                 c.server_down_for,
                 "critical",
-                "llama-server does not answer /health.",
-                "llama-server behind {{ $labels.instance }} has not answered /health with 200 for "
+                "llama-server<WHO> does not answer /health.",
+                "llama-server behind {{ $labels.instance }}<WHO> has not answered /health with 200 for "
                 f"{c.server_down_for} and is not loading a model. Check the service (systemctl status, "
                 "kubectl describe pod) and the end of its log for the crash or the bind error; restart it.",
             )
@@ -290,8 +304,8 @@ class _Rules:
                 f"increase({m('llamacpp_server_starts_total')}[{c.restarts_window}]) >= {c.restarts_count}",
                 c.restarts_for,
                 "critical",
-                "llama-server is restarting over and over (crash or restart loop).",
-                'llama-server behind {{ $labels.instance }} started {{ printf "%.0f" $value }} times in the last '
+                "llama-server<WHO> is restarting over and over (crash or restart loop).",
+                'llama-server behind {{ $labels.instance }}<WHO> started {{ printf "%.0f" $value }} times in the last '
                 f"{c.restarts_window}. Every start drops all requests and the prompt cache. Read the last lines "
                 "before each start in the log (out of memory, a failed allocation with a too large -c, an "
                 "abort); stop the loop (systemctl stop) before it hides the cause, fix it, start again.",
@@ -315,8 +329,8 @@ class _Rules:
                 ),
                 c.source_down_for,
                 "warning",
-                "llamacpp-exporter cannot read one of its sources.",
-                "llamacpp-exporter at {{ $labels.instance }} has not been able to read its "
+                "llamacpp-exporter cannot read one of its sources<WHO>.",
+                "llamacpp-exporter at {{ $labels.instance }}<WHO> has not been able to read its "
                 "'{{ $labels.source }}' source for "
                 f"{c.source_down_for}; the metrics from it are missing or stale and alerts built on them stay "
                 "silent. log: check --log-file (path, permissions, llama-server started with --log-file); "
@@ -326,14 +340,25 @@ class _Rules:
                 "alert; --nvml off turns the source off); proc: the llama-server process (--pid, --proc-root).",
             )
         )
+        lines = f"increase({m('llamacpp_exporter_log_lines_total')}[{c.log_stalled_window}])"
+        no_model, some_model = 'model=""', 'model!=""'
+        router_lines = f"increase({m('llamacpp_exporter_log_lines_total', no_model)}[{c.log_stalled_window}])"
         out.append(
             self.alert(
                 "LlamaCppExporterLogStalled",
-                f"increase({m('llamacpp_exporter_log_lines_total')}[{c.log_stalled_window}]) == 0\nand {busy} > 0",
+                # Matched per server and model. A router's log is one file for all its children: where its
+                # line count carries no model label, any busy child of that router counts (second part).
+                "\n".join(
+                    [
+                        f"({lines} == 0\n and {busy} > 0)",
+                        "or",
+                        f"({router_lines} == 0\n and ignoring (model) {busy}{{{some_model}}} > 0)",
+                    ]
+                ),
                 c.log_stalled_for,
                 "warning",
-                "llamacpp-exporter reads no log lines while llama-server is serving requests.",
-                "llamacpp-exporter at {{ $labels.instance }} read no log line in "
+                "llamacpp-exporter reads no log lines while llama-server<WHO> is serving requests.",
+                "llamacpp-exporter at {{ $labels.instance }}<WHO> read no log line in "
                 f"{c.log_stalled_window} although a slot is processing (a busy slot logs progress every 3 s), so "
                 "its KV pool figures are frozen and the KV alerts cannot fire. Check that llama-server still "
                 "writes the file named by --log-file (a new path after a restart, a full disk, a log rotated "
@@ -351,6 +376,37 @@ class _Rules:
                 "Prometheus has failed to scrape the llamacpp-exporter at {{ $labels.instance }} for "
                 f"{c.exporter_down_for}; every llama-server alert for it is blind. Check the exporter process "
                 "or container and its listen address (--listen-address, default :9778).",
+            )
+        )
+        out.append(
+            self.alert(
+                "LlamaCppRouterChildrenRefused",
+                f"increase({m('llamacpp_router_children_refused_total')}[{c.router_event_window}]) > 0",
+                "0m",
+                "warning",
+                "The llama-server router<WHO> runs more children than llamacpp-exporter follows.",
+                "The llama-server router behind {{ $labels.instance }}<WHO> started "
+                f"{COUNT} child servers (one per loaded model) in the last {c.router_event_window} beyond the "
+                "number llamacpp-exporter follows (llamacpp_router_children_limit): their slots, KV pools and "
+                "crashes are not watched and no alert fires for them. Keep the models loaded at once within "
+                "that limit with the router's --models-max (0 = unlimited), or split the models over more "
+                "routers.",
+            )
+        )
+        crashed = m("llamacpp_router_child_exits_total", 'outcome="crashed"')
+        out.append(
+            self.alert(
+                "LlamaCppRouterChildCrashed",
+                f"increase({crashed}[{c.router_event_window}]) > 0",
+                "0m",
+                "warning",
+                "A child server of the llama-server router<WHO> crashed.",
+                "A child server (one loaded model) of the llama-server router behind {{ $labels.instance }}<WHO> "
+                f"exited without being unloaded in the last {c.router_event_window} (count: {COUNT}): the "
+                "requests it served failed, and the router starts the model again at its next request. Read the "
+                "child's last lines in the router's log (they carry its port, [PORT]) for the cause: out of "
+                "memory (models that share a GPU: dashboard GPU memory by server), a failed allocation at load, "
+                "an abort. Load fewer models at once (--models-max) or give them a smaller -c.",
             )
         )
         return out
@@ -384,7 +440,7 @@ HEADER = """\
 # Prometheus rules for llamacpp-exporter (https://prometheus.io/docs/prometheus/latest/configuration/).
 # GENERATED by alerts/generate_rules.py: change thresholds there (or with --set) and re-run it.
 # Check: promtool check rules alerts/llamacpp-rules.yml
-# Test:  promtool test rules alerts/tests/llamacpp-rules.test.yml
+# Test:  promtool test rules alerts/tests/*.test.yml
 # Every alert's runbook: alerts/runbook.md
 """
 

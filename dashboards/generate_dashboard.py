@@ -10,6 +10,10 @@ through grafana-foundation-sdk, and runs every query against a real Prometheus a
 Conventions (grafana/dashboard-linter): one ``datasource`` variable, multi-select ``job`` and
 ``instance`` variables, every query filtered by both, ``$__rate_interval`` for rates, units and a
 description naming the metric on every panel, a stable ``uid``. Standard library only.
+
+Many servers per exporter: the ``server`` and ``model`` variables (several servers on one exporter carry
+``server``, a router's children ``model``; a lone server neither) filter every per-server query, and every
+aggregation and legend keeps both; GPU and host memory are per host and stay unfiltered.
 """
 
 from __future__ import annotations
@@ -25,8 +29,22 @@ DASHBOARD_FILE = HERE / "llamacpp.json"
 
 UID = "llamacpp-exporter"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-#: Matchers every query carries (dashboard-linter target-job-rule / target-instance-rule).
-SEL = '{job=~"$job", instance=~"$instance"}'
+#: Matchers every query carries (dashboard-linter target-job-rule / target-instance-rule): ``{G}``, for
+#: the series that are one per host or exporter (GPU and host memory, Prometheus' up).
+GLOBAL_SEL = '{job=~"$job", instance=~"$instance"}'
+#: ``{R}``: a router's own series (children, starts, exits), labelled ``server`` when one exporter follows
+#: several servers.
+ROUTER_SEL = '{job=~"$job", instance=~"$instance", server=~"$server"}'
+#: ``{S}``: everything about one llama-server (slots, pool, counters, up, sources). Several servers on one
+#: exporter carry ``server``, a router's children ``model``; a series without the label matches ``.*`` (All).
+SEL = '{job=~"$job", instance=~"$instance", server=~"$server", model=~"$model"}'
+SELECTORS = {"S": SEL, "G": GLOBAL_SEL, "R": ROUTER_SEL}
+#: ``{BY}``: what a per-server aggregation keeps, so that several servers and models stay apart.
+BY = "instance, server, model"
+#: ``{W}`` in a legend: which server a per-server series is (a label that is absent renders empty).
+WHO = "{{instance}} {{server}} {{model}}"
+#: The KV pool panels' titles name the model(s) selected ("All", "alpha", "alpha + beta").
+OF_MODEL = " ($model)"
 #: The alert thresholds drawn on the panels (defaults of alerts/generate_rules.py).
 KV_SATURATED_RATIO = 0.9
 VRAM_HEADROOM_BYTES = 512 * 1024 * 1024
@@ -34,13 +52,20 @@ VRAM_HEADROOM_BYTES = 512 * 1024 * 1024
 RED, ORANGE, GREEN, BLUE = "red", "orange", "green", "blue"
 
 
+def selectors(expr: str) -> str:
+    """``{S}``/``{G}``/``{R}`` become the matchers above (``{S, x="y"}`` adds one), ``{BY}`` the grouping."""
+    for key, sel in SELECTORS.items():
+        expr = expr.replace("{" + key + "}", sel).replace("{" + key + ", ", sel[:-1] + ", ")
+    return expr.replace("{BY}", BY)
+
+
 def q(expr: str, legend: str = "__auto", ref: str = "A", **extra: Any) -> dict[str, Any]:
-    """A Prometheus target; ``{S}`` in ``expr`` becomes the job/instance matchers (``{S, x="y"}`` adds one)."""
+    """A Prometheus target; ``expr`` with the markers of :func:`selectors`, ``{W}`` in ``legend``."""
     target: dict[str, Any] = {
         "datasource": DS,
         "editorMode": "code",
-        "expr": expr.replace("{S}", SEL).replace("{S, ", SEL[:-1] + ", "),
-        "legendFormat": legend,
+        "expr": selectors(expr),
+        "legendFormat": legend.replace("{W}", WHO),
         "range": True,
         "refId": ref,
     }
@@ -221,6 +246,45 @@ def state_timeline(
     }
 
 
+def bargauge(
+    title: str,
+    description: str,
+    targets: list[dict[str, Any]],
+    *,
+    unit: str,
+    overrides: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Horizontal bars, one per series (its last value), in the order Prometheus returns them (by labels)."""
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {
+                "color": {"fixedColor": BLUE, "mode": "fixed"},
+                "unit": unit,
+                "min": 0,
+                "thresholds": thresholds((None, GREEN)),
+            },
+            "overrides": overrides or [],
+        },
+        "options": {
+            "displayMode": "basic",
+            "orientation": "horizontal",
+            "namePlacement": "left",
+            "valueMode": "color",
+            "showUnfilled": True,
+            "sizing": "auto",
+            "minVizWidth": 8,
+            "minVizHeight": 16,
+            "maxVizHeight": 300,
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        },
+    }
+
+
 def capacity_line(ref: str, *, unstacked: bool = False) -> dict[str, Any]:
     """Override: the query `ref` drawn as the red dashed limit line (outside the stack when `unstacked`)."""
     props: list[dict[str, Any]] = [
@@ -257,7 +321,7 @@ def panels() -> list[dict[str, Any]]:
             "KV pool usage",
             "llamacpp_kv_pool_usage_ratio: KV cells held by all slots / pool capacity. At 100% llama-server "
             "aborts every in-flight request; LlamaCppKVPoolSaturated pages above 90% while requests run.",
-            q("llamacpp_kv_pool_usage_ratio{S}", "{{instance}}", instant=True),
+            q("llamacpp_kv_pool_usage_ratio{S}", "{W}", instant=True),
             unit="percentunit",
             steps=thresholds((None, GREEN), (0.75, ORANGE), (KV_SATURATED_RATIO, RED)),
             decimals=1,
@@ -266,7 +330,7 @@ def panels() -> list[dict[str, Any]]:
             "Slots busy",
             "instance:llamacpp_slots_processing:sum (recording rule: the sum of llamacpp_slot_processing): how "
             "many requests run now.",
-            q("instance:llamacpp_slots_processing:sum{S}", "{{instance}}", instant=True),
+            q("instance:llamacpp_slots_processing:sum{S}", "{W}", instant=True),
             unit="short",
             steps=thresholds((None, GREEN)),
         ),
@@ -275,7 +339,7 @@ def panels() -> list[dict[str, Any]]:
             "llamacpp_kv_pool_overcommit_ratio: slots x per-slot context / pool capacity. Above 1 the slots "
             "were promised more cells than the pool holds (-kvu); concurrent long requests can then abort "
             "everyone (LlamaCppKVPoolOvercommitted).",
-            q("llamacpp_kv_pool_overcommit_ratio{S}", "{{instance}}", instant=True),
+            q("llamacpp_kv_pool_overcommit_ratio{S}", "{W}", instant=True),
             unit="suffix:×",
             steps=thresholds((None, GREEN), (1.01, ORANGE)),
             decimals=2,
@@ -284,11 +348,7 @@ def panels() -> list[dict[str, Any]]:
             "Aborted requests",
             "increase(llamacpp_requests_aborted_total[$__range]): requests llama-server answered with an error "
             "(send_error) in the time range; 'Context size has been exceeded' aborts every in-flight request.",
-            q(
-                "sum by (instance) (increase(llamacpp_requests_aborted_total{S}[$__range]))",
-                "{{instance}}",
-                instant=True,
-            ),
+            q("sum by ({BY}) (increase(llamacpp_requests_aborted_total{S}[$__range]))", "{W}", instant=True),
             unit="short",
             steps=thresholds((None, GREEN), (1, RED)),
             decimals=0,
@@ -297,7 +357,7 @@ def panels() -> list[dict[str, Any]]:
             "Least free VRAM",
             "min of llamacpp_gpu_memory_free_bytes over the GPUs (NVML); red below the 512 MiB headroom of "
             "LlamaCppVRAMHeadroomLow.",
-            q("min by (instance) (llamacpp_gpu_memory_free_bytes{S})", "{{instance}}", instant=True),
+            q("min by (instance) (llamacpp_gpu_memory_free_bytes{G})", "{{instance}}", instant=True),
             unit="bytes",
             steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, GREEN)),
         ),
@@ -305,7 +365,7 @@ def panels() -> list[dict[str, Any]]:
             "Host RAM in checkpoints + prompt cache",
             "instance:llamacpp_host_cache_bytes:sum (recording rule: llamacpp_checkpoint_bytes of all slots "
             "plus llamacpp_prompt_cache_bytes): host RAM llama-server holds beyond its model and KV cache.",
-            q("instance:llamacpp_host_cache_bytes:sum{S}", "{{instance}}", instant=True),
+            q("instance:llamacpp_host_cache_bytes:sum{S}", "{W}", instant=True),
             unit="bytes",
             steps=thresholds((None, GREEN)),
         ),
@@ -313,7 +373,7 @@ def panels() -> list[dict[str, Any]]:
             "llama-server",
             "llamacpp_up: 1 when llama-server answers /health with 200 (llamacpp_server_loading is 1 while it "
             "loads a model).",
-            q("llamacpp_up{S}", "{{instance}}", instant=True),
+            q("llamacpp_up{S}", "{W}", instant=True),
             unit="none",
             steps=thresholds((None, RED), (1, GREEN)),
             mappings=UP_MAP,
@@ -322,7 +382,7 @@ def panels() -> list[dict[str, Any]]:
             "Server starts",
             "increase(llamacpp_server_starts_total[$__range]): llama-server starts seen in the log in the time "
             "range; several in a few minutes is a crash loop (LlamaCppServerRestarting).",
-            q("sum by (instance) (increase(llamacpp_server_starts_total{S}[$__range]))", "{{instance}}", instant=True),
+            q("sum by ({BY}) (increase(llamacpp_server_starts_total{S}[$__range]))", "{W}", instant=True),
             unit="short",
             steps=thresholds((None, GREEN), (1, ORANGE), (3, RED)),
             decimals=0,
@@ -334,17 +394,17 @@ def panels() -> list[dict[str, Any]]:
     lay.row("KV pool forecast")
     lay.add(
         timeseries(
-            "KV pool: used vs demand vs capacity",
+            "KV pool: used vs demand vs capacity" + OF_MODEL,
             'llamacpp_kv_pool_used_tokens (cells held now), llamacpp_kv_pool_demand_tokens{horizon="prompt"} '
             "(what the requests in flight hold once their prompts are read: above the capacity the abort is "
             "certain unless a request ends first, and LlamaCppKVPoolOverflowAhead pages), "
             'llamacpp_kv_pool_demand_tokens{horizon="max"} (at most: plus their generation budgets) and '
             "llamacpp_kv_pool_capacity_tokens (red line).",
             [
-                q("llamacpp_kv_pool_used_tokens{S}", "{{instance}} used", "A"),
-                q('llamacpp_kv_pool_demand_tokens{S, horizon="prompt"}', "{{instance}} demand (prompts)", "B"),
-                q('llamacpp_kv_pool_demand_tokens{S, horizon="max"}', "{{instance}} demand (at most)", "C"),
-                q("llamacpp_kv_pool_capacity_tokens{S}", "{{instance}} capacity", "D"),
+                q("llamacpp_kv_pool_used_tokens{S}", "{W} used", "A"),
+                q('llamacpp_kv_pool_demand_tokens{S, horizon="prompt"}', "{W} demand (prompts)", "B"),
+                q('llamacpp_kv_pool_demand_tokens{S, horizon="max"}', "{W} demand (at most)", "C"),
+                q("llamacpp_kv_pool_capacity_tokens{S}", "{W} capacity", "D"),
             ],
             unit="short",
             axis_label="tokens (KV cells)",
@@ -364,11 +424,11 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         stat(
-            "Pool full in",
+            "Pool full in" + OF_MODEL,
             "llamacpp_kv_pool_full_eta_seconds: at the current prompt-processing and generation speeds, the "
             "time until the requests in flight fill the KV pool. Empty while the pool is not filling or the "
             "requests in flight cannot fill it.",
-            q("llamacpp_kv_pool_full_eta_seconds{S}", "{{instance}}", instant=True),
+            q("llamacpp_kv_pool_full_eta_seconds{S}", "{W}", instant=True),
             unit="s",
             steps=thresholds((None, RED), (60, ORANGE), (600, GREEN)),
             decimals=0,
@@ -378,12 +438,12 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         timeseries(
-            "Demand per slot",
+            "Demand per slot" + OF_MODEL,
             'llamacpp_slot_demand_tokens{horizon="prompt"}: the cells each request in flight will hold once its '
             "prompt is read (0 for an idle slot). The largest band is the request to cancel when the pool "
             "would overflow. llamacpp_kv_pool_demand_slots says how the sizes are known (new_prompt at -lv 4, "
             "progress lines, or held: not known yet).",
-            [q('llamacpp_slot_demand_tokens{S, horizon="prompt"}', "{{instance}} slot {{slot}}")],
+            [q('llamacpp_slot_demand_tokens{S, horizon="prompt"}', "{W} slot {{slot}}")],
             unit="short",
             stack=True,
             axis_label="tokens (KV cells)",
@@ -395,13 +455,13 @@ def panels() -> list[dict[str, Any]]:
     lay.row("KV pool")
     lay.add(
         timeseries(
-            "KV pool: tokens per slot vs capacity",
+            "KV pool: tokens per slot vs capacity" + OF_MODEL,
             "llamacpp_slot_tokens (stacked, one band per slot: KV cells each slot holds, idle slots keep theirs "
             "until cleared) against llamacpp_kv_pool_capacity_tokens (red line). When the stack reaches the "
             "line, llama-server runs the retry cascade and aborts every in-flight request.",
             [
-                q("llamacpp_slot_tokens{S}", "{{instance}} slot {{slot}}", "A"),
-                q("llamacpp_kv_pool_capacity_tokens{S}", "{{instance}} pool capacity", "B"),
+                q("llamacpp_slot_tokens{S}", "{W} slot {{slot}}", "A"),
+                q("llamacpp_kv_pool_capacity_tokens{S}", "{W} pool capacity", "B"),
             ],
             unit="short",
             stack=True,
@@ -413,9 +473,9 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         timeseries(
-            "KV pool usage",
+            "KV pool usage" + OF_MODEL,
             "llamacpp_kv_pool_usage_ratio (used / capacity) with the 90% line at which LlamaCppKVPoolSaturated pages.",
-            [q("llamacpp_kv_pool_usage_ratio{S}", "{{instance}}")],
+            [q("llamacpp_kv_pool_usage_ratio{S}", "{W}")],
             unit="percentunit",
             max_=1,
             threshold_steps=thresholds((None, GREEN), (KV_SATURATED_RATIO, RED)),
@@ -426,29 +486,25 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         timeseries(
-            "KV retries, cascades and aborted requests",
+            "KV retries, cascades and aborted requests" + OF_MODEL,
             "Events per interval: increase of llamacpp_kv_retries_total ('retrying with smaller batch size' "
             "lines), llamacpp_kv_cascades_total by outcome (recovered/failed), llamacpp_context_exceeded_total "
             "and llamacpp_requests_aborted_total (requests answered with an error).",
             [
+                q("sum by ({BY}) (increase(llamacpp_kv_retries_total{S}[$__rate_interval]))", "{W} retries", "A"),
                 q(
-                    "sum by (instance) (increase(llamacpp_kv_retries_total{S}[$__rate_interval]))",
-                    "{{instance}} retries",
-                    "A",
-                ),
-                q(
-                    "sum by (instance, outcome) (increase(llamacpp_kv_cascades_total{S}[$__rate_interval]))",
-                    "{{instance}} cascade {{outcome}}",
+                    "sum by ({BY}, outcome) (increase(llamacpp_kv_cascades_total{S}[$__rate_interval]))",
+                    "{W} cascade {{outcome}}",
                     "B",
                 ),
                 q(
-                    "sum by (instance) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval]))",
-                    "{{instance}} context exceeded",
+                    "sum by ({BY}) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval]))",
+                    "{W} context exceeded",
                     "C",
                 ),
                 q(
-                    "sum by (instance, reason) (increase(llamacpp_requests_aborted_total{S}[$__rate_interval]))",
-                    "{{instance}} aborted ({{reason}})",
+                    "sum by ({BY}, reason) (increase(llamacpp_requests_aborted_total{S}[$__rate_interval]))",
+                    "{W} aborted ({{reason}})",
                     "D",
                 ),
             ],
@@ -460,10 +516,10 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         timeseries(
-            "Overcommit",
+            "Overcommit" + OF_MODEL,
             "llamacpp_kv_pool_overcommit_ratio: what the slots were promised (slots x n_ctx_slot) over what the "
             "pool holds. 1 = every promise can be kept (line); 4 = four slots share one window.",
-            [q("llamacpp_kv_pool_overcommit_ratio{S}", "{{instance}}")],
+            [q("llamacpp_kv_pool_overcommit_ratio{S}", "{W}")],
             unit="suffix:×",
             threshold_steps=thresholds((None, GREEN), (1.01, ORANGE)),
             threshold_style="line",
@@ -473,9 +529,9 @@ def panels() -> list[dict[str, Any]]:
     )
     lay.add(
         state_timeline(
-            "Slots processing",
+            "Slots processing" + OF_MODEL,
             "llamacpp_slot_processing: 1 while the slot has a task.",
-            [q("llamacpp_slot_processing{S}", "{{instance}} slot {{slot}}")],
+            [q("llamacpp_slot_processing{S}", "{W} slot {{slot}}")],
             mappings=BUSY_MAP,
             steps=thresholds((None, "transparent"), (1, BLUE)),
         ),
@@ -490,10 +546,40 @@ def panels() -> list[dict[str, Any]]:
             "Free VRAM per GPU",
             "llamacpp_gpu_memory_free_bytes per GPU (NVML) with the 512 MiB headroom line of "
             "LlamaCppVRAMHeadroomLow: below it the next compute-buffer allocation can fail.",
-            [q("llamacpp_gpu_memory_free_bytes{S}", "{{instance}} GPU {{gpu}} {{name}}")],
+            [q("llamacpp_gpu_memory_free_bytes{G}", "{{instance}} GPU {{gpu}} {{name}}")],
             unit="bytes",
             threshold_steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, "transparent")),
             threshold_style="line+area",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        bargauge(
+            "GPU memory by server",
+            "Per GPU: each llama-server's own VRAM (llamacpp_process_gpu_memory_bytes, by server and model: a "
+            "router's children are one bar each) next to the GPU's free memory (llamacpp_gpu_memory_free_bytes, "
+            "red below the 512 MiB headroom of LlamaCppVRAMHeadroomLow). Servers listed under one GPU share it: "
+            "a new model or a longer context on one of them takes the others' headroom.",
+            [
+                q(
+                    "label_replace(sum by (instance, gpu, server, model) (llamacpp_process_gpu_memory_bytes{S}),"
+                    ' "what", "llama-server", "", "")\n'
+                    "or label_replace(sum by (instance, gpu) (llamacpp_gpu_memory_free_bytes{G}),"
+                    ' "what", "free", "", "")',
+                    "{{instance}} GPU {{gpu}} {{what}} {{server}} {{model}}",
+                )
+            ],
+            unit="bytes",
+            overrides=[
+                {
+                    "matcher": {"id": "byRegexp", "options": ".* free\\s*$"},
+                    "properties": [
+                        {"id": "color", "value": {"mode": "thresholds"}},
+                        {"id": "thresholds", "value": thresholds((None, RED), (VRAM_HEADROOM_BYTES, GREEN))},
+                    ],
+                }
+            ],
         ),
         8,
         8,
@@ -504,9 +590,9 @@ def panels() -> list[dict[str, Any]]:
             "llamacpp_process_gpu_memory_bytes (llama-server's own VRAM), llamacpp_gpu_memory_used_bytes and "
             "llamacpp_gpu_memory_total_bytes per GPU (NVML).",
             [
-                q("llamacpp_process_gpu_memory_bytes{S}", "{{instance}} GPU {{gpu}} llama-server", "A"),
-                q("llamacpp_gpu_memory_used_bytes{S}", "{{instance}} GPU {{gpu}} used", "B"),
-                q("llamacpp_gpu_memory_total_bytes{S}", "{{instance}} GPU {{gpu}} total", "C"),
+                q("llamacpp_process_gpu_memory_bytes{S}", "{W} GPU {{gpu}} llama-server", "A"),
+                q("llamacpp_gpu_memory_used_bytes{G}", "{{instance}} GPU {{gpu}} used", "B"),
+                q("llamacpp_gpu_memory_total_bytes{G}", "{{instance}} GPU {{gpu}} total", "C"),
             ],
             unit="bytes",
         ),
@@ -521,11 +607,11 @@ def panels() -> list[dict[str, Any]]:
             "llamacpp_host_memory_available_bytes (MemAvailable) and llamacpp_process_resident_memory_bytes "
             "(llama-server RSS).",
             [
-                q("sum by (instance) (llamacpp_checkpoint_bytes{S})", "{{instance}} checkpoints", "A"),
-                q("llamacpp_prompt_cache_bytes{S}", "{{instance}} prompt cache", "B"),
-                q("llamacpp_prompt_cache_limit_bytes{S}", "{{instance}} prompt cache limit", "C"),
-                q("llamacpp_host_memory_available_bytes{S}", "{{instance}} available", "D"),
-                q("llamacpp_process_resident_memory_bytes{S}", "{{instance}} llama-server RSS", "E"),
+                q("sum by ({BY}) (llamacpp_checkpoint_bytes{S})", "{W} checkpoints", "A"),
+                q("llamacpp_prompt_cache_bytes{S}", "{W} prompt cache", "B"),
+                q("llamacpp_prompt_cache_limit_bytes{S}", "{W} prompt cache limit", "C"),
+                q("llamacpp_host_memory_available_bytes{G}", "{{instance}} available", "D"),
+                q("llamacpp_process_resident_memory_bytes{S}", "{W} llama-server RSS", "E"),
             ],
             unit="bytes",
             stack=True,
@@ -550,28 +636,28 @@ def panels() -> list[dict[str, Any]]:
             "llamacpp_checkpoints per slot (live context checkpoints, SWA/hybrid models) and the rate of "
             "llamacpp_checkpoint_events_total by event (created, restored, invalidated, evicted).",
             [
-                q("llamacpp_checkpoints{S}", "{{instance}} slot {{slot}}", "A"),
+                q("llamacpp_checkpoints{S}", "{W} slot {{slot}}", "A"),
                 q(
-                    "sum by (instance, event) (increase(llamacpp_checkpoint_events_total{S}[$__rate_interval]))",
-                    "{{instance}} {{event}}",
+                    "sum by ({BY}, event) (increase(llamacpp_checkpoint_events_total{S}[$__rate_interval]))",
+                    "{W} {{event}}",
                     "B",
                 ),
             ],
             unit="short",
         ),
-        12,
-        7,
+        8,
+        8,
     )
     lay.add(
         timeseries(
             "KV cache memory",
             "llamacpp_kv_cache_bytes by kind (k, v): KV cache memory from llama-server's size line.",
-            [q("llamacpp_kv_cache_bytes{S}", "{{instance}} {{kind}}")],
+            [q("llamacpp_kv_cache_bytes{S}", "{W} {{kind}}")],
             unit="bytes",
             stack=True,
         ),
-        12,
-        7,
+        8,
+        8,
     )
 
     # ------------------------------------------------------------------ requests
@@ -583,21 +669,21 @@ def panels() -> list[dict[str, Any]]:
             "each prompt. Jumps mean full re-processing (cache misses, invalidated checkpoints).",
             [
                 q(
-                    "histogram_quantile(0.5, sum by (instance, le) "
+                    "histogram_quantile(0.5, sum by ({BY}, le) "
                     "(rate(llamacpp_prompt_eval_seconds_bucket{S}[$__rate_interval])))",
-                    "{{instance}} p50",
+                    "{W} p50",
                     "A",
                 ),
                 q(
-                    "histogram_quantile(0.95, sum by (instance, le) "
+                    "histogram_quantile(0.95, sum by ({BY}, le) "
                     "(rate(llamacpp_prompt_eval_seconds_bucket{S}[$__rate_interval])))",
-                    "{{instance}} p95",
+                    "{W} p95",
                     "B",
                 ),
                 q(
-                    "sum by (instance) (rate(llamacpp_prompt_eval_seconds_sum{S}[$__rate_interval]))\n"
-                    "/ sum by (instance) (rate(llamacpp_prompt_eval_seconds_count{S}[$__rate_interval]))",
-                    "{{instance}} mean",
+                    "sum by ({BY}) (rate(llamacpp_prompt_eval_seconds_sum{S}[$__rate_interval]))\n"
+                    "/ sum by ({BY}) (rate(llamacpp_prompt_eval_seconds_count{S}[$__rate_interval]))",
+                    "{W} mean",
                     "C",
                 ),
             ],
@@ -612,16 +698,8 @@ def panels() -> list[dict[str, Any]]:
             "rate of llamacpp_prompt_tokens_total (prompt tokens evaluated) and llamacpp_generated_tokens_total "
             "(tokens generated).",
             [
-                q(
-                    "sum by (instance) (rate(llamacpp_prompt_tokens_total{S}[$__rate_interval]))",
-                    "{{instance}} prompt",
-                    "A",
-                ),
-                q(
-                    "sum by (instance) (rate(llamacpp_generated_tokens_total{S}[$__rate_interval]))",
-                    "{{instance}} generated",
-                    "B",
-                ),
+                q("sum by ({BY}) (rate(llamacpp_prompt_tokens_total{S}[$__rate_interval]))", "{W} prompt", "A"),
+                q("sum by ({BY}) (rate(llamacpp_generated_tokens_total{S}[$__rate_interval]))", "{W} generated", "B"),
             ],
             unit="short",
             axis_label="tokens/s",
@@ -634,12 +712,7 @@ def panels() -> list[dict[str, Any]]:
             "Full prompt re-processing",
             "increase of llamacpp_full_reprocess_total ('forcing full prompt re-processing'): a request had to "
             "evaluate its whole prompt again, usually after its checkpoints or cache entry were lost.",
-            [
-                q(
-                    "sum by (instance) (increase(llamacpp_full_reprocess_total{S}[$__rate_interval]))",
-                    "{{instance}}",
-                )
-            ],
+            [q("sum by ({BY}) (increase(llamacpp_full_reprocess_total{S}[$__rate_interval]))", "{W}")],
             unit="short",
             bars=True,
         ),
@@ -654,8 +727,8 @@ def panels() -> list[dict[str, Any]]:
             "Up / loading",
             "llamacpp_up (1 = /health answers 200) and llamacpp_server_loading (1 = 503 Loading model).",
             [
-                q("llamacpp_up{S}", "{{instance}} up", "A"),
-                q("llamacpp_server_loading{S}", "{{instance}} loading", "B"),
+                q("llamacpp_up{S}", "{W} up", "A"),
+                q("llamacpp_server_loading{S}", "{W} loading", "B"),
             ],
             mappings=value_map(("0", "no", "transparent"), ("1", "yes", GREEN)),
             steps=thresholds((None, "transparent"), (1, GREEN)),
@@ -668,7 +741,7 @@ def panels() -> list[dict[str, Any]]:
             "Server starts",
             "increase of llamacpp_server_starts_total: llama-server starts seen in its log (truncated log file, "
             "new banner). Several in a few minutes is a crash loop.",
-            [q("sum by (instance) (increase(llamacpp_server_starts_total{S}[$__rate_interval]))", "{{instance}}")],
+            [q("sum by ({BY}) (increase(llamacpp_server_starts_total{S}[$__rate_interval]))", "{W}")],
             unit="short",
             bars=True,
         ),
@@ -693,6 +766,56 @@ def panels() -> list[dict[str, Any]]:
     }
     lay.add(info, 8, 7)
 
+    # ------------------------------------------------------------------ router
+    lay.row("Router (llama-server router mode)")
+    lay.add(
+        timeseries(
+            "Router children",
+            "llamacpp_router_children: the router's child servers (one per loaded model) the exporter follows, "
+            "against llamacpp_router_children_limit (red line), the most it follows. Empty unless llama-server "
+            "runs in router mode.",
+            [
+                q("llamacpp_router_children{R}", "{{instance}} {{server}} children", "A"),
+                q("llamacpp_router_children_limit{R}", "{{instance}} {{server}} limit", "B"),
+            ],
+            unit="short",
+            overrides=[capacity_line("B")],
+        ),
+        12,
+        7,
+    )
+    lay.add(
+        timeseries(
+            "Router children: starts, exits, refused",
+            "Per interval: increase of llamacpp_router_child_starts_total (children started: a model loaded), "
+            "llamacpp_router_child_exits_total by outcome (unloaded, or crashed: LlamaCppRouterChildCrashed) "
+            "and llamacpp_router_children_refused_total (children past the limit, not followed: "
+            "LlamaCppRouterChildrenRefused).",
+            [
+                q(
+                    "sum by (instance, server) (increase(llamacpp_router_child_starts_total{R}[$__rate_interval]))",
+                    "{{instance}} {{server}} starts",
+                    "A",
+                ),
+                q(
+                    "sum by (instance, server, outcome) "
+                    "(increase(llamacpp_router_child_exits_total{R}[$__rate_interval]))",
+                    "{{instance}} {{server}} exits ({{outcome}})",
+                    "B",
+                ),
+                q(
+                    "sum by (instance, server) (increase(llamacpp_router_children_refused_total{R}[$__rate_interval]))",
+                    "{{instance}} {{server}} refused",
+                    "C",
+                ),
+            ],
+            unit="short",
+            bars=True,
+        ),
+        12,
+        7,
+    )
+
     # ------------------------------------------------------------------ exporter
     lay.row("Exporter health")
     lay.add(
@@ -700,7 +823,7 @@ def panels() -> list[dict[str, Any]]:
             "Exporter sources",
             "llamacpp_exporter_source_up by source (log, http, proc, nvml): 1 when the last read worked. Metrics "
             "from a source that is down are missing or stale (LlamaCppExporterSourceDown).",
-            [q("llamacpp_exporter_source_up{S}", "{{instance}} {{source}}")],
+            [q("llamacpp_exporter_source_up{S}", "{W} {{source}}")],
             mappings=UP_MAP,
             steps=thresholds((None, RED), (1, GREEN)),
         ),
@@ -713,19 +836,15 @@ def panels() -> list[dict[str, Any]]:
             "rate of llamacpp_exporter_log_lines_total; increases of llamacpp_exporter_log_truncations_total "
             "(the server restarted and truncated its log) and llamacpp_exporter_log_rotations_total.",
             [
+                q("sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{S}[$__rate_interval]))", "{W} lines/s", "A"),
                 q(
-                    "sum by (instance) (rate(llamacpp_exporter_log_lines_total{S}[$__rate_interval]))",
-                    "{{instance}} lines/s",
-                    "A",
-                ),
-                q(
-                    "sum by (instance) (increase(llamacpp_exporter_log_truncations_total{S}[$__rate_interval]))",
-                    "{{instance}} truncations",
+                    "sum by ({BY}) (increase(llamacpp_exporter_log_truncations_total{S}[$__rate_interval]))",
+                    "{W} truncations",
                     "B",
                 ),
                 q(
-                    "sum by (instance) (increase(llamacpp_exporter_log_rotations_total{S}[$__rate_interval]))",
-                    "{{instance}} rotations",
+                    "sum by ({BY}) (increase(llamacpp_exporter_log_rotations_total{S}[$__rate_interval]))",
+                    "{W} rotations",
                     "C",
                 ),
             ],
@@ -740,8 +859,8 @@ def panels() -> list[dict[str, Any]]:
             "up (Prometheus could scrape the exporter) and scrape_duration_seconds (how long a scrape took, "
             "live reads included).",
             [
-                q("up{S}", "{{instance}} up", "A"),
-                q("scrape_duration_seconds{S}", "{{instance}} scrape duration", "B"),
+                q("up{G}", "{{instance}} up", "A"),
+                q("scrape_duration_seconds{G}", "{{instance}} scrape duration", "B"),
             ],
             unit="s",
             overrides=[
@@ -758,7 +877,7 @@ def panels() -> list[dict[str, Any]]:
 
 
 def templating() -> dict[str, Any]:
-    def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+    def query_var(name: str, label: str, query: str, all_value: str = ".+") -> dict[str, Any]:
         return {
             "type": "query",
             "name": name,
@@ -771,7 +890,7 @@ def templating() -> dict[str, Any]:
             "sort": 1,
             "multi": True,
             "includeAll": True,
-            "allValue": ".+",
+            "allValue": all_value,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
             "hide": 0,
             "options": [],
@@ -792,6 +911,20 @@ def templating() -> dict[str, Any]:
             },
             query_var("job", "job", "label_values(llamacpp_exporter_build_info, job)"),
             query_var("instance", "instance", 'label_values(llamacpp_exporter_build_info{job=~"$job"}, instance)'),
+            # One exporter, several servers (server="<name>") or a router's children (model="<model>"). With
+            # one server the labels are absent: no values, and "All" (.*) matches the series without them.
+            query_var(
+                "server",
+                "server",
+                'label_values(llamacpp_slots{job=~"$job", instance=~"$instance"}, server)',
+                all_value=".*",
+            ),
+            query_var(
+                "model",
+                "model",
+                'label_values(llamacpp_slots{job=~"$job", instance=~"$instance", server=~"$server"}, model)',
+                all_value=".*",
+            ),
         ]
     }
 
@@ -804,10 +937,10 @@ def annotation_list() -> dict[str, Any]:
             "hide": False,
             "iconColor": color,
             "name": name,
-            "expr": expr.replace("{S}", SEL).replace("{S, ", SEL[:-1] + ", "),
+            "expr": selectors(expr),
             "step": "15s",
             "titleFormat": title,
-            "tagKeys": "instance",
+            "tagKeys": "instance,server,model",
             "useValueForTime": False,
         }
 
@@ -824,19 +957,19 @@ def annotation_list() -> dict[str, Any]:
             },
             ann(
                 "Context size exceeded",
-                "sum by (instance) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval])) > 0",
+                "sum by ({BY}) (increase(llamacpp_context_exceeded_total{S}[$__rate_interval])) > 0",
                 RED,
                 "Context size exceeded: every in-flight request aborted",
             ),
             ann(
                 "llama-server start",
-                "sum by (instance) (increase(llamacpp_server_starts_total{S}[$__rate_interval])) > 0",
+                "sum by ({BY}) (increase(llamacpp_server_starts_total{S}[$__rate_interval])) > 0",
                 BLUE,
                 "llama-server started",
             ),
             ann(
                 "Firing alerts",
-                'ALERTS{alertname=~"LlamaCpp.*", alertstate="firing", job=~"$job", instance=~"$instance"}',
+                'ALERTS{S, alertname=~"LlamaCpp.*", alertstate="firing"}',
                 ORANGE,
                 "{{alertname}}",
             ),

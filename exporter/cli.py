@@ -118,6 +118,7 @@ def build_servers(config: Config) -> tuple[list[FollowedServer], list[LogTailer]
             if config.http and spec.url
             else None,
             timeout=config.server_timeout,
+            unit=f"server {spec.name}",
         )
         owner = owner or live
         servers.append(

@@ -39,7 +39,18 @@ MAX_CHILDREN = 64
 #: How a child ended: `unloaded` after the router's stop line, `crashed` without one.
 EXIT_OUTCOMES = ("unloaded", "crashed")
 _PREFIX = re.compile(r"\[ *(\d{1,5})\] ")
-ROUTER_EVENTS = (ev.ChildSpawned, ev.ChildStopping, ev.ChildExited)
+
+
+def router_port(line: str) -> int | None:
+    """The port in a router child's line prefix `[PORT] `, if the line has one (live and `diagnose` alike)."""
+    if line[:1] == "[":
+        m = _PREFIX.match(line)
+        if m is not None:
+            return int(m.group(1))
+    return None
+
+
+ROUTER_EVENTS = (ev.RouterMode, ev.ChildSpawned, ev.ChildStopping, ev.ChildExited)
 
 
 @dataclass
@@ -57,7 +68,7 @@ class RouterLog:
     """The router's view of its children, from its log lines."""
 
     limit: int = MAX_CHILDREN
-    active: bool = False  # a spawn line was seen in this router run
+    active: bool = False  # this run is a router's (its router-mode line, or a spawn line)
     children: dict[int, RouterChild] = field(default_factory=dict)  # port → child
     starts: int = 0
     exits: Counter[str] = field(default_factory=Counter)
@@ -100,8 +111,7 @@ class ServerLog:
         segment: list[str] = []
         port: int | None = None
         for line in lines:
-            m = _PREFIX.match(line) if line[:1] == "[" else None
-            p = int(m.group(1)) if m else None
+            p = router_port(line)
             if p != port and segment:
                 out.extend(self._segment(port, segment, parse))
                 segment = []
@@ -140,9 +150,11 @@ class ServerLog:
                 apply(e)
         return events
 
-    def _router_event(self, e: ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
+    def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router
-        if isinstance(e, ev.ChildSpawned):
+        if isinstance(e, ev.RouterMode):
+            r.active = True
+        elif isinstance(e, ev.ChildSpawned):
             if not 0 < e.port < 65536:
                 self.main._reject("out_of_range")
                 return

@@ -155,6 +155,7 @@ class FollowedServer:
             else None,
             timeout=src.timeout,
             http_gate=_model_gate(lambda: self.live.http, child.name),
+            unit=", ".join(f"{k} {v}" for k, v in {**self.labels, "model": child.name}.items()),
         )
         return _Child(child, live, log_collectors(live.view) + live.collectors() + self._shared_nvml(live))
 

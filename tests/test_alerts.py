@@ -2,7 +2,8 @@
 and the conventions every alert follows (severity, for:, annotations that say what to do, runbook links).
 
 The behaviour of each alert (firing, not firing, the `for:` boundary, labels and expanded annotations)
-is in alerts/tests/llamacpp-rules.test.yml, run here by the real promtool.
+is in alerts/tests/*.test.yml, run here by the real promtool: llamacpp-rules.test.yml for one server,
+llamacpp-rules-many-servers.test.yml for several servers (label `server`) and a router's children (`model`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
 RULES = ALERTS / "llamacpp-rules.yml"
 RULE_TESTS = ALERTS / "tests" / "llamacpp-rules.test.yml"
+#: Every promtool test file: the one above and the many-servers one.
+RULE_TEST_FILES = sorted((ALERTS / "tests").glob("*.test.yml"))
 RUNBOOK = ALERTS / "runbook.md"
 
 rules_generator = load_script(ALERTS / "generate_rules.py")
@@ -57,10 +60,26 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppExporterSourceDown": ["--log-file", "--server-url"],
     "LlamaCppExporterLogStalled": ["--log-file"],
     "LlamaCppExporterDown": ["--listen-address"],
+    "LlamaCppRouterChildrenRefused": ["llamacpp_router_children_limit", "--models-max"],
+    "LlamaCppRouterChildCrashed": ["router's log", "--models-max"],
 }
 
+#: Alerts on series that are one per host or per exporter target, never per llama-server (GPU memory, host
+#: memory, Prometheus' `up`): they carry no `server`/`model` label, so their annotations do not name one.
+GLOBAL_ALERTS = {"LlamaCppVRAMHeadroomLow", "LlamaCppHostMemoryLow", "LlamaCppExporterDown"}
+
 #: The fixes the runbook must explain with their costs (issue #5).
-RUNBOOK_FIXES = ["--kv-unified-per-slot", "-ctk", "-ctv q8_0", "-np", "-kvu", "-c", "--ctx-checkpoints", "--cache-ram"]
+RUNBOOK_FIXES = [
+    "--kv-unified-per-slot",
+    "-ctk",
+    "-ctv q8_0",
+    "-np",
+    "-kvu",
+    "-c",
+    "--ctx-checkpoints",
+    "--cache-ram",
+    "--models-max",
+]
 
 
 def _rules_doc() -> dict[str, Any]:
@@ -85,6 +104,10 @@ def _github_anchor(heading: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _without_who(text: str) -> str:
+    return text.replace(rules_generator.WHO, "")
+
+
 def test_rules_file_is_the_generator_output() -> None:
     """alerts/llamacpp-rules.yml is exactly what alerts/generate_rules.py renders with its defaults."""
     assert RULES.read_text(encoding="utf-8") == rules_generator.render(), "run: python alerts/generate_rules.py"
@@ -101,14 +124,15 @@ def test_promtool_check_rules(promtool_bin: Path) -> None:
 @pytest.mark.promtool
 def test_promtool_test_rules(promtool_bin: Path) -> None:
     """Run the unit tests (firing, not firing, for: boundaries, labels and annotations) with the real promtool."""
+    assert len(RULE_TEST_FILES) >= 2, RULE_TEST_FILES
     out = subprocess.run(
-        [str(promtool_bin), "test", "rules", RULE_TESTS.name],
+        [str(promtool_bin), "test", "rules", *(f.name for f in RULE_TEST_FILES)],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=RULE_TESTS.parent,
     )
-    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and out.stdout.count("SUCCESS") == len(RULE_TEST_FILES), out.stdout + out.stderr
 
 
 @pytest.mark.promtool
@@ -117,9 +141,10 @@ def test_promtool_test_rules_catches_a_changed_threshold(promtool_bin: Path, tmp
     (tmp_path / "tests").mkdir()
     cfg = rules_generator.Config(kv_saturated_ratio=0.97, vram_free_bytes=128 * 1024 * 1024)
     (tmp_path / "llamacpp-rules.yml").write_text(rules_generator.render(cfg), encoding="utf-8")
-    (tmp_path / "tests" / RULE_TESTS.name).write_text(RULE_TESTS.read_text(encoding="utf-8"), encoding="utf-8")
+    for test_file in RULE_TEST_FILES:
+        (tmp_path / "tests" / test_file.name).write_text(test_file.read_text(encoding="utf-8"), encoding="utf-8")
     out = subprocess.run(
-        [str(promtool_bin), "test", "rules", RULE_TESTS.name],
+        [str(promtool_bin), "test", "rules", *(f.name for f in RULE_TEST_FILES)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -132,13 +157,16 @@ def test_promtool_test_rules_catches_a_changed_threshold(promtool_bin: Path, tmp
 
 def test_every_alert_has_firing_non_firing_and_for_boundary_cases() -> None:
     """Per alert: a firing case, a non-firing case, and a not-yet-firing evaluation within one
-    evaluation step of a firing one in the same test group (the `for:` boundary)."""
-    tests = yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))
-    step = _duration_s(tests.get("evaluation_interval", "1m"))
+    evaluation step of a firing one in the same test group (the `for:` boundary), over all test files."""
     firing: dict[str, int] = {}
     quiet: dict[str, int] = {}
     boundary: set[str] = set()
-    for group in tests["tests"]:
+    groups = []
+    for test_file in RULE_TEST_FILES:
+        tests = yaml.safe_load(test_file.read_text(encoding="utf-8"))
+        step = _duration_s(tests.get("evaluation_interval", "1m"))
+        groups += [(step, group) for group in tests["tests"]]
+    for step, group in groups:
         by_alert: dict[str, list[tuple[float, bool]]] = {}
         for case in group.get("alert_rule_test", []):
             fires = bool(case.get("exp_alerts"))
@@ -172,13 +200,77 @@ def test_every_alert_has_for_severity_and_annotations() -> None:
         assert rule["labels"]["severity"] in {"critical", "warning"}, name
         ann = rule["annotations"]
         assert set(ann) == {"summary", "description", "runbook_url"}, name
-        assert "{{" not in ann["summary"], f"{name}: the summary is one line without per-series values"
+        # One line without per-series values, except which server and model it is about.
+        assert "{{" not in _without_who(ann["summary"]), f"{name}: the summary has per-series values"
         assert "$labels.instance" in ann["description"], f"{name}: the description names the instance"
+        names_server = rules_generator.WHO in ann["summary"] and rules_generator.WHO in ann["description"]
+        assert names_server == (name not in GLOBAL_ALERTS), f"{name}: the annotations should name server and model"
         for action in REQUIRED_ACTIONS[name]:
             assert action in ann["description"], f"{name}: the description should tell to use {action!r}"
         url = ann["runbook_url"]
         assert url.startswith("alerts/runbook.md#"), url
         assert url.split("#", 1)[1] in anchors, f"{name}: {url} has no section in alerts/runbook.md"
+
+
+def test_per_server_rules_keep_the_server_and_model_labels() -> None:
+    """Several servers (`server`) and a router's children (`model`) share an instance: no aggregation or
+    join may drop those labels, or one server's figures would be matched with another's (the promtool tests
+    in llamacpp-rules-many-servers.test.yml show it per alert). `without (...)` keeps them; `by (...)` and
+    `on (...)` only where the series are per target (Prometheus' `up`), and `ignoring (model)` only where a
+    router's log line count (no model) is matched with its children."""
+    for group in _rules_doc()["groups"]:
+        for rule in group["rules"]:
+            name = rule.get("alert") or rule["record"]
+            expr = str(rule["expr"])
+            for kind, labels in re.findall(r"\b(by|on|ignoring|without)\s*\(([^)]*)\)", expr):
+                names = {x.strip() for x in labels.split(",") if x.strip()}
+                if kind in ("by", "on"):
+                    assert name == "LlamaCppExporterDown" and names == {"job", "instance"}, f"{name}: {kind} {names}"
+                else:
+                    assert "server" not in names, f"{name}: {kind} ({labels}) drops the server label"
+                    if "model" in names:
+                        assert name == "LlamaCppExporterLogStalled" and "model!=" in expr, f"{name}: drops model"
+
+
+@pytest.mark.promtool
+def test_label_fragment_expands_for_every_combination(promtool_bin: Path, tmp_path: Path) -> None:
+    """WHO reads well with no label (one server: nothing), `server`, `model` or both."""
+    rule = {"alert": "Who", "expr": "x > 0", "annotations": {"summary": "llama-server" + rules_generator.WHO + "."}}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [rule]}]}))
+    cases = [
+        ('x{instance="a"}', {"instance": "a"}, "llama-server."),
+        ('x{instance="b", server="gpu0"}', {"instance": "b", "server": "gpu0"}, "llama-server (server gpu0)."),
+        ('x{instance="c", model="alpha"}', {"instance": "c", "model": "alpha"}, "llama-server (model alpha)."),
+        (
+            'x{instance="d", server="r1", model="beta"}',
+            {"instance": "d", "server": "r1", "model": "beta"},
+            "llama-server (server r1, model beta).",
+        ),
+    ]
+    tests = {
+        "rule_files": ["rules.yml"],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": "1"} for series, _, _ in cases],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "0m",
+                        "alertname": "Who",
+                        "exp_alerts": [
+                            {"exp_labels": labels, "exp_annotations": {"summary": summary}}
+                            for _, labels, summary in cases
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
 
 
 def test_only_the_kv_pool_pages_and_real_outages_are_critical() -> None:

@@ -75,11 +75,11 @@ def test_amtool_routes(amtool_bin: Path, labels: list[str], receiver: str) -> No
 
 def test_example_groups_by_instance_and_inhibits_warnings() -> None:
     cfg = yaml.safe_load(AM_EXAMPLE.read_text(encoding="utf-8"))
-    assert "instance" in cfg["route"]["group_by"]
+    assert cfg["route"]["group_by"] == ["instance", "server", "model"]
     (rule,) = cfg["inhibit_rules"]
     assert rule["source_matchers"] == ['severity = "critical"']
     assert rule["target_matchers"] == ['severity = "warning"']
-    assert rule["equal"] == ["instance"]
+    assert rule["equal"] == ["instance", "server", "model"]
 
 
 @pytest.mark.promtool

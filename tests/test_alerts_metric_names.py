@@ -143,11 +143,27 @@ def test_the_scenarios_emit_what_the_incident_needs(emitted: set[str]) -> None:
 #: Emitted only in the middle of a pool fill, which these fast scenarios never scrape; test_forecast_e2e.py
 #: scrapes it from a real fill (and fails if it is absent there).
 ONLY_WHILE_FILLING = {"llamacpp_kv_pool_full_eta_seconds"}
+#: A router's own families (children followed, their limit, starts, exits, children refused), emitted only
+#: by an exporter that follows a llama-server in router mode; these scenarios run plain servers.
+ONLY_IN_ROUTER_MODE = {
+    "llamacpp_router_children",
+    "llamacpp_router_children_limit",
+    "llamacpp_router_child_starts_total",
+    "llamacpp_router_child_exits_total",
+    "llamacpp_router_children_refused_total",
+}
 
 
 def test_every_queried_metric_is_emitted(emitted: set[str]) -> None:
-    known = emitted | _recorded() | PROMETHEUS_SERIES | ONLY_WHILE_FILLING
+    known = emitted | _recorded() | PROMETHEUS_SERIES | ONLY_WHILE_FILLING | ONLY_IN_ROUTER_MODE
     assert _unknown(known) == []
+
+
+def test_router_families_are_queried_and_only_they_are_exempt() -> None:
+    """The router exemption covers exactly the router families, and the rules and dashboard use them all."""
+    queried = {name for _, expr in _queries() for name in metric_names_in(expr)}
+    assert queried >= ONLY_IN_ROUTER_MODE
+    assert {n for n in queried if n.startswith("llamacpp_router_")} == ONLY_IN_ROUTER_MODE
 
 
 def test_the_check_catches_a_name_that_is_not_emitted(emitted: set[str]) -> None:

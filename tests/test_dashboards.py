@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,29 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "llamacpp.json"
 PROVISIONING = ROOT / "dashboards" / "provisioning"
 dashboard_generator = load_script(ROOT / "dashboards" / "generate_dashboard.py")
+
+#: Series that are one per host or per exporter target, never per llama-server: never filtered by the
+#: server and model variables (a GPU's free memory is the same whichever server is selected).
+GLOBAL_METRICS = {
+    "llamacpp_gpu_memory_total_bytes",
+    "llamacpp_gpu_memory_used_bytes",
+    "llamacpp_gpu_memory_free_bytes",
+    "llamacpp_host_memory_available_bytes",
+    "llamacpp_host_memory_total_bytes",
+    "llamacpp_exporter_build_info",
+    "up",
+    "scrape_duration_seconds",
+}
+SERVER_FILTER = 'server=~"$server"'
+MODEL_FILTER = 'model=~"$model"'
+#: The router's own families: labelled `server` (when several), never `model`.
+ROUTER_METRICS = {
+    "llamacpp_router_children",
+    "llamacpp_router_children_limit",
+    "llamacpp_router_child_starts_total",
+    "llamacpp_router_child_exits_total",
+    "llamacpp_router_children_refused_total",
+}
 
 #: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
 #: part of the core dashboard schema the SDK models (so its round trip drops them).
@@ -95,14 +119,22 @@ def test_stable_uid_and_variables() -> None:
     d = _dashboard()
     assert d["uid"] == "llamacpp-exporter" and 8 <= len(d["uid"]) <= 40
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    assert list(variables) == ["datasource", "job", "instance"]
+    assert list(variables) == ["datasource", "job", "instance", "server", "model"]
     ds = variables["datasource"]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus" and ds["label"] == "Data Source"
-    for name in ("job", "instance"):
+    for name in ("job", "instance", "server", "model"):
         v = variables[name]
         assert v["type"] == "query" and v["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
-        assert v["multi"] and v["includeAll"] and v["allValue"] == ".+" and v["refresh"] == 2
+        assert v["multi"] and v["includeAll"] and v["refresh"] == 2
+        # "All" for server and model is .*: it also matches the series of a lone server, which have no such label.
+        assert v["allValue"] == (".+" if name in ("job", "instance") else ".*"), name
     assert '{job=~"$job"}' in variables["instance"]["query"]["query"]
+    assert variables["server"]["query"]["query"] == (
+        'label_values(llamacpp_slots{job=~"$job", instance=~"$instance"}, server)'
+    )
+    assert variables["model"]["query"]["query"] == (
+        'label_values(llamacpp_slots{job=~"$job", instance=~"$instance", server=~"$server"}, model)'
+    )
 
 
 def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_queries() -> None:
@@ -124,8 +156,176 @@ def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_que
             assert selectors, f"{title}: {expr}"
             for selector in selectors:
                 assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, f"{title}: {selector}"
+            _check_server_and_model(title, target)
             for window in re.findall(r"\[([^\]]+)\]", expr):
                 assert window in ("$__rate_interval", "$__range"), f"{title}: fixed window [{window}]"
+
+
+def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
+    """A per-server series is filtered by the server and model variables, keeps both labels through every
+    aggregation and shows them in its legend; a series that is one per host or target (GPU memory) is not
+    filtered by them; a router's own series only by server."""
+    expr, legend = target["expr"], target["legendFormat"]
+    per_server = False
+    for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
+        name = selector.split("{", 1)[0]
+        if name in GLOBAL_METRICS:
+            assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
+        elif name in ROUTER_METRICS:
+            assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
+            assert legend == "" or "{{server}}" in legend, f"{title}: legend {legend!r}"
+        else:
+            per_server = True
+            assert SERVER_FILTER in selector and MODEL_FILTER in selector, f"{title}: {selector}"
+    # Each `by (...)` with the first metric it aggregates: `sum by (instance) (increase(m{...}[...]))`.
+    for grouping, name in re.findall(r"\bby \(([^)]*)\)\s*\((?:\s*\w+\()*\s*([a-zA-Z_:][\w:]*)\{", expr):
+        kept = {label.strip() for label in grouping.split(",")}
+        if name in ROUTER_METRICS:
+            assert "server" in kept, f"{title}: by ({grouping}) ({name})"
+        elif name not in GLOBAL_METRICS:
+            assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
+    if per_server:
+        assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"
+
+
+def test_the_server_and_model_filters_catch_a_query_without_them() -> None:
+    """Not vacuous: an unfiltered per-server query, a filtered GPU query and a legend without the model fail."""
+    bad = [
+        {"expr": 'llamacpp_kv_pool_usage_ratio{job=~"$job", instance=~"$instance"}', "legendFormat": "{{instance}}"},
+        {
+            "expr": 'llamacpp_gpu_memory_free_bytes{job=~"$job", instance=~"$instance", server=~"$server", '
+            'model=~"$model"}',
+            "legendFormat": "{{gpu}}",
+        },
+        {
+            "expr": 'sum by (instance) (llamacpp_slot_tokens{job=~"$job", instance=~"$instance", server=~"$server", '
+            'model=~"$model"})',
+            "legendFormat": "{{instance}} {{server}} {{model}}",
+        },
+        {
+            "expr": 'llamacpp_slot_tokens{job=~"$job", instance=~"$instance", server=~"$server", model=~"$model"}',
+            "legendFormat": "{{instance}} {{server}} slot {{slot}}",
+        },
+    ]
+    for target in bad:
+        with pytest.raises(AssertionError):
+            _check_server_and_model("bad", target)
+
+
+def test_pool_panels_name_the_model_and_router_and_gpu_sharing_are_shown() -> None:
+    """The KV pool panels' titles carry $model; one panel shows each server's VRAM per GPU next to the GPU's
+    free memory (which servers share a GPU); the router's children, starts, exits and refusals are plotted."""
+    pool = [p for p in _panels() if "llamacpp_kv_pool_capacity_tokens" in json.dumps(p["targets"])]
+    assert len(pool) >= 2
+    for panel in pool:
+        assert panel["title"].endswith(" ($model)"), panel["title"]
+    sharing = next(p for p in _panels() if p["title"] == "GPU memory by server")
+    (target,) = sharing["targets"]
+    assert metric_names_in(target["expr"]) == {"llamacpp_process_gpu_memory_bytes", "llamacpp_gpu_memory_free_bytes"}
+    assert "by (instance, gpu, server, model)" in target["expr"]
+    assert all(f"{{{{{label}}}}}" in target["legendFormat"] for label in ("gpu", "server", "model"))
+    plotted = {
+        n
+        for p in _panels()
+        if p["title"].startswith("Router")
+        for t in p["targets"]
+        for n in metric_names_in(t["expr"])
+    }
+    assert plotted == ROUTER_METRICS
+    exits = _panel_with("llamacpp_router_child_exits_total")
+    assert any("outcome" in t["expr"] and "{{outcome}}" in t["legendFormat"] for t in exits["targets"])
+
+
+def _target(title: str, ref: str = "A") -> str:
+    panel = next(p for p in _panels() if p["title"] == title)
+    return str(next(t["expr"] for t in panel["targets"] if t["refId"] == ref))
+
+
+def _substituted(expr: str, server: str = ".*", model: str = ".*") -> str:
+    for var, value in (
+        ("$__rate_interval", "5m"),
+        ("$job", "llamacpp"),
+        ("$instance", ".+"),
+        ("$server", server),
+        ("$model", model),
+    ):
+        expr = expr.replace(var, value)
+    return expr
+
+
+@pytest.mark.promtool
+def test_queries_keep_servers_and_models_apart_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
+    """The real PromQL engine (promtool) runs the dashboard's queries over a router with two children and
+    a lone server: the model variable selects one child, "All" also matches the lone server's unlabelled
+    series, GPU memory by server lists each child's VRAM per GPU next to that GPU's free memory, and the
+    router's panels read the router's own series."""
+    job = 'job="llamacpp"'
+    router, lone = f'{job}, instance="router-node:9778"', f'{job}, instance="single:9778"'
+    series = {
+        f'llamacpp_kv_pool_usage_ratio{{{router}, model="alpha"}}': "0.9",
+        f'llamacpp_kv_pool_usage_ratio{{{router}, model="beta"}}': "0.1",
+        f"llamacpp_kv_pool_usage_ratio{{{lone}}}": "0.5",
+        f'llamacpp_process_gpu_memory_bytes{{{router}, model="alpha", gpu="0", uuid="GPU-a"}}': "6",
+        f'llamacpp_process_gpu_memory_bytes{{{router}, model="beta", gpu="0", uuid="GPU-a"}}': "4",
+        f'llamacpp_gpu_memory_free_bytes{{{router}, gpu="0", uuid="GPU-a", name="L4"}}': "2",
+        f'llamacpp_gpu_memory_free_bytes{{{router}, gpu="1", uuid="GPU-b", name="L4"}}': "9",
+        f"llamacpp_router_children{{{router}}}": "2",
+        f'llamacpp_router_child_exits_total{{{router}, outcome="crashed"}}': "0+1x10",
+        f'llamacpp_router_child_exits_total{{{router}, outcome="unloaded"}}': "0x10",
+    }
+    usage = _target("KV pool usage ($model)")
+    gpu = _target("GPU memory by server")
+    exits = _target("Router children: starts, exits, refused", "B")
+    ratio = "llamacpp_kv_pool_usage_ratio"
+    cases: list[tuple[str, dict[str, float]]] = [
+        (_substituted(usage, model="alpha"), {f'{ratio}{{{router}, model="alpha"}}': 0.9}),
+        (
+            _substituted(usage),
+            {
+                f'{ratio}{{{router}, model="alpha"}}': 0.9,
+                f'{ratio}{{{router}, model="beta"}}': 0.1,
+                f"{ratio}{{{lone}}}": 0.5,
+            },
+        ),
+        (
+            _substituted(gpu),
+            {
+                '{gpu="0", instance="router-node:9778", model="alpha", what="llama-server"}': 6,
+                '{gpu="0", instance="router-node:9778", model="beta", what="llama-server"}': 4,
+                '{gpu="0", instance="router-node:9778", what="free"}': 2,
+                '{gpu="1", instance="router-node:9778", what="free"}': 9,
+            },
+        ),
+        (_substituted(_target("Router children")), {f"llamacpp_router_children{{{router}}}": 2}),
+        (
+            _substituted(exits),
+            {
+                '{instance="router-node:9778", outcome="crashed"}': 5,
+                '{instance="router-node:9778", outcome="unloaded"}': 0,
+            },
+        ),
+    ]
+    tests = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in expected.items()],
+                    }
+                    for expr, expected in cases
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
 
 
 def test_layout_has_unique_ids_and_no_overlaps() -> None:
@@ -158,7 +358,7 @@ def test_the_seed_incident_is_visible_at_a_glance() -> None:
     props = {p["id"]: p["value"] for p in capacity_override["properties"]}
     assert props["custom.stacking"]["mode"] == "none" and props["custom.lineWidth"] == 2  # a line, not a band
 
-    usage = next(p for p in _panels() if p["type"] == "timeseries" and p["title"] == "KV pool usage")
+    usage = next(p for p in _panels() if p["type"] == "timeseries" and p["title"] == "KV pool usage ($model)")
     defaults = usage["fieldConfig"]["defaults"]
     assert defaults["unit"] == "percentunit"
     assert defaults["custom"]["thresholdsStyle"]["mode"].startswith("line")

@@ -477,7 +477,7 @@ _FAILURE_KEYS = [
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v4" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v5" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -517,6 +517,7 @@ def test_json_schema_is_stable() -> None:
         "verdict",
         "cannot_know",
         "ending",
+        "model",
     ]
     assert list(run["ending"]) == ["how", "reason", "in_flight", "pool_used_tokens", "pool_capacity_tokens", "memory"]
     assert list(data["history"][0]) == [
@@ -538,6 +539,7 @@ def test_json_schema_is_stable() -> None:
         "n_ctx_slot",
         "memory",
         "same_as",
+        "model",
     ]
     assert list(run["configuration"]) == [
         "build",

@@ -317,6 +317,8 @@ def _substitute(expr: str, inc: Incident) -> str:
         ("$datasource", "prometheus"),
         ("$instance", ".+"),  # the "All" value
         ("$job", JOB),
+        ("$server", ".*"),  # "All": also the series of a lone server, which have no server label
+        ("$model", ".*"),
     ):
         expr = expr.replace(var, value)
     return expr
@@ -346,6 +348,8 @@ def test_every_dashboard_query_returns_data(incident: Incident) -> None:
         query = _substitute(expr, incident)
         assert "$" not in query, query
         series = incident.prom.query_range(query, incident.begin - 20, incident.end, 1)
+        if "llamacpp_router_" in query:
+            continue  # a router's own series: these servers are not routers (the query still had to run)
         values = [float(v) for s in series for _, v in s["values"]]
         if not any(math.isfinite(v) for v in values):
             empty.append(f"{where}: {query}")

@@ -29,7 +29,7 @@ from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed,
 _PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 _BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
-_SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, *_BANNER})
+_SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *_BANNER})
 
 
 def _lines_of(text: str) -> list[str]:
@@ -62,6 +62,7 @@ class Diagnoser:
         self.long_lines = 0
         self.events = 0
         self.routed = False  # a line with a router prefix was seen (llama-server's router mode)
+        self._child_names: dict[str, str] = {}  # router child port → model, from the router's spawn lines
         self.specific_events = 0  # events only llama-server writes (not `listening on …`, `loading model '…'`)
         self._current: dict[str | None, _Run] = {}
         self._line_format: dict[str | None, ev.LineFormat] = {}  # of the latest line with an event, by source
@@ -226,6 +227,10 @@ class Diagnoser:
             return None
         if kind not in ev.GENERIC:
             self.specific_events += 1
+        if isinstance(e, ev.ChildSpawned) and source is None:  # the router names the child on that port
+            self._child_names[str(e.port)] = e.name
+        elif isinstance(e, ev.ChildExited) and source is None:
+            self._child_exited(e)
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
         if kind in _BANNER or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
@@ -241,6 +246,13 @@ class Diagnoser:
         elif run is None:
             run = self._new_run(source, lineno)
         return run
+
+    def _child_exited(self, e: ev.ChildExited) -> None:
+        """The router saw a child end: its run ends here (a child that did not log its exit was killed)."""
+        port = next((p for p, name in self._child_names.items() if name == e.name), None)
+        child = self._current.pop(port, None) if port is not None else None
+        if child is not None:
+            self._close(child, next_start=not child.state.exiting)
 
     @property
     def keeps_series(self) -> bool:
@@ -295,6 +307,8 @@ class Diagnoser:
     def _new_run(self, source: str | None, lineno: int) -> _Run:
         self._runs += 1
         run = _Run(self._runs, source, lineno, self.max_failures, self.files[-1], series=self._series)
+        if source is not None:
+            run.model = self._child_names.get(source)
         run.state.provenance.banners_reformat = True  # a file holds one run after another: each start may change it
         line_format = self._line_format.get(source)
         if line_format is not None:
@@ -324,6 +338,7 @@ class Diagnoser:
             in_flight_prompt_tokens=max(in_flight) if in_flight and ending.how in CRASHED_MID_REQUEST else None,
             n_ctx_slot=report.configuration.n_ctx_slot,
             memory=ending.memory,
+            model=report.model,
         )
         run.fingerprint.close()
         self._history.append((summary, run.fingerprint))

@@ -406,7 +406,7 @@ def render_text(report: Report) -> str:
             head += f", {_duration(r.duration_s)}"
         head += ")"
         if r.source:
-            head += f" [router child {r.source}]"
+            head += f" [router child {r.model}, port {r.source}]" if r.model else f" [router child {r.source}]"
         what = []
         if c.build is not None:
             what.append(f"llama-server b{c.build}")

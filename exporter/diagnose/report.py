@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = "llamacpp-exporter/diagnose/v4"
+SCHEMA = "llamacpp-exporter/diagnose/v5"
 
 
 @dataclass
@@ -69,9 +69,12 @@ ENDINGS = {
     "failed_start": ("failed start", "failed to start (never listening)"),
     "died_mid_request": (
         "died mid-request",
-        "crashed or was killed mid-request (no exit line; the next start follows)",
+        "crashed or was killed mid-request (no exit line; the next start, or its router, saw it end)",
     ),
-    "died_idle": ("died while idle", "crashed or was killed while idle (no exit line; the next start follows)"),
+    "died_idle": (
+        "died while idle",
+        "crashed or was killed while idle (no exit line; the next start, or its router, saw it end)",
+    ),
     "log_ends_mid_request": ("log ends mid-request", "the log ends mid-request (killed, crashed, or still running)"),
     "log_ends_idle": (
         "log ends while idle",
@@ -215,6 +218,7 @@ class RunReport:
     verdict: str | None
     cannot_know: list[str]
     ending: Ending
+    model: str | None = None  # a router child's model (the router's spawn line names it)
 
 
 @dataclass
@@ -256,6 +260,7 @@ class RunSummary:
     n_ctx_slot: int | None = None
     memory: MemoryFigures | None = None
     same_as: int | None = None  # this run is run N read again from another file (counted once)
+    model: str | None = None  # a router child's model (the router's spawn line names it)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from exporter.diagnose.report import (
 )
 from exporter.forecast import forecast
 from exporter.logs import events as ev
+from exporter.router import router_port
 from exporter.state import ServerState
 
 MIB = 1024 * 1024
@@ -88,12 +89,9 @@ def elapsed_seconds(line: str) -> float | None:
 
 
 def router_source(line: str) -> str | None:
-    """The router prefix `[ port] ` of a line forwarded by llama-server's router mode, if any."""
-    if line.startswith("["):
-        m = _ROUTER.match(line)
-        if m is not None:
-            return m[1]
-    return None
+    """The port of a router child's line (`[PORT] `, llama-server's router mode), as text, if any."""
+    port = router_port(line)
+    return None if port is None else str(port)
 
 
 #: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
@@ -250,6 +248,7 @@ class _Run:
     ) -> None:
         self.index = index
         self.source = source
+        self.model: str | None = None  # a router child's model name (its spawn line)
         self.file = file
         self.first_line = first_line
         self.last_line = first_line
@@ -527,6 +526,7 @@ class _Run:
         return RunReport(
             index=self.index,
             source=self.source,
+            model=self.model,
             file=self.file,
             first_line=self.first_line,
             last_line=self.last_line,

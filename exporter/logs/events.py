@@ -486,6 +486,11 @@ class LineFormat:
 
 
 @event
+class RouterMode:
+    """`starting server in router mode` (b11434): this server is a router; its children follow."""
+
+
+@event
 class ChildSpawned:
     """Router mode (b7218+): `spawning server instance with name=NAME on port PORT`; the child's own lines
     follow in the router's log as `[PORT] line`."""
@@ -579,6 +584,7 @@ Event: TypeAlias = (
     | GenerationTiming
     | TimingsHead
     | LineFormat
+    | RouterMode
     | ChildSpawned
     | ChildStopping
     | ChildExited

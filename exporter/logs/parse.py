@@ -348,6 +348,7 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     ),
     ("loading", r"loading model '(?P<model>.*)'$", lambda m: ev.ModelLoading(m["model"])),
     # Router mode's own lines about its children (b7218+). A name is a model id: no space, bounded length.
+    ("starting", r"starting server in router mode\b", lambda m: ev.RouterMode()),
     (
         "spawning",
         r"spawning server instance with name=(?P<spawn_name>[^\s]{1,200}) on port (?P<spawn_port>\d{1,5})$",

@@ -114,14 +114,16 @@ class LiveSources:
         http: ServerHttpReader | None = None,
         timeout: float = 2.0,
         http_gate: Callable[[], tuple[str, bool] | None] | None = None,
+        unit: str = "",
     ) -> None:
         self.state = state
+        self.unit = unit  # which server, in the exporter's log lines ("" for the only one)
         # A router child: (why not, loading) while its model is not loaded; its endpoints are then not read.
         self.http_gate = http_gate
         self.nvml_reader, self.proc_reader, self.http_reader = nvml, proc, http
         self.timeout = timeout
         self.statuses: dict[str, SourceStatus] = {
-            name: SourceStatus(name=name)
+            name: SourceStatus(name=f"{name} of {unit}" if unit else name)
             for name, reader in (("nvml", nvml), ("proc", proc), ("http", http))
             if reader is not None
         }
@@ -234,10 +236,11 @@ class LiveSources:
         if hidden:
             capacity, source = self.view().pool_capacity()
             log.warning(
-                "llama-server logs at verbosity %d (< %d): the KV pool size (llama_context/llama_kv_cache), "
+                "%sllama-server logs at verbosity %d (< %d): the KV pool size (llama_context/llama_kv_cache), "
                 "'new prompt'/'cached n_tokens', 'clearing prompt', context checkpoint and prompt cache lines "
                 "are hidden. Pool capacity %s (from %s); slot tokens from %s. Start llama-server with -lv 4 "
                 "for the full picture (llamacpp_log_verbosity).",
+                f"{self.unit}: " if self.unit else "",
                 level,
                 FULL_VERBOSITY,
                 capacity if capacity is not None else "unknown",

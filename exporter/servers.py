@@ -116,6 +116,13 @@ class FollowedServer:
     def is_router(self) -> bool:
         return self.pipeline.log.router.active
 
+    def pids(self) -> Iterator[int]:
+        """The processes of the server, or of the router and each child it runs, where /proc found them."""
+        lives = [self.live, *(c.live for c in self._children.values())] if self.is_router else [self.live]
+        for live in lives:
+            if live.pid is not None:
+                yield live.pid
+
     def units(self) -> Iterator[Unit]:
         """(labels, collectors) of the server, or of the router and each child it runs."""
         if not self.is_router:
@@ -279,7 +286,12 @@ def merge_units(units: Iterable[Unit]) -> Iterator[Metric]:
 
 
 class ServersCollector(Collector):
-    """Every followed server's units, labelled (see the module's docstring)."""
+    """Every followed server's units, labelled (see the module's docstring), and which of them share a GPU.
+
+    # HELP llamacpp_gpu_servers Followed servers (router children included) holding memory on the GPU (NVML).
+    # TYPE llamacpp_gpu_servers gauge
+    llamacpp_gpu_servers{gpu="0",name="NVIDIA H200",uuid="GPU-5f3c…"} 2.0
+    """
 
     def __init__(self, servers: list[FollowedServer]) -> None:
         self.servers = servers
@@ -289,8 +301,27 @@ class ServersCollector(Collector):
         if len(units) == 1 and not units[0][0]:  # one plain server: its families as they are
             for collector in units[0][1]:
                 yield from collector.collect()
+        else:
+            yield from merge_units(units)
+        yield from self._gpu_sharing()
+
+    def _gpu_sharing(self) -> Iterator[Metric]:
+        """How many followed servers hold memory on each GPU: more than one share its free memory."""
+        owner = self.servers[0].nvml_owner if self.servers else None
+        snap = owner.nvml if owner is not None else None
+        if snap is None or not snap.gpus:
             return
-        yield from merge_units(units)
+        pids = [pid for s in self.servers for pid in s.pids()]
+        family = GaugeMetricFamily(
+            "llamacpp_gpu_servers",
+            "Followed servers (router children included) holding memory on the GPU (NVML process list); above 1 "
+            "they share its free memory (llamacpp_process_gpu_memory_bytes says how much each holds).",
+            labels=["gpu", "uuid", "name"],
+        )
+        for g in snap.gpus:
+            held = sum(1 for pid in pids if g.processes and g.processes.get(pid))
+            family.add_metric([str(g.index), g.uuid, g.name], held)
+        yield family
 
     async def refresh(self) -> None:
         """The web app's `before_scrape`: every server's live sources, concurrently."""

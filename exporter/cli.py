@@ -52,30 +52,44 @@ def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources 
     return registry
 
 
-def build_live_sources(config: Config, state: ServerState, log_file: str | None) -> LiveSources:
-    """The live sources the flags ask for. `log_file` (None when not a file) lets /proc find llama-server."""
+def build_live_sources(
+    config: Config,
+    state: ServerState,
+    log_file: str | None,
+    *,
+    url: str | None = None,
+    pid: int | None = None,
+    pid_file: str | None = None,
+    nvml: bool = True,
+    unit: str = "",
+) -> LiveSources:
+    """The live sources the flags ask for, for one server. `log_file` (None when not a file) lets /proc
+    find it; `url`, `pid` and `pid_file` default to the flags' (a --servers-file entry gives its own);
+    `nvml`: False for all but one server (NVML is read once)."""
     state.capacity_override = config.kv_pool_capacity
-    # The demo replays a recorded log: no real llama-server process or endpoint belongs to it.
-    proc = config.proc and not config.demo
-    http = config.http and not config.demo
-    nvml = config.nvml and not config.demo  # nor does this host's GPU
+    # The demo replays a recorded log: no real llama-server process or endpoint belongs to it, nor does
+    # this host's GPU.
+    live = not config.demo
+    if not config.servers:
+        url, pid, pid_file = config.server_url, config.pid, config.pid_file
     return LiveSources(
         state,
-        nvml=NvmlReader() if nvml else None,
+        nvml=NvmlReader() if config.nvml and live and nvml else None,
         proc=ProcReader(
             config.proc_root,
-            pid=config.pid,
-            pid_file=config.pid_file,
+            pid=pid,
+            pid_file=pid_file,
             log_file=log_file,
             stdin_fd=0 if config.log_source == "stdin" else None,  # the server writes into our stdin pipe
             unit=config.journal_unit if config.log_source == "journald" else None,
         )
-        if proc
+        if config.proc and live
         else None,
-        http=ServerHttpReader(config.server_url, api_key=config.api_key, timeout=config.server_timeout)
-        if http
+        http=ServerHttpReader(url, api_key=config.api_key, timeout=config.server_timeout)
+        if config.http and live and url
         else None,
         timeout=config.server_timeout,
+        unit=unit,
     )
 
 
@@ -105,19 +119,16 @@ def build_servers(config: Config) -> tuple[list[FollowedServer], list[LogTailer]
     owner: LiveSources | None = None
     for spec in config.servers:
         state = ServerState()
-        state.capacity_override = config.kv_pool_capacity
         tailer = LogTailer(spec.log_file)
         pipeline = LogPipeline(state, tailer)
-        live = LiveSources(
+        live = build_live_sources(
+            config,
             state,
-            nvml=NvmlReader() if config.nvml and owner is None else None,  # read once, for all servers
-            proc=ProcReader(config.proc_root, pid=spec.pid, pid_file=spec.pid_file, log_file=spec.log_file)
-            if config.proc
-            else None,
-            http=ServerHttpReader(spec.url, api_key=config.api_key, timeout=config.server_timeout)
-            if config.http and spec.url
-            else None,
-            timeout=config.server_timeout,
+            spec.log_file,
+            url=spec.url,
+            pid=spec.pid,
+            pid_file=spec.pid_file,
+            nvml=owner is None,  # read once, for all servers
             unit=f"server {spec.name}",
         )
         owner = owner or live
@@ -258,7 +269,7 @@ def servers_health(servers: Sequence[FollowedServer], log_description: str) -> d
     """`/healthz`: ok while every log pipeline follows its log; what each server's sources say."""
     stopped = [s for s in servers if s.pipeline.stopped is not None]
     unreadable = [s for s in servers if not s.pipeline.up]
-    down = sorted({name for s in servers for name, st in s.live.statuses.items() if not st.up})
+    down = [st.name for s in servers for st in s.statuses() if not st.up]  # "http", "http of model alpha", …
     if stopped:
         summary = "the log pipeline stopped: restart the exporter"
     elif unreadable:
@@ -272,7 +283,7 @@ def servers_health(servers: Sequence[FollowedServer], log_description: str) -> d
             log_status["stopped"] = s.pipeline.stopped
         return {
             "log": log_status,
-            "sources": {name: {"up": st.up, "error": st.error} for name, st in s.live.statuses.items()},
+            "sources": {st.name: {"up": st.up, "error": st.error} for st in s.statuses()},
             "server_pid": s.live.pid,
         }
 

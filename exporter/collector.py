@@ -155,11 +155,7 @@ class ServerLogCollector(Collector):
         yield active
 
     def _counters(self, st: ServerState) -> Iterator[Metric]:
-        yield _counter(
-            "llamacpp_server_starts",
-            "llama-server starts seen (a new banner in the log or a new process in /proc, each start counted once).",
-            st.server_starts,
-        )
+        yield server_starts_family(st)
         yield _counter(
             "llamacpp_kv_retries",
             "'retrying with smaller batch size' lines: the KV pool had no room.",
@@ -199,17 +195,31 @@ class ServerLogCollector(Collector):
         yield _counter(
             "llamacpp_slots_purged", "Idle slots purged to make room in the unified KV pool.", st.slots_purged
         )
-        yield _labelled_counter(
-            "llamacpp_exporter_log_lines_rejected",
-            "Log lines read but not applied: malformed (a number that cannot be read), out_of_range (a slot, "
-            "count or size the running server cannot have written: forged or corrupt), format (not written the "
-            "way its run writes lines: forged), inconsistent (contradicts what its run said before: forged), "
-            "unexpected (an exporter bug), unfollowed (a router child's line the exporter does not follow: past the "
-            "limit of children, or of a port no spawn line announced).",
-            "reason",
-            st.rejected,
-            REJECT_REASONS,
-        )
+        yield rejected_lines_family(st)
+
+
+def server_starts_family(st: ServerState) -> CounterMetricFamily:
+    """`llamacpp_server_starts_total` of a server (or of a router itself)."""
+    return _counter(
+        "llamacpp_server_starts",
+        "llama-server starts seen (a new banner in the log or a new process in /proc, each start counted once).",
+        st.server_starts,
+    )
+
+
+def rejected_lines_family(st: ServerState) -> CounterMetricFamily:
+    """`llamacpp_exporter_log_lines_rejected_total` of a server (or of a router itself)."""
+    return _labelled_counter(
+        "llamacpp_exporter_log_lines_rejected",
+        "Log lines read but not applied: malformed (a number that cannot be read), out_of_range (a slot, "
+        "count or size the running server cannot have written: forged or corrupt), format (not written the "
+        "way its run writes lines: forged), inconsistent (contradicts what its run said before: forged), "
+        "unexpected (an exporter bug), unfollowed (a router child's line the exporter does not follow: past the "
+        "limit of children, or of a port no spawn line announced).",
+        "reason",
+        st.rejected,
+        REJECT_REASONS,
+    )
 
 
 class KVForecastCollector(Collector):
@@ -354,13 +364,7 @@ class ExporterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the exporter's self-metrics."""
-        up = GaugeMetricFamily(
-            "llamacpp_exporter_source_up", "1 when the last read of the source worked.", labels=["source"]
-        )
-        up.add_metric(["log"], 1 if self._log.up else 0)
-        for name, health in sorted(self._sources.items()):
-            up.add_metric([name], 1 if health.up else 0)
-        yield up
+        yield source_up_family(self._log.up, self._sources)
         log = self._log
         yield _counter(
             "llamacpp_exporter_log_lines",
@@ -402,6 +406,35 @@ class ExporterCollector(Collector):
         info = InfoMetricFamily("llamacpp_exporter_build", "Version of llamacpp-exporter.")
         info.add_metric([], {"version": __version__})
         yield info
+
+
+def source_up_family(log_up: bool | None, sources: Mapping[str, SourceHealth]) -> GaugeMetricFamily:
+    """`llamacpp_exporter_source_up{source}`: the log's (unless None: a router child shares its router's log)
+    and each live source's."""
+    up = GaugeMetricFamily(
+        "llamacpp_exporter_source_up", "1 when the last read of the source worked.", labels=["source"]
+    )
+    if log_up is not None:
+        up.add_metric(["log"], 1 if log_up else 0)
+    for name, health in sorted(sources.items()):
+        up.add_metric([name], 1 if health.up else 0)
+    return up
+
+
+class SourcesUpCollector(Collector):
+    """`llamacpp_exporter_source_up` of a router child's live sources (its log is the router's).
+
+    # HELP llamacpp_exporter_source_up 1 when the last read of the source worked.
+    # TYPE llamacpp_exporter_source_up gauge
+    llamacpp_exporter_source_up{source="http"} 1.0
+    """
+
+    def __init__(self, sources: Mapping[str, SourceHealth]) -> None:
+        self._sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the one family."""
+        yield source_up_family(None, self._sources)
 
 
 CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")

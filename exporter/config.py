@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -487,6 +488,13 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     servers: tuple[ServerSpec, ...] = ()
     if ns.servers_file is not None:
         given = [f for f in ("log_file", "journal_unit", "pid", "pid_file") if getattr(ns, f) is not None]
+        # --server-url has a default: given only when on the command line or in the environment.
+        args = list(argv) if argv is not None else sys.argv[1:]
+        if (
+            any(a == "--server-url" or a.startswith("--server-url=") for a in args)
+            or ENV_PREFIX + "SERVER_URL" in environ
+        ):
+            given.append("server_url")
         if given or demo or (ns.log_source not in (None, "file")):
             what = f"--{given[0].replace('_', '-')}" if given else "--demo" if demo else "--log-source"
             parser.error(f"--servers-file names each server's log, URL and pid: leave out {what}")

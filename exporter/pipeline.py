@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 
 from exporter.logs import events as ev
 from exporter.logs.follow import follow
-from exporter.logs.parse import parse_lines
 from exporter.logs.source import LineSource
 from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
@@ -182,7 +181,7 @@ class LogPipeline:
                 self._file_starts = starts
                 self.state.provenance.new_file = True
         try:
-            events = self.log.feed(lines, parse_lines)
+            events = self.log.feed(lines)
         except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline
             self.state.last_unexpected = f"parse: {type(exc).__name__}: {exc}"[:200]
             self.state.rejected["unexpected"] += len(lines)

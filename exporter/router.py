@@ -27,26 +27,28 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
-from exporter.logs.parse import parse_lines
+from exporter.logs.parse import parse_joined, parse_lines
 from exporter.state import ServerState
 
 #: Router children followed at most per router (and so at most this many `model` label values per server).
 MAX_CHILDREN = 64
 #: How a child ended: `unloaded` after the router's stop line, `crashed` without one.
 EXIT_OUTCOMES = ("unloaded", "crashed")
-_PREFIX = re.compile(r"\[ *(\d{1,5})\] ")
+#: A router child's line prefix, as the parser strips it (`logs.parse`); live and `diagnose` read it here.
+PREFIX = re.compile(r"\[[^\S\n]*(\d+)\] ")
 
 
 def router_port(line: str) -> int | None:
-    """The port in a router child's line prefix `[PORT] `, if the line has one (live and `diagnose` alike)."""
+    """The port in a router child's line prefix `[PORT] `, if the line has one (0 for digits no port has)."""
     if line[:1] == "[":
-        m = _PREFIX.match(line)
+        m = PREFIX.match(line)
         if m is not None:
-            return int(m.group(1))
+            digits = m.group(1)
+            return int(digits) if len(digits) <= 5 else 0  # never int() of thousands of digits
     return None
 
 
@@ -101,59 +103,77 @@ class ServerLog:
             yield child.state
 
     # -- feeding ----------------------------------------------------------------------------------
-    def feed(
-        self, lines: Sequence[str], parse: Callable[[Sequence[str]], list[ev.Event]] = parse_lines
-    ) -> list[ev.Event]:
-        """Apply a batch of lines; returns their events, children's included (for the caller's own checks)."""
-        if not any(line[:1] == "[" for line in lines):
-            return self._main(parse(lines))
+    def feed(self, lines: Sequence[str]) -> list[ev.Event]:
+        """Apply a batch of lines; returns their events, children's included (for the caller's own checks).
+
+        Between two of the router's own lines, each child's lines are parsed together (children are
+        independent of each other; only their order around the router's lines matters).
+        """
+        text = "\n" + "\n".join(lines)
+        if "\n[" not in text:  # no line with a prefix (the join is the parser's own: this costs one search)
+            return self._main(parse_joined(text, lines))
         out: list[ev.Event] = []
-        segment: list[str] = []
-        port: int | None = None
+        main: list[str] = []
+        children: dict[int, list[str]] = {}
         for line in lines:
-            p = router_port(line)
-            if p != port and segment:
-                out.extend(self._segment(port, segment, parse))
-                segment = []
-            port = p
-            segment.append(line)
-        if segment:
-            out.extend(self._segment(port, segment, parse))
+            port = router_port(line)
+            if port is None:
+                if children:
+                    out.extend(self._children(children))
+                    children = {}
+                main.append(line)
+            else:
+                if main:
+                    out.extend(self._main(parse_lines(main)))
+                    main = []
+                children.setdefault(port, []).append(line)
+        if main:
+            out.extend(self._main(parse_lines(main)))
+        if children:
+            out.extend(self._children(children))
         return out
 
-    def _segment(
-        self, port: int | None, lines: list[str], parse: Callable[[Sequence[str]], list[ev.Event]]
-    ) -> list[ev.Event]:
-        if port is None or not self.router.active:  # (decided here: a spawn line earlier in the batch counts)
-            return self._main(parse(lines))
-        child = self.router.children.get(port)
-        if child is None:
-            if self.counting:
-                self.main.rejected["unfollowed"] += len(lines)
-            return []
-        apply = child.state.apply
-        events = parse(lines)
-        for e in events:
-            if type(e) not in ROUTER_EVENTS:  # a child cannot speak for the router
+    def _children(self, by_port: dict[int, list[str]]) -> list[ev.Event]:
+        """Children's lines: each to its child; before router mode (a log of one child), to `main` without
+        their prefix. Either way, never a router line: only the router writes those, without a prefix."""
+        out: list[ev.Event] = []
+        for port, lines in by_port.items():
+            events = [e for e in parse_lines(lines) if type(e) not in ROUTER_EVENTS]
+            out.extend(events)
+            if not self.router.active:
+                self._main(events)
+                continue
+            child = self.router.children.get(port)
+            if child is None:
+                if self.counting:  # (counted as every reason is: the lines that carry an event)
+                    self.main.rejected["unfollowed"] += sum(1 for e in events if type(e) is not ev.LineFormat)
+                continue
+            apply = child.state.apply
+            for e in events:
                 apply(e)
-        return events
+        return out
 
     def _main(self, events: list[ev.Event]) -> list[ev.Event]:
-        apply = self.main.apply
+        main = self.main
+        apply = main.apply
         for e in events:
             kind = type(e)
             if kind in ROUTER_EVENTS:
-                self._router_event(e)  # type: ignore[arg-type]
-            else:
-                if kind is ev.ServerStarting and self.router.active:
-                    self._router_restarted()
-                apply(e)
+                # The router's lines are checked like any other: written the way its run writes lines.
+                reason = main.provenance.check(main, kind, e)
+                if reason is not None:
+                    main._reject(reason)
+                else:
+                    self._router_event(e)  # type: ignore[arg-type]
+            elif apply(e) and kind is ev.ServerStarting and self.router.active:
+                self._router_restarted()
         return events
 
     def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router
         if isinstance(e, ev.RouterMode):
-            r.active = True
+            if not self.main.ready:  # said at start, before the router listens
+                r.active = True
         elif isinstance(e, ev.ChildSpawned):
             if not 0 < e.port < 65536:
                 self.main._reject("out_of_range")
@@ -169,6 +189,7 @@ class ServerLog:
                     r.refused_names.append(e.name)
                 return
             state = ServerState(counting=self.counting)
+            state.capacity_override = self.main.capacity_override  # --kv-pool-capacity: for every server
             r.children[e.port] = RouterChild(e.name, e.port, state)
             if self.counting:
                 r.starts += 1
@@ -181,7 +202,7 @@ class ServerLog:
             if child is None:
                 return
             del r.children[child.port]
-            if self.counting:
+            if self.counting:  # a child has no reason to end unasked: without the stop line it is a crash
                 r.exits["unloaded" if child.stopping else "crashed"] += 1
 
     def _router_restarted(self) -> None:

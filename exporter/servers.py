@@ -29,16 +29,18 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from exporter.collector import (
-    REJECT_REASONS,
     CheckpointCacheCollector,
     ExporterCollector,
     KVForecastCollector,
     ServerLogCollector,
+    SourcesUpCollector,
     _labelled_counter,
+    rejected_lines_family,
+    server_starts_family,
 )
 from exporter.pipeline import LogPipeline
 from exporter.router import EXIT_OUTCOMES, RouterChild
-from exporter.sources.live import LiveSources
+from exporter.sources.live import LiveSources, SourceStatus
 from exporter.sources.nvml import NvmlCollector
 from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
@@ -100,6 +102,8 @@ class FollowedServer:
         self.nvml_owner = nvml_owner or live
         self._child_sources = children
         self._children: dict[int, _Child] = {}  # port → live sources of a child that runs now
+        self._refreshing = asyncio.Lock()  # one refresh at a time: a second scrape must not close a child
+        # whose reads the first one still awaits
         exporter = ExporterCollector(pipeline, live.statuses)
         sources = live.collectors() + self._shared_nvml(live)
         self._own = [*log_collectors(live.view), exporter, *sources]
@@ -136,6 +140,10 @@ class FollowedServer:
 
     async def refresh(self) -> None:
         """Read the live sources: the server's (the router's), then each child's. Never raises."""
+        async with self._refreshing:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
         if self.live.http_reader is not None:
             self.live.http_reader.router = self.is_router
         await self.live.refresh()
@@ -164,7 +172,14 @@ class FollowedServer:
             http_gate=_model_gate(lambda: self.live.http, child.name),
             unit=", ".join(f"{k} {v}" for k, v in {**self.labels, "model": child.name}.items()),
         )
-        return _Child(child, live, log_collectors(live.view) + live.collectors() + self._shared_nvml(live))
+        collectors = [*log_collectors(live.view), SourcesUpCollector(live.statuses), *live.collectors()]
+        return _Child(child, live, collectors + self._shared_nvml(live))
+
+    def statuses(self) -> Iterator[SourceStatus]:
+        """The live sources' health: the server's (the router's) and each child's."""
+        yield from self.live.statuses.values()
+        for c in self._children.values():
+            yield from c.live.statuses.values()
 
     async def _close_children(self, ports: Iterable[int]) -> None:
         for port in list(ports):
@@ -241,18 +256,8 @@ class RouterCollector(Collector):
             "Router children not followed because the limit was reached (their lines are rejected as unfollowed).",
             value=r.refused,
         )
-        yield CounterMetricFamily(
-            "llamacpp_server_starts",
-            "llama-server starts seen (a new banner in the log or a new process in /proc, each start counted once).",
-            value=log.main.server_starts,
-        )
-        yield _labelled_counter(
-            "llamacpp_exporter_log_lines_rejected",
-            "Log lines read but not applied (see the single-server help for the reasons).",
-            "reason",
-            log.main.rejected,
-            REJECT_REASONS,
-        )
+        yield server_starts_family(log.main)  # the router's own
+        yield rejected_lines_family(log.main)
 
 
 def _relabel(sample: Sample, labels: Mapping[str, str]) -> Sample:
@@ -286,9 +291,10 @@ def merge_units(units: Iterable[Unit]) -> Iterator[Metric]:
 
 
 class ServersCollector(Collector):
-    """Every followed server's units, labelled (see the module's docstring), and which of them share a GPU.
+    """Every followed server's units, labelled (see the module's docstring), and (with more than one unit)
+    which of them share a GPU.
 
-    # HELP llamacpp_gpu_servers Followed servers (router children included) holding memory on the GPU (NVML).
+    # HELP llamacpp_gpu_servers Followed servers (router children included) on the GPU's process list (NVML) …
     # TYPE llamacpp_gpu_servers gauge
     llamacpp_gpu_servers{gpu="0",name="NVIDIA H200",uuid="GPU-5f3c…"} 2.0
     """
@@ -301,12 +307,12 @@ class ServersCollector(Collector):
         if len(units) == 1 and not units[0][0]:  # one plain server: its families as they are
             for collector in units[0][1]:
                 yield from collector.collect()
-        else:
-            yield from merge_units(units)
+            return
+        yield from merge_units(units)
         yield from self._gpu_sharing()
 
     def _gpu_sharing(self) -> Iterator[Metric]:
-        """How many followed servers hold memory on each GPU: more than one share its free memory."""
+        """How many followed servers are on each GPU's process list: more than one share its free memory."""
         owner = self.servers[0].nvml_owner if self.servers else None
         snap = owner.nvml if owner is not None else None
         if snap is None or not snap.gpus:
@@ -314,12 +320,12 @@ class ServersCollector(Collector):
         pids = [pid for s in self.servers for pid in s.pids()]
         family = GaugeMetricFamily(
             "llamacpp_gpu_servers",
-            "Followed servers (router children included) holding memory on the GPU (NVML process list); above 1 "
-            "they share its free memory (llamacpp_process_gpu_memory_bytes says how much each holds).",
+            "Followed servers (router children included) on the GPU's process list (NVML); above 1 they share "
+            "its free memory (llamacpp_process_gpu_memory_bytes says how much each holds).",
             labels=["gpu", "uuid", "name"],
         )
         for g in snap.gpus:
-            held = sum(1 for pid in pids if g.processes and g.processes.get(pid))
+            held = sum(1 for pid in pids if g.processes is not None and pid in g.processes)
             family.add_metric([str(g.index), g.uuid, g.name], held)
         yield family
 

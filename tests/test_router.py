@@ -183,3 +183,43 @@ def test_router_exposition_labels_each_child_and_passes_promtool(tmp_path: Path,
     assert not re.search(r"^llamacpp_slots ", text, re.M)  # the router's own unit has no slot series
     result = subprocess.run([str(promtool_bin), "check", "metrics"], input=text.encode(), capture_output=True)
     assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
+
+
+def test_forged_router_lines_are_rejected_like_any_other() -> None:
+    """Lines without the run's time stamp and level (a request path, a prompt) cannot end, create or reset
+    children; a child's own line cannot act for the router, even before router mode is known."""
+    log = _log(LINES[:SNAPSHOT_AT])
+    log.feed(
+        [
+            "srv           run: instance name=alpha exited with status 1",
+            "srv          load: spawning server instance with name=ghost on port 1234",
+            "srv  llama_server: initializing ...",
+        ]
+    )
+    assert sorted(c.name for c in log.router.children.values()) == ["alpha", "beta"]
+    assert log.main.rejected["format"] == 3 and not log.router.exits and log.router.active
+
+    plain = _log([line for line in LINES[:17] if "router mode" not in line])  # the router's start, as a plain server's
+    assert not plain.router.active
+    stamp = LINES[12].split(" I ")[0]  # a well-formed line after the server listens: not a router's start
+    plain.feed([f"{stamp} I srv  llama_server: starting server in router mode. models will be loaded on demand"])
+    assert not plain.router.active
+
+    one_child = _log([f"[44847] {line}" for line in LINES[18:24]])  # a log of one child: no router line in it
+    one_child.feed([f"[44847] {LINES[17]}".replace("name=alpha", "name=evil")])
+    assert not one_child.router.active and one_child.router.children == {}
+
+
+def test_diagnose_follows_a_model_respawned_on_another_port() -> None:
+    from exporter.diagnose import analyze
+
+    spawn, exit_line = LINES[17], LINES[654]  # alpha's spawn line, alpha's exit line (status 1)
+    alpha = [line for line in LINES[:240] if line.startswith("[44847] ")]
+    second = [line.replace("[44847] ", "[45000] ", 1) for line in alpha]
+    lines = [*LINES[:17], spawn, *alpha, exit_line, spawn.replace("port 44847", "port 45000"), *second, exit_line]
+    report = analyze(lines, "router.log")
+    children = [r for r in report.history if r.source is not None]
+    assert [(r.source, r.model, r.ending) for r in children] == [
+        ("44847", "alpha", "died_idle"),
+        ("45000", "alpha", "died_idle"),
+    ]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_harness import ExporterProcess, LlamaRouter, make_prompt, wait_for
+from llama_harness import ExporterProcess, LlamaRouter, http_json, make_prompt, wait_for
 from prom_harness import Prometheus, find_prometheus, prometheus_test_config
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_gguf import write_slow_llama, write_tiny_llama
@@ -140,6 +140,12 @@ def test_one_router_two_models(stack: Any) -> None:
             assert _of(got, "llamacpp_slot_context_tokens") == {str(s["id"]): float(s["n_ctx"]) for s in slots}
             assert _of(got, "llamacpp_kv_pool_capacity_tokens") == {"": POOL}
             assert _of(got, "llamacpp_kv_pool_used_tokens") == {"": sum(want.values())}
+
+    for name in ("alpha", "beta"):
+        for source in ("http", "proc"):
+            assert live.sample("llamacpp_exporter_source_up", {"model": name, "source": source}) == 1, (name, source)
+    code, health = http_json(live.url + "/healthz")
+    assert code == 200 and health["sources"]["http of model beta"] == {"up": True, "error": None}, health
 
     # 3. An overflow in alpha: the page names alpha, beta's series stay as they were.
     beta_before = {e.url: _log_view(_series(e.scrape(), "beta")) for e in (live, log_only)}

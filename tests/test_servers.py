@@ -69,8 +69,9 @@ def _server(tmp_path: Path, name: str, pid: int, nvml: NvmlReader | None, owner:
 
 
 def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
-    """gpu0 holds both servers (a: 100, b: 200), gpu1 only b; NVML is read once for both."""
-    fake = FakeNvml([_h200(0, 100, [(100, 40 * GIB), (200, 50 * GIB)]), _h200(1, 60, [(200, 55 * GIB)])])
+    """gpu0 holds both servers (a: 100, b: 200), gpu1 only b (how much, NVML cannot tell: a MIG or vGPU
+    device); NVML is read once for both."""
+    fake = FakeNvml([_h200(0, 100, [(100, 40 * GIB), (200, 50 * GIB)]), _h200(1, 60, [(200, None)])])
     a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
     b = _server(tmp_path, "b", 200, None, a.live)
     collector = ServersCollector([a, b])
@@ -84,8 +85,8 @@ def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
     assert get("llamacpp_gpu_servers", {**gpu1, "name": "NVIDIA H200"}) == 1
     assert get("llamacpp_process_gpu_memory_bytes", {**gpu0, "server": "a"}) == 40 * GIB
     assert get("llamacpp_process_gpu_memory_bytes", {**gpu0, "server": "b"}) == 50 * GIB
-    assert get("llamacpp_process_gpu_memory_bytes", {**gpu1, "server": "b"}) == 55 * GIB
-    assert get("llamacpp_process_gpu_memory_bytes", {**gpu1, "server": "a"}) == 0  # on gpu1's list: not there
+    assert get("llamacpp_process_gpu_memory_bytes", {**gpu1, "server": "b"}) is None  # there, size unknown
+    assert get("llamacpp_process_gpu_memory_bytes", {**gpu1, "server": "a"}) == 0  # not on gpu1's list
     text = generate_latest(registry).decode()
     free = [
         s for f in text_string_to_metric_families(text) if f.name == "llamacpp_gpu_memory_free_bytes" for s in f.samples
@@ -100,13 +101,18 @@ def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
 
 
 def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
-    """No labels, and the families of the single-server collectors in their order (the golden files' test)."""
-    server = _server(tmp_path, "x", 100, None, None)
+    """No labels, and the families of the single-server collectors in their order (the golden files' test),
+    NVML on: nothing added about GPU sharing."""
+    fake = FakeNvml([_h200(0, 100, [(100, 40 * GIB)])])
+    server = _server(tmp_path, "x", 100, NvmlReader(fake), None)
     one = FollowedServer({}, server.pipeline, server.live, children=NO_CHILDREN)
+    collector = ServersCollector([one])
+    asyncio.run(collector.refresh())
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(ServersCollector([one]))
+    registry.register(collector)
     text = generate_latest(registry).decode()
-    assert "server=" not in text and "exported_model" not in text
+    assert "server=" not in text and "exported_model" not in text and "gpu_servers" not in text
+    assert 'llamacpp_process_gpu_memory_bytes{gpu="0"' in text
     direct = CollectorRegistry(auto_describe=True)
     for c in one._own:
         direct.register(c)
@@ -178,6 +184,7 @@ def test_servers_file_flag_errors_are_one_line(tmp_path: Path) -> None:
         (["--servers-file", str(tmp_path / "none.yml")], "cannot read"),
         (["--servers-file", str(bad), "--log-file", "x"], "leave out --log-file"),
         (["--servers-file", str(bad), "--demo"], "leave out --demo"),
+        (["--servers-file", str(bad), "--server-url", "http://h:1"], "leave out --server-url"),
     ):
         result = _cli(*args)
         assert result.returncode == 2, result

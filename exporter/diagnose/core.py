@@ -228,6 +228,8 @@ class Diagnoser:
         if kind not in ev.GENERIC:
             self.specific_events += 1
         if isinstance(e, ev.ChildSpawned) and source is None:  # the router names the child on that port
+            for port in [p for p, name in self._child_names.items() if name == e.name]:
+                del self._child_names[port]  # one instance per name: an older one is gone
             self._child_names[str(e.port)] = e.name
         elif isinstance(e, ev.ChildExited) and source is None:
             self._child_exited(e)
@@ -250,6 +252,8 @@ class Diagnoser:
     def _child_exited(self, e: ev.ChildExited) -> None:
         """The router saw a child end: its run ends here (a child that did not log its exit was killed)."""
         port = next((p for p, name in self._child_names.items() if name == e.name), None)
+        if port is not None:
+            del self._child_names[port]
         child = self._current.pop(port, None) if port is not None else None
         if child is not None:
             self._close(child, next_start=not child.state.exiting)

@@ -23,7 +23,7 @@ from exporter.diagnose.report import (
 )
 from exporter.forecast import forecast
 from exporter.logs import events as ev
-from exporter.router import router_port
+from exporter.router import PREFIX, router_port
 from exporter.state import ServerState
 
 MIB = 1024 * 1024
@@ -33,7 +33,6 @@ _FATAL_POS = re.compile(r"\b(?:off|i) = (\d+), n_batch = (\d+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAMP = re.compile(r"^(?:\[\s*\d+\] )?(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
-_ROUTER = re.compile(r"^\[\s*(\d+)\] ")
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
 _STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
@@ -120,8 +119,8 @@ class Fingerprint:
         if lineno == self._last or self._hash is None:
             return
         self._last = lineno
-        if line[:1] == "[":
-            line = _ROUTER.sub("", line, count=1)
+        if line[:1] == "[" and (m := PREFIX.match(line)) is not None:
+            line = line[m.end() :]
         first = line[:1]
         if self.stamped and not ("0" <= first <= "9" or (first == "{" and '"time"' in line)):
             self.stamped = False

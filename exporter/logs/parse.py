@@ -574,7 +574,11 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
-    text = "\n" + "\n".join(lines)
+    return parse_joined("\n" + "\n".join(lines), lines)
+
+
+def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:
+    """`parse_lines` for a caller that has joined the lines already: `text` is "\n" + "\n".join(lines)."""
     if not is_plain(text):
         text = "\n" + "\n".join([unwrap_marked(line) for line in lines])
     return _events(text, _SCAN_LINES)

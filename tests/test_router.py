@@ -223,3 +223,20 @@ def test_diagnose_follows_a_model_respawned_on_another_port() -> None:
         ("44847", "alpha", "died_idle"),
         ("45000", "alpha", "died_idle"),
     ]
+
+
+def test_diagnose_and_the_live_exporter_agree_on_each_child() -> None:
+    """The same lines, read live (`ServerLog`) and post mortem (`diagnose`): each model's figures match."""
+    from exporter.diagnose import analyze
+
+    live = {c.name: c.state for c in _log(LINES[:SNAPSHOT_AT]).router.children.values()}
+    report = analyze(LINES[:SNAPSHOT_AT], "router.log")
+    runs = {r.model: r for r in report.runs if r.model is not None}
+    assert sorted(runs) == sorted(live) == ["alpha", "beta"]
+    for name, st in live.items():
+        counts = runs[name].counts
+        assert counts.retries == st.kv_retries, name
+        assert counts.aborts == st.context_exceeded, name
+        assert counts.aborted_requests == sum(st.requests_aborted.values()), name
+        assert runs[name].configuration.pool_cells == st.pool_capacity()[0], name
+        assert runs[name].configuration.n_slots == st.slot_count, name

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
@@ -52,7 +52,7 @@ def router_port(line: str) -> int | None:
     return None
 
 
-ROUTER_EVENTS = (ev.RouterMode, ev.ChildSpawned, ev.ChildStopping, ev.ChildExited)
+ROUTER_EVENTS = frozenset({ev.RouterMode, ev.ChildSpawned, ev.ChildStopping, ev.ChildExited})
 
 
 @dataclass
@@ -95,12 +95,6 @@ class ServerLog:
         self.main.counting = counting
         for child in self.router.children.values():
             child.state.counting = counting
-
-    def states(self) -> Iterator[ServerState]:
-        """Every state lines go to: main and each child."""
-        yield self.main
-        for child in self.router.children.values():
-            yield child.state
 
     # -- feeding ----------------------------------------------------------------------------------
     def feed(self, lines: Sequence[str]) -> list[ev.Event]:

@@ -14,7 +14,7 @@ child's log state, its `/slots` and `/props` read through the router, its proces
   `exported_model`, as Prometheus does with clashing labels.
 
 Series of the host and the exporter (GPU totals, host memory, the exporter's version) are exported once,
-unlabelled. The number of units is bounded: `MAX_SERVERS` servers, `router.MAX_CHILDREN` children each.
+unlabelled. The number of units is bounded: `servers_file.MAX_SERVERS` servers, `router.MAX_CHILDREN` children each.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from exporter.sources.live import LiveSources, SourceStatus
 from exporter.sources.nvml import NvmlCollector
 from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
+from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,9 @@ class ChildSources:
     proc_root: str | None  # None: no /proc source
 
 
-def log_collectors(view: Callable[[], object]) -> list[Collector]:
-    """The collectors of what one server's log says (rendered from `view()`, a `ServerState`)."""
-    return [ServerLogCollector(view), KVForecastCollector(view), CheckpointCacheCollector(view)]  # type: ignore[arg-type]
+def log_collectors(view: Callable[[], ServerState]) -> list[Collector]:
+    """The collectors of what one server's log says (rendered from `view()`)."""
+    return [ServerLogCollector(view), KVForecastCollector(view), CheckpointCacheCollector(view)]
 
 
 @dataclass

@@ -190,7 +190,143 @@ def _stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
             proc.wait(grace)
 
 
-class LlamaServer:
+class _LlamaProcess:
+    """What a real llama-server process (a server or a router) and its harness have in common: the
+    process started and signalled only by its own pid, its ``--log-file``, ``/health``, and the
+    output file ``<log_file>.stderr`` (appended to across restarts). Subclasses give `command`."""
+
+    #: How messages name the process.
+    WHAT = "llama-server"
+
+    def __init__(
+        self,
+        binary: Path,
+        *,
+        log_file: Path | None,
+        log_name: str,
+        port: int | None,
+        ready_timeout: float,
+        wait_ready: bool,
+        env: Mapping[str, str] | None,
+    ) -> None:
+        self.binary = binary
+        self.port = port or free_port()
+        self.ready_timeout = ready_timeout
+        self.wait_ready = wait_ready
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        if log_file is None:
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="llama-harness-")
+            log_file = Path(self._tmpdir.name) / log_name
+        self.log_file = log_file
+        self.stderr_file = log_file.with_name(log_file.name + ".stderr")
+        # Never inherit a caller's LLAMA_ARG_* settings: the command line must fully define the run
+        # (a router passes its environment on to every child too).
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
+        # The CPU backend is built with OpenMP. With its default (spinning) wait policy, `-t 2` on a
+        # 2-core machine that is also running pytest and the exporter stalled single decodes for
+        # 2-13 s in ~1 run in 10; passive waiting brought the worst of 40 runs to 0.08 s.
+        self.env = {**base, "OMP_WAIT_POLICY": "passive", **(env or {})}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:43123``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """Pid of the running process (raises if it was never started)."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.WHAT} is not started")
+        return self._proc.pid
+
+    def start(self: _P) -> _P:
+        """Start the process; wait for ``/health`` 200 unless ``wait_ready`` is False."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"{self.WHAT} already running (pid {self._proc.pid})")
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.stderr_file.open("ab") as err:
+            err.write(f"\n=== harness: starting {' '.join(self.command)}\n".encode())
+            err.flush()
+            # stdout too goes to a file: with no TTY on stdout/stderr `--log-colors auto` stays off.
+            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=self.env)
+        if self.wait_ready:
+            self.wait_healthy()
+        return self
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _check_running(self, what: str) -> None:
+        if not self.is_running():
+            code = None if self._proc is None else self._proc.returncode
+            raise RuntimeError(
+                f"{self.WHAT} exited (rc={code}) {what}: {' '.join(self.command)}\n"
+                f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
+            )
+
+    def health(self, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | None:
+        """(status, body) of GET /health, or None while the port does not accept connections."""
+        try:
+            return http_json(self.url + "/health", timeout=timeout)
+        except (OSError, urllib.error.URLError):
+            return None
+
+    def wait_healthy(self, timeout: float | None = None) -> None:
+        """Poll ``/health`` until 200; raise with the output tail if the process dies or times out."""
+        limit = self.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        while True:
+            self._check_running("before becoming healthy")
+            h = self.health()
+            if h is not None and h[0] == 200:
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{self.WHAT} not healthy after {limit:.0f}s (last /health: {h})\n"
+                    f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
+                )
+            time.sleep(0.02)
+
+    def log_text(self) -> str:
+        """Current content of the ``--log-file``."""
+        try:
+            return self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_lines(self, needle: str | None = None) -> list[str]:
+        """Lines of the ``--log-file``, optionally only those containing ``needle``."""
+        lines = self.log_text().splitlines()
+        return lines if needle is None else [ln for ln in lines if needle in ln]
+
+    def stop(self) -> None:
+        """Terminate cleanly (SIGTERM, then SIGKILL after a grace period)."""
+        if self._proc is not None:
+            _stop_process(self._proc)
+
+    def __enter__(self: _P) -> _P:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+
+
+_P = TypeVar("_P", bound=_LlamaProcess)
+
+
+class LlamaServer(_LlamaProcess):
     """A real llama-server child process with a ``--log-file``, usable as a context manager.
 
     Starts ``BIN -m MODEL --host 127.0.0.1 --port P --log-file F *args`` and (by default) waits for
@@ -211,37 +347,17 @@ class LlamaServer:
         wait_ready: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.binary = binary
+        super().__init__(
+            binary,
+            log_file=log_file,
+            log_name="llama-server.log",
+            port=port,
+            ready_timeout=ready_timeout,
+            wait_ready=wait_ready,
+            env=env,
+        )
         self.model = model
         self.args = list(args)
-        self.port = port or free_port()
-        self.ready_timeout = ready_timeout
-        self.wait_ready = wait_ready
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        if log_file is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="llama-harness-")
-            log_file = Path(self._tmpdir.name) / "llama-server.log"
-        self.log_file = log_file
-        self.stderr_file = log_file.with_name(log_file.name + ".stderr")
-        # Never inherit a caller's LLAMA_ARG_* settings: the command line must fully define the run.
-        base = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-        # The CPU backend is built with OpenMP. With its default (spinning) wait policy, `-t 2` on a
-        # 2-core machine that is also running pytest and the exporter stalled single decodes for
-        # 2-13 s in ~1 run in 10; passive waiting brought the worst of 40 runs to 0.08 s.
-        self.env = {**base, "OMP_WAIT_POLICY": "passive", **(env or {})}
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:43123``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        """Pid of the running server (raises if it was never started)."""
-        if self._proc is None:
-            raise RuntimeError("llama-server is not started")
-        return self._proc.pid
 
     @property
     def command(self) -> list[str]:
@@ -259,91 +375,16 @@ class LlamaServer:
             *self.args,
         ]
 
-    def start(self) -> LlamaServer:
-        """Start the process; wait for ``/health`` 200 unless ``wait_ready`` is False."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError(f"llama-server already running (pid {self._proc.pid})")
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.stderr_file.open("ab") as err:
-            err.write(f"\n=== harness: starting {' '.join(self.command)}\n".encode())
-            err.flush()
-            # stdout too goes to a file: with no TTY on stdout/stderr `--log-colors auto` stays off.
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=self.env)
-        if self.wait_ready:
-            self.wait_healthy()
-        return self
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def health(self, timeout: float = 2.0) -> tuple[int, dict[str, Any]] | None:
-        """(status, body) of GET /health, or None while the port does not accept connections."""
-        try:
-            return http_json(self.url + "/health", timeout=timeout)
-        except (OSError, urllib.error.URLError):
-            return None
-
-    def wait_healthy(self, timeout: float | None = None) -> None:
-        """Poll ``/health`` until 200; raise with the log tail if the server dies or times out."""
-        limit = self.ready_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while True:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise RuntimeError(
-                    f"llama-server exited (rc={code}) before becoming healthy: {' '.join(self.command)}\n"
-                    f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
-                )
-            h = self.health()
-            if h is not None and h[0] == 200:
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"llama-server not healthy after {limit:.0f}s (last /health: {h})\n"
-                    f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
-                )
-            time.sleep(0.02)
-
-    def log_text(self) -> str:
-        """Current content of the ``--log-file``."""
-        try:
-            return self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_lines(self, needle: str | None = None) -> list[str]:
-        """Lines of the ``--log-file``, optionally only those containing ``needle``."""
-        lines = self.log_text().splitlines()
-        return lines if needle is None else [ln for ln in lines if needle in ln]
-
     def kill9(self) -> None:
         """SIGKILL the server (a crash: no shutdown lines), and reap it."""
         if self._proc is not None and self._proc.poll() is None:
             os.kill(self._proc.pid, signal.SIGKILL)
             self._proc.wait(10)
 
-    def stop(self) -> None:
-        """Terminate cleanly (SIGTERM, then SIGKILL after a grace period)."""
-        if self._proc is not None:
-            _stop_process(self._proc)
-
     def restart(self) -> LlamaServer:
         """Stop if running, then start again with the same argv (same port, same --log-file)."""
         self.stop()
         return self.start()
-
-    def __enter__(self) -> LlamaServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
 
 
 #: Arguments a :class:`LlamaRouter` passes on to every model instance by default: a 1,024-cell pool
@@ -399,7 +440,7 @@ def _alias_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-class LlamaRouter:
+class LlamaRouter(_LlamaProcess):
     """A real llama-server in router mode (``--models-dir``), usable as a context manager.
 
     Starts ``BIN --models-dir DIR --host 127.0.0.1 --port P --log-file F [--models-max N]
@@ -426,6 +467,8 @@ class LlamaRouter:
     Output (stdout and stderr) goes to ``<log_file>.stderr``, appended across restarts.
     """
 
+    WHAT = "llama-server router"
+
     def __init__(
         self,
         binary: Path,
@@ -440,37 +483,21 @@ class LlamaRouter:
         wait_ready: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.binary = binary
+        super().__init__(
+            binary,
+            log_file=log_file,
+            log_name="router.log",
+            port=port,
+            ready_timeout=ready_timeout,
+            wait_ready=wait_ready,
+            env=env,
+        )
         self.models_dir = models_dir
         self.child_args = list(child_args)
         self.models_max = models_max
         self.log_prefix = log_prefix
-        self.port = port or free_port()
-        self.ready_timeout = ready_timeout
-        self.wait_ready = wait_ready
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        if log_file is None:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="llama-router-")
-            log_file = Path(self._tmpdir.name) / "router.log"
-        self.log_file = log_file
-        self.stderr_file = log_file.with_name(log_file.name + ".stderr")
-        # As LlamaServer: no inherited LLAMA_ARG_* (the router passes its environment on to every
-        # child too), and passive OpenMP waiting.
-        base = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
-        self.env = {**base, "OMP_WAIT_POLICY": "passive", **(env or {})}
-        self._proc: subprocess.Popen[bytes] | None = None
         #: Children killed by :meth:`stop` because the router left them running: (pid, alias).
         self.leftover_children: list[tuple[int, str | None]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError("llama-server router is not started")
-        return self._proc.pid
 
     @property
     def command(self) -> list[str]:
@@ -491,58 +518,6 @@ class LlamaRouter:
         if self.log_prefix:
             cmd += ["--log-prefix", "--log-timestamps"]
         return cmd + self.child_args
-
-    def start(self) -> LlamaRouter:
-        """Start the router; wait for ``/health`` 200 unless ``wait_ready`` is False."""
-        if self._proc is not None and self._proc.poll() is None:
-            raise RuntimeError(f"llama-server router already running (pid {self._proc.pid})")
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.stderr_file.open("ab") as err:
-            err.write(f"\n=== harness: starting {' '.join(self.command)}\n".encode())
-            err.flush()
-            self._proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=self.env)
-        if self.wait_ready:
-            self.wait_healthy()
-        return self
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def _check_running(self, what: str) -> None:
-        if not self.is_running():
-            code = None if self._proc is None else self._proc.returncode
-            raise RuntimeError(
-                f"llama-server router exited (rc={code}) {what}: {' '.join(self.command)}\n"
-                f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
-            )
-
-    def wait_healthy(self, timeout: float | None = None) -> None:
-        """Poll the router's ``/health`` until 200; raise with the output tail if it dies or times out."""
-        limit = self.ready_timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while True:
-            self._check_running("before becoming healthy")
-            status = _try_http_status(self.url + "/health")
-            if status == 200:
-                return
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"llama-server router not healthy after {limit:.0f}s (last /health: {status})\n"
-                    f"--- {self.stderr_file} (tail) ---\n{tail_text(self.stderr_file)}"
-                )
-            time.sleep(0.02)
-
-    def log_text(self) -> str:
-        """Current content of the router's ``--log-file`` (its own lines and its children's)."""
-        try:
-            return self.log_file.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def log_lines(self, needle: str | None = None) -> list[str]:
-        """Lines of the ``--log-file``, optionally only those containing ``needle``."""
-        lines = self.log_text().splitlines()
-        return lines if needle is None else [ln for ln in lines if needle in ln]
 
     # --- the router's API -------------------------------------------------------------------
 
@@ -670,19 +645,6 @@ class LlamaRouter:
             self.leftover_children.append((pid, alias))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-    def __enter__(self) -> LlamaRouter:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
 
 
 class ExporterProcess:

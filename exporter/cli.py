@@ -7,19 +7,16 @@ import contextlib
 import logging
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
 from exporter.collector import CheckpointCacheCollector, ExporterCollector, KVForecastCollector, ServerLogCollector
 from exporter.config import Config, parse_config
-from exporter.demo import replay_forever
-from exporter.logs.journald import JournaldSource
 from exporter.logs.source import LineSource
-from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
 from exporter.pipeline import LogPipeline
 from exporter.servers import ChildSources, FollowedServer, ServersCollector
@@ -29,7 +26,9 @@ from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import ServerHttpReader
 from exporter.state import ServerState
 from exporter.web import make_app, start_server
-from exporter.webconfig import WebConfigError, WebConfigWatcher
+
+if TYPE_CHECKING:
+    import tempfile
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -143,12 +142,18 @@ def build_servers(config: Config) -> tuple[list[FollowedServer], list[LogTailer]
 
 def line_source(config: Config) -> LineSource | None:
     """The log source other than a file (`--log-source stdin|journald`), or None for the file tailer."""
+    # The modules of the sources, of --web.config.file and of --demo are imported where they are used:
+    # each is memory that an exporter following a file would hold for nothing.
     if config.log_source == "journald":
+        from exporter.logs.journald import JournaldSource
+
         assert config.journal_unit is not None  # parse_config checks it
         return JournaldSource(
             config.journal_unit, namespace=config.journal_namespace, directory=config.journal_directory
         )
     if config.log_source == "stdin":
+        from exporter.logs.stdin import StdinSource
+
         return StdinSource()
     return None
 
@@ -163,6 +168,8 @@ async def serve(config: Config) -> int:
 
     security = None
     if config.web_config_file is not None:
+        from exporter.webconfig import WebConfigError, WebConfigWatcher
+
         try:
             security = WebConfigWatcher(config.web_config_file)
         except WebConfigError as exc:
@@ -172,6 +179,10 @@ async def serve(config: Config) -> int:
     demo_dir: tempfile.TemporaryDirectory[str] | None = None
     log_file = config.log_file
     if config.demo:
+        import tempfile
+
+        from exporter.demo import replay_forever
+
         demo_dir = tempfile.TemporaryDirectory(prefix="llamacpp-exporter-demo-")
         demo_path = Path(demo_dir.name) / "llama-server.log"
         demo_path.touch()  # the replay writes into it; it exists from the start, like a running server's log

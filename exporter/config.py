@@ -276,11 +276,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-batch-interval",
         type=_interval(10),
-        default=default("log-batch-interval", "0.2"),
+        default=default("log-batch-interval", "1.0"),
         metavar="SECONDS",
         help="the longest wait between reads while the log keeps growing: the wait starts at 0.025 and doubles "
-        "up to this (default 0.2). Longer = fewer wake-ups and less CPU, at that much latency. A line after "
-        f"a quiet spell is read at once. [{env_name('log-batch-interval')}]",
+        "up to this (default 1.0). Longer = fewer wake-ups and less CPU. A line after a quiet spell is read at "
+        f"once, and a scrape reads what the log holds first. [{env_name('log-batch-interval')}]",
     )
     p.add_argument(
         "--fs-events",

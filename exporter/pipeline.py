@@ -14,9 +14,8 @@ import time
 from collections.abc import Iterable, Sequence
 
 from exporter.logs import events as ev
-from exporter.logs.follow import follow
+from exporter.logs.follow import CatchUp, follow
 from exporter.logs.source import LineSource
-from exporter.logs.stdin import StdinSource
 from exporter.logs.tail import LogTailer
 from exporter.router import ServerLog
 from exporter.state import ServerState
@@ -38,7 +37,11 @@ class LogPipeline:
         self.state = state
         self.log = ServerLog(state)  # the state, or in router mode the router's and one per child
         self.tailer = tailer
-        self.source: LineSource | None = source if source is not None or tailer is not None else StdinSource()
+        if source is None and tailer is None:
+            from exporter.logs.stdin import StdinSource  # only here: most exporters follow a file
+
+            source = StdinSource()
+        self.source: LineSource | None = source
         self.lines = 0
         self.replayed_lines = 0
         self._reported_error: str | None = None
@@ -48,6 +51,7 @@ class LogPipeline:
         self._recognized = False  # a line only llama-server writes was seen
         self._warned_unrecognized = False
         self._file_starts = 0  # opens, rotations and truncations of the log file so far
+        self._catch_up = CatchUp()
         # A file is rewritten at every server start (llama-server truncates it), so a new format can only
         # begin in a new file; the journal and standard input have no files: any start banner may.
         state.provenance.banners_reformat = tailer is None
@@ -224,6 +228,10 @@ class LogPipeline:
                 log.info("log file %s is readable again", self.tailer.path if self.tailer else "-")
             self._reported_error = error
 
+    async def catch_up(self) -> None:
+        """Before a scrape: have the follower read what the log holds now, not at the end of its batch wait."""
+        await self._catch_up()
+
     async def run(
         self, *, poll_interval: float, batch_interval: float, use_watchdog: bool, stop: asyncio.Event
     ) -> None:
@@ -241,6 +249,7 @@ class LogPipeline:
                 use_watchdog=use_watchdog,
                 stop=stop,
                 batch_interval=batch_interval,
+                catch_up=self._catch_up,
             )
         except asyncio.CancelledError:
             self.stopped = "cancelled"

@@ -140,11 +140,12 @@ class FollowedServer:
                 yield {**self.labels, "model": child.name}, c.collectors
 
     async def refresh(self) -> None:
-        """Read the live sources: the server's (the router's), then each child's. Never raises."""
+        """The log up to now, then the live sources: the server's (the router's), then each child's. Never raises."""
         async with self._refreshing:
             await self._refresh()
 
     async def _refresh(self) -> None:
+        await self.pipeline.catch_up()  # the lines written so far first: a router's spawn lines name its children
         if self.live.http_reader is not None:
             self.live.http_reader.router = self.is_router
         await self.live.refresh()

@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from test_sources_nvml import GIB, FakeNvml, _h200
 
+from exporter.logs import follow as follow_mod
 from exporter.logs.tail import LogTailer
 from exporter.pipeline import LogPipeline
 from exporter.servers import ChildSources, FollowedServer, ServersCollector, merge_units
@@ -117,6 +118,49 @@ def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     for c in one._own:
         direct.register(c)
     assert text == generate_latest(direct).decode()
+
+
+async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scrape's refresh reads the log first: lines written while the follower waits between batches
+    (here 5 s) are on /metrics at the next scrape, not at the end of the wait."""
+    monkeypatch.setattr(follow_mod, "BATCH_START", 5.0)
+    log = tmp_path / "server.log"
+    log.write_bytes(CAPTURE.read_bytes())
+    pipeline = LogPipeline(ServerState(), LogTailer(log))
+    pipeline.replay_existing()
+    collector = ServersCollector([FollowedServer({}, pipeline, LiveSources(pipeline.state), children=NO_CHILDREN)])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    stop = asyncio.Event()
+    task = asyncio.create_task(pipeline.run(poll_interval=60, batch_interval=30, use_watchdog=True, stop=stop))
+
+    async def lines_after(n: int) -> None:
+        with log.open("a") as f:
+            f.write("".join(f"0.01.000.000 I line {i}\n" for i in range(n)))
+        await asyncio.sleep(0)
+
+    def scraped() -> float:
+        families = text_string_to_metric_families(generate_latest(registry).decode())
+        return next(f.samples[0].value for f in families if f.name == "llamacpp_exporter_log_lines")
+
+    await lines_after(1)
+    for _ in range(500):  # read at once (the follower was idle)
+        if pipeline.lines == 1:
+            break
+        await asyncio.sleep(0.01)
+    await lines_after(1)  # soon after: busy, and this read is followed by the 5 s batch wait
+    for _ in range(500):
+        if pipeline.lines == 2:
+            break
+        await asyncio.sleep(0.01)
+    await lines_after(40)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await collector.refresh()  # what the web app runs before it renders /metrics
+    assert scraped() == 42
+    assert loop.time() - started < 1.0
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
 
 
 GOOD = """

@@ -27,7 +27,7 @@ import pytest
 from watchdog.observers.api import BaseObserver
 
 from exporter.logs import follow as follow_mod
-from exporter.logs.follow import follow
+from exporter.logs.follow import CatchUp, follow
 from exporter.logs.tail import LogTailer
 
 SEQ_RE = re.compile(r"seq=(\d{6})")
@@ -916,6 +916,79 @@ async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: 
     # The quiet line: its own batch, read on its event (the idle wait is 60 s), no batch wait first.
     assert seen.batches == batches + 1
     assert all(w == 60 for w in waits[waits_before:])
+
+
+async def _in_a_batch_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Seen, CatchUp, Any, Any]:
+    """A follower busy with a writer, now in a 5 s batch wait (the first one, made long): the log,
+    what it read, its CatchUp, its stop event and its task."""
+    waits: list[float] = []
+    real_wait = follow_mod._Waker.wait
+
+    async def recording_wait(self: Any, timeout: float) -> None:
+        waits.append(timeout)
+        await real_wait(self, timeout)
+
+    monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    monkeypatch.setattr(follow_mod, "BATCH_START", 5.0)
+    p = tmp_path / "server.log"
+    append(p, 0, 1)
+    t, seen, catch_up, stop = LogTailer(p), Seen(), CatchUp(), asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=30, catch_up=catch_up))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    append(p, 1, 2)  # soon after the last read: busy, so the read of it is followed by a batch wait
+    await wait_until(lambda: seen.has(1) and 5.0 in waits, "the batch wait")
+    return p, seen, catch_up, stop, task
+
+
+async def test_a_scrape_reads_the_log_without_waiting_for_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape (CatchUp) during a batch wait has the lines written before it read at once, and
+    waits for that read; the follower then goes on batching."""
+    p, seen, catch_up, stop, task = await _in_a_batch_wait(tmp_path, monkeypatch)
+    append(p, 2, 50)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await catch_up()
+    assert seen.has(49), "the lines written before the scrape are read when it returns"
+    assert loop.time() - started < 1.0  # not at the end of the 5 s wait
+    batches = seen.batches
+    append(p, 50, 60)
+    await asyncio.sleep(0.3)
+    assert seen.batches == batches  # still batching: the next read is at the end of the wait
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(50))
+
+
+async def test_a_scrape_does_not_wait_for_a_flood(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more unread than CATCH_UP_MAX_BYTES, a scrape only ends the batch wait: it answers with
+    what was read so far while the follower reads the backlog."""
+    p, seen, catch_up, stop, task = await _in_a_batch_wait(tmp_path, monkeypatch)
+    n = 2
+    while p.stat().st_size < 2 * follow_mod.CATCH_UP_MAX_BYTES:
+        append(p, n, n + 1000)
+        n += 1000
+    await catch_up()
+    assert not seen.has(2)  # returned before the follower read anything
+    await wait_until(lambda: seen.has(n - 1), "the backlog, read well before the 5 s wait ends", timeout=2.0)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert seqs(seen.lines) == list(range(n))
+
+
+async def test_a_scrape_before_or_after_the_follower_returns_at_once(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    append(p, 0, 1)
+    catch_up = CatchUp()
+    await asyncio.wait_for(catch_up(), timeout=0.05)  # no follower yet
+    t, seen, stop = LogTailer(p), Seen(), asyncio.Event()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, catch_up=catch_up))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    await asyncio.wait_for(catch_up(), timeout=1.0)  # idle: a read that finds nothing
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    await asyncio.wait_for(catch_up(), timeout=0.05)  # stopped
 
 
 async def test_follow_batches_a_writer_that_closes_after_every_write(tmp_path: Path) -> None:

@@ -17,9 +17,13 @@ a few per line), and the first lines after a wake-up cost two to three times wha
 file keeps changing, the follower waits between reads, and nothing wakes the loop meanwhile (the
 inotify reader is off, so the kernel folds the writes into one queued event); the wait starts at
 ``BATCH_START`` (25 ms) and doubles after every read that found lines, up to ``batch_interval``
-(``--log-batch-interval``, 200 ms by default): a server writing a thousand lines a second is read
-five times a second, and no line waits longer than the longest wait plus one read. The first read
-that finds nothing ends the batching; the next line is read at once again.
+(``--log-batch-interval``, 1 s by default): a server writing a thousand lines a second is read
+once a second. The first read that finds nothing ends the batching; the next line is read at once
+again.
+A scrape does not wait for the batch: `CatchUp` (called before every scrape) ends the wait and
+waits for that read, so /metrics shows every line written before the scrape, whatever the
+cadence. Only a large backlog (a flood) is not waited for: the scrape answers with what was read
+so far while the follower goes on.
 A writer closing the file (a server exiting) ends a batch wait at once: a restarted server
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
@@ -48,12 +52,16 @@ from exporter.logs.tail import LogTailer
 if TYPE_CHECKING:
     from watchdog.observers.api import BaseObserver, ObservedWatch
 
-__all__ = ["follow"]
+__all__ = ["CatchUp", "follow"]
 
 logger = logging.getLogger(__name__)
 
 #: The first batch wait when the log starts to change continuously; it doubles up to batch_interval.
 BATCH_START = 0.025
+#: A scrape waits for the follower's read only when at most this much is unread (about 15 ms of work).
+CATCH_UP_MAX_BYTES = 256 * 1024
+#: ...and never longer than this.
+CATCH_UP_TIMEOUT = 0.1
 
 # watchdog is imported on first use: on Linux follow() watches with inotify and never loads it. The
 # observer class stays a module attribute so that it can be replaced (the tests do).
@@ -438,16 +446,21 @@ def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
     return s.bytes, s.opens, s.rotations, s.truncations
 
 
+def _read_once(tailer: LogTailer, on_lines: Callable[[list[str]], None]) -> int:
+    """One poll, its lines handed on; the number of lines (the list is gone before the next poll)."""
+    lines = tailer.poll()
+    if lines:
+        on_lines(lines)
+    return len(lines)
+
+
 async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> int:
     """Read until EOF (yielding between chunks); the number of lines read."""
     switches = tailer.stats.rotations + tailer.stats.truncations
     count = 0
     while not stop.is_set():
         before = _progress(tailer)
-        lines = tailer.poll()
-        if lines:
-            count += len(lines)
-            on_lines(lines)
+        count += _read_once(tailer, on_lines)
         # Poll until a poll reaches EOF or makes no progress, rather than until has_pending() is False:
         # a read that ended exactly at EOF on the byte budget has not checked the path for rotation
         # yet. Judging by progress (not lines) also keeps a persistent read error from becoming a busy
@@ -462,6 +475,48 @@ async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop:
     return count
 
 
+class CatchUp:
+    """A scrape's request to read the log now, rather than when the follower's wait runs out.
+
+    Called before a scrape: while `follow` waits (between batches, or idle), it ends the wait and
+    waits for that read, at most ``CATCH_UP_TIMEOUT``, so that /metrics shows every line written
+    before the scrape. With more than ``CATCH_UP_MAX_BYTES`` unread (a flood), it only ends the wait:
+    the scrape answers with what was read so far instead of waiting for the backlog. While the
+    follower is reading, or before it started, it returns at once.
+    """
+
+    def __init__(self) -> None:
+        self._tailer: LogTailer | None = None
+        self._wake: _WakeUps | None = None  # set while follow() waits
+        self._read: asyncio.Future[None] | None = None  # done at the end of the next read
+
+    async def __call__(self) -> None:
+        wake, tailer = self._wake, self._tailer
+        if wake is None or tailer is None:
+            return
+        wake.read_now()
+        if tailer.pending_bytes() > CATCH_UP_MAX_BYTES:
+            return
+        if self._read is None:
+            self._read = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._read), CATCH_UP_TIMEOUT)
+
+    async def _wait(self, wake: _WakeUps, waker: _Waker, timeout: float) -> None:
+        """follow()'s wait on `waker`, during which a scrape may end it."""
+        self._wake = wake
+        try:
+            await waker.wait(timeout)
+        finally:
+            self._wake = None
+
+    def _done(self) -> None:
+        """A read ended: the scrapes that asked for it go on."""
+        read, self._read = self._read, None
+        if read is not None and not read.done():
+            read.set_result(None)
+
+
 async def follow(
     tailer: LogTailer,
     on_lines: Callable[[list[str]], None],
@@ -469,17 +524,19 @@ async def follow(
     poll_interval: float = 1.0,
     use_watchdog: bool = True,
     stop: asyncio.Event | None = None,
-    batch_interval: float = 0.2,
+    batch_interval: float = 1.0,
     after_drain: Callable[[], None] | None = None,
+    catch_up: CatchUp | None = None,
 ) -> None:
     """Feed new lines of ``tailer`` to ``on_lines`` until ``stop`` is set (or the task is cancelled).
 
     ``after_drain`` is called after every pass, lines or not (e.g. to report ``tailer.last_error``).
+    ``catch_up``, called before a scrape, has the follower read at once (see `CatchUp`).
 
     A line written after a quiet spell is read at once. While the file keeps changing (a read less
     than twice the current wait after the previous one), the follower waits before it reads again:
     ``BATCH_START`` first, doubling after each read that found lines, at most ``batch_interval``. A
-    server writing hundreds of times a second is so read in batches, a few per second, with one
+    server writing hundreds of times a second is so read in batches, about one a second, with one
     wake-up per batch rather than one per write. Except when a writer closes the file: then it is
     read at once (see `_WakeUps`).
     """
@@ -494,6 +551,8 @@ async def follow(
     stop_task.add_done_callback(lambda _: wake.read_now())
     last_drain = -math.inf
     wait = first_wait  # the next batch wait while the file keeps changing
+    catch = catch_up if catch_up is not None else CatchUp()
+    catch._tailer = tailer
     try:
         while not stop_event.is_set():
             if watch is not None:
@@ -503,12 +562,13 @@ async def follow(
             now = loop.time()
             busy, last_drain = now - last_drain < 2 * wait, now
             lines = await _drain(tailer, on_lines, stop_event)
+            catch._done()
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
             if busy and lines:
-                await wake.urgent.wait(wait)
+                await catch._wait(wake, wake.urgent, wait)
                 wait = min(2 * wait, batch_interval)
                 if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
@@ -517,8 +577,10 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await wake.any.wait(poll_interval)
+            await catch._wait(wake, wake.any, poll_interval)
     finally:
+        catch._done()
+        catch._tailer = None
         stop_task.cancel()
         if watch is not None:
             watch.close()

@@ -21,6 +21,7 @@ Unknown lines give no event: most of a log is not interesting and that is not an
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -478,7 +479,6 @@ _MESSAGE = (
 )
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
 _SCAN_LINES = re.compile(r"\n(?P<lead>" + _atomic(_LEAD, "lead_") + ")" + _MESSAGE, re.MULTILINE | re.ASCII)
-_SCAN_MESSAGES = re.compile(r"\n" + _MESSAGE, re.MULTILINE | re.ASCII)
 _SLOT_BUILDS: dict[str, Callable[[int, int, _M], ev.Event]] = {
     f"s{i}": build for i, (_, _, build) in enumerate(_SLOT_RULES)
 }
@@ -617,9 +617,15 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     return out
 
 
+@functools.cache
+def _scan_messages() -> re.Pattern[str]:
+    """The scan for messages without their lead: compiled on first use (only tests parse bare messages)."""
+    return re.compile(r"\n" + _MESSAGE, re.MULTILINE | re.ASCII)
+
+
 def parse_message(msg: str) -> ev.Event | None:
     """Parse a normalised message (see `normalize`)."""
-    events = _events("\n" + msg, _SCAN_MESSAGES, formats=False)
+    events = _events("\n" + msg, _scan_messages(), formats=False)
     return events[0] if events else None
 
 

@@ -190,15 +190,22 @@ async def test_a_restart_may_change_the_format_only_in_a_new_file(tmp_path: Path
     pipeline.replay_existing()
     before = _observed(state)
 
+    def read_to_the_end() -> None:  # as the follower does: poll after poll (each reads one chunk)
+        assert pipeline.tailer is not None
+        while True:
+            pipeline.feed(pipeline.tailer.poll())
+            if pipeline.tailer.at_eof:
+                return
+
     with log.open("a") as f:  # appended: the second run's lines in another format, no new file
         f.write("\n".join(second) + "\n")
-    pipeline.feed(pipeline.tailer.poll() if pipeline.tailer else [])
+    read_to_the_end()
     assert _observed(state) == before
     assert set(state.rejected) == {"format"}
 
     log.write_text("\n".join(second) + "\n")  # what a restart does: truncate, write from the start
     await asyncio.sleep(0)
-    pipeline.feed(pipeline.tailer.poll() if pipeline.tailer else [])
+    read_to_the_end()
     expected = ServerState()
     for e in parse_lines(second):
         expected.apply(e)

@@ -108,3 +108,17 @@ def test_tailer_block_decoding_equals_per_line_decoding(tmp_path: Path) -> None:
         got += lines
     want = [(r[:-1] if r.endswith(b"\r") else r).decode("utf-8", errors="replace") for r in raw]
     assert got == want
+
+
+def test_events_compare_hash_and_print_as_dataclasses_do() -> None:
+    """The shared __eq__, __hash__ and __repr__ of event classes behave as dataclass's own would."""
+    assert ev.KVRetry(0, 512) == ev.KVRetry(0, 512) and hash(ev.KVRetry(0, 512)) == hash(ev.KVRetry(0, 512))
+    assert ev.KVRetry(0, 512) != ev.KVRetry(0, 256)
+    assert ev.MemorySlotFailure(512) != ev.DecodeFailed(512)  # another class: never equal
+    assert repr(ev.KVRetry(0, 512)) == "KVRetry(offset=0, n_batch=512)"
+    assert repr(ev.ServerStarting()) == "ServerStarting(build=None)"
+    # A field with compare=False is left out of both, as dataclass does.
+    first = ev.PromptEvalTiming(12.5, 100)
+    again = ev.PromptEvalTiming(12.5, 100, continuation=True)
+    assert first == again and hash(first) == hash(again) and repr(again).endswith("continuation=True)")
+    assert len({ev.KVRetry(0, 512), ev.KVRetry(0, 512), ev.KVRetry(1, 512)}) == 2

@@ -276,10 +276,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--log-batch-interval",
         type=_interval(10),
-        default=default("log-batch-interval", "1.0"),
+        default=default("log-batch-interval", "2.0"),
         metavar="SECONDS",
         help="the longest wait between reads while the log keeps growing: the wait starts at 0.025 and doubles "
-        "up to this (default 1.0). Longer = fewer wake-ups and less CPU. A line after a quiet spell is read at "
+        "up to this (default 2.0). Longer = fewer wake-ups and less CPU. A line after a quiet spell is read at "
         f"once, and a scrape reads what the log holds first. [{env_name('log-batch-interval')}]",
     )
     p.add_argument(

@@ -985,10 +985,29 @@ async def test_a_scrape_before_or_after_the_follower_returns_at_once(tmp_path: P
     t, seen, stop = LogTailer(p), Seen(), asyncio.Event()
     task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, catch_up=catch_up))
     await wait_until(lambda: seen.has(0), "seq 0")
-    await asyncio.wait_for(catch_up(), timeout=1.0)  # idle: a read that finds nothing
+    batches = seen.batches
+    await asyncio.wait_for(catch_up(), timeout=0.05)  # idle on filesystem events: a change is read at once anyway
+    assert seen.batches == batches
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
     await asyncio.wait_for(catch_up(), timeout=0.05)  # stopped
+
+
+async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path) -> None:
+    """Without filesystem events (--fs-events false) the follower idles until its next stat(): a
+    scrape reads what was written meanwhile."""
+    p = tmp_path / "server.log"
+    append(p, 0, 1)
+    t, seen, stop, catch_up = LogTailer(p), Seen(), asyncio.Event(), CatchUp()
+    task = asyncio.create_task(follow(t, seen, poll_interval=60, use_watchdog=False, stop=stop, catch_up=catch_up))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    append(p, 1, 10)
+    await asyncio.sleep(0.1)
+    assert not seen.has(1)  # polled every 60 s
+    await asyncio.wait_for(catch_up(), timeout=1.0)
+    assert seen.has(9)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
 
 
 async def test_follow_batches_a_writer_that_closes_after_every_write(tmp_path: Path) -> None:

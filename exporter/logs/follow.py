@@ -17,8 +17,8 @@ a few per line), and the first lines after a wake-up cost two to three times wha
 file keeps changing, the follower waits between reads, and nothing wakes the loop meanwhile (the
 inotify reader is off, so the kernel folds the writes into one queued event); the wait starts at
 ``BATCH_START`` (25 ms) and doubles after every read that found lines, up to ``batch_interval``
-(``--log-batch-interval``, 1 s by default): a server writing a thousand lines a second is read
-once a second. The first read that finds nothing ends the batching; the next line is read at once
+(``--log-batch-interval``, 2 s by default): a server writing a thousand lines a second is read
+every 2 s. The first read that finds nothing ends the batching; the next line is read at once
 again.
 A scrape does not wait for the batch: `CatchUp` (called before every scrape) ends the wait and
 waits for that read, so /metrics shows every line written before the scrape, whatever the
@@ -478,16 +478,17 @@ async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop:
 class CatchUp:
     """A scrape's request to read the log now, rather than when the follower's wait runs out.
 
-    Called before a scrape: while `follow` waits (between batches, or idle), it ends the wait and
-    waits for that read, at most ``CATCH_UP_TIMEOUT``, so that /metrics shows every line written
-    before the scrape. With more than ``CATCH_UP_MAX_BYTES`` unread (a flood), it only ends the wait:
-    the scrape answers with what was read so far instead of waiting for the backlog. While the
-    follower is reading, or before it started, it returns at once.
+    Called before a scrape: while `follow` waits between batches (or idles without filesystem
+    events, polling), it ends the wait and waits for that read, at most ``CATCH_UP_TIMEOUT``, so that
+    /metrics shows every line written before the scrape. With more than ``CATCH_UP_MAX_BYTES`` unread
+    (a flood), it only ends the wait: the scrape answers with what was read so far instead of waiting
+    for the backlog. While the follower reads, idles on filesystem events (a change is read at once),
+    or has not started, it returns at once.
     """
 
     def __init__(self) -> None:
         self._tailer: LogTailer | None = None
-        self._wake: _WakeUps | None = None  # set while follow() waits
+        self._wake: _WakeUps | None = None  # set while follow() waits in a way a scrape should end
         self._read: asyncio.Future[None] | None = None  # done at the end of the next read
 
     async def __call__(self) -> None:
@@ -502,9 +503,9 @@ class CatchUp:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._read), CATCH_UP_TIMEOUT)
 
-    async def _wait(self, wake: _WakeUps, waker: _Waker, timeout: float) -> None:
-        """follow()'s wait on `waker`, during which a scrape may end it."""
-        self._wake = wake
+    async def _wait(self, wake: _WakeUps, waker: _Waker, timeout: float, *, ends_on_scrape: bool) -> None:
+        """follow()'s wait on `waker`; with `ends_on_scrape`, a scrape may end it."""
+        self._wake = wake if ends_on_scrape else None
         try:
             await waker.wait(timeout)
         finally:
@@ -524,7 +525,7 @@ async def follow(
     poll_interval: float = 1.0,
     use_watchdog: bool = True,
     stop: asyncio.Event | None = None,
-    batch_interval: float = 1.0,
+    batch_interval: float = 2.0,
     after_drain: Callable[[], None] | None = None,
     catch_up: CatchUp | None = None,
 ) -> None:
@@ -536,7 +537,7 @@ async def follow(
     A line written after a quiet spell is read at once. While the file keeps changing (a read less
     than twice the current wait after the previous one), the follower waits before it reads again:
     ``BATCH_START`` first, doubling after each read that found lines, at most ``batch_interval``. A
-    server writing hundreds of times a second is so read in batches, about one a second, with one
+    server writing hundreds of times a second is so read in batches, one every 2 s, with one
     wake-up per batch rather than one per write. Except when a writer closes the file: then it is
     read at once (see `_WakeUps`).
     """
@@ -568,7 +569,7 @@ async def follow(
             if stop_event.is_set():
                 break
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait)
+                await catch._wait(wake, wake.urgent, wait, ends_on_scrape=True)
                 wait = min(2 * wait, batch_interval)
                 if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
@@ -577,7 +578,7 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval)
+            await catch._wait(wake, wake.any, poll_interval, ends_on_scrape=watch is None)
     finally:
         catch._done()
         catch._tailer = None

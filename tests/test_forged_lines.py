@@ -192,10 +192,11 @@ async def test_a_restart_may_change_the_format_only_in_a_new_file(tmp_path: Path
 
     def read_to_the_end() -> None:  # as the follower does: poll after poll (each reads one chunk)
         assert pipeline.tailer is not None
-        while True:
+        for _ in range(10_000):
             pipeline.feed(pipeline.tailer.poll())
             if pipeline.tailer.at_eof:
                 return
+        raise AssertionError("the tailer never reached the end of the log")
 
     with log.open("a") as f:  # appended: the second run's lines in another format, no new file
         f.write("\n".join(second) + "\n")

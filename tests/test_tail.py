@@ -944,21 +944,25 @@ async def test_a_scrape_reads_the_log_without_waiting_for_the_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scrape (CatchUp) during a batch wait has the lines written before it read at once, and
-    waits for that read; the follower then goes on batching."""
+    waits for that read (several chunks: it goes on when the read reaches where the log ended);
+    the follower then goes on batching."""
     p, seen, catch_up, stop, task = await _in_a_batch_wait(tmp_path, monkeypatch)
-    append(p, 2, 50)
+    n = 2
+    while p.stat().st_size < 200_000:  # several of the tailer's reads, below CATCH_UP_MAX_BYTES
+        append(p, n, n + 500)
+        n += 500
     loop = asyncio.get_running_loop()
     started = loop.time()
     await catch_up()
-    assert seen.has(49), "the lines written before the scrape are read when it returns"
+    assert seen.has(n - 1), "the lines written before the scrape are read when it returns"
     assert loop.time() - started < 1.0  # not at the end of the 5 s wait
     batches = seen.batches
-    append(p, 50, 60)
+    append(p, n, n + 10)
     await asyncio.sleep(0.3)
     assert seen.batches == batches  # still batching: the next read is at the end of the wait
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
-    assert seqs(seen.lines) == list(range(50))
+    assert seqs(seen.lines) == list(range(n))
 
 
 async def test_a_scrape_does_not_wait_for_a_flood(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -981,16 +985,21 @@ async def test_a_scrape_before_or_after_the_follower_returns_at_once(tmp_path: P
     p = tmp_path / "server.log"
     append(p, 0, 1)
     catch_up = CatchUp()
-    await asyncio.wait_for(catch_up(), timeout=0.05)  # no follower yet
+    await asyncio.wait_for(catch_up(), timeout=1.0)  # no follower yet
     t, seen, stop = LogTailer(p), Seen(), asyncio.Event()
     task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, catch_up=catch_up))
     await wait_until(lambda: seen.has(0), "seq 0")
     batches = seen.batches
-    await asyncio.wait_for(catch_up(), timeout=0.05)  # idle on filesystem events: a change is read at once anyway
-    assert seen.batches == batches
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await catch_up()  # idle, nothing unread: nothing to do
+    assert seen.batches == batches and loop.time() - started < 0.5
+    append(p, 1, 2)
+    await catch_up()  # written just before the scrape, its filesystem event not handled yet: read now
+    assert seen.has(1)
     stop.set()
     await asyncio.wait_for(task, timeout=1.0)
-    await asyncio.wait_for(catch_up(), timeout=0.05)  # stopped
+    await asyncio.wait_for(catch_up(), timeout=1.0)  # stopped
 
 
 async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path) -> None:

@@ -33,10 +33,12 @@ def event(cls: type[_T]) -> type[_T]:
     ``__hash__`` are shared functions over the fields, the same as dataclass's: generating and
     compiling them for each of some fifty classes cost about 100 KiB of resident memory.
     """
+    if any(name in cls.__dict__ for name in ("__repr__", "__eq__", "__hash__")):
+        raise TypeError(f"{cls.__name__}: an event class gets its __repr__, __eq__ and __hash__ from @event")
     made: Any = dataclass(slots=True, repr=False, eq=False)(cls)
-    names = tuple(f.name for f in fields(made))
-    made.__repr__ = _repr(names)
-    made.__eq__, made.__hash__ = _eq_and_hash(tuple(f.name for f in fields(made) if f.compare))
+    made.__repr__ = _repr(tuple(f.name for f in fields(made) if f.repr))
+    made.__eq__ = _eq(tuple(f.name for f in fields(made) if f.compare))
+    made.__hash__ = _hash(tuple(f.name for f in fields(made) if (f.compare if f.hash is None else f.hash)))
     return cast("type[_T]", made)
 
 
@@ -50,18 +52,24 @@ def _repr(names: tuple[str, ...]) -> Callable[[object], str]:
     return __repr__
 
 
-def _eq_and_hash(names: tuple[str, ...]) -> tuple[Callable[[object, object], bool], Callable[[object], int]]:
-    """dataclass's `__eq__` and `__hash__` (unsafe_hash) over the fields compared."""
+def _eq(names: tuple[str, ...]) -> Callable[[object, object], bool]:
+    """dataclass's `__eq__` over these fields: the same class, and the fields' tuples equal."""
 
     def __eq__(self: object, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in names)
+        return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+
+    return __eq__
+
+
+def _hash(names: tuple[str, ...]) -> Callable[[object], int]:
+    """dataclass's `__hash__` (unsafe_hash) over these fields."""
 
     def __hash__(self: object) -> int:
         return hash(tuple(getattr(self, n) for n in names))
 
-    return __eq__, __hash__
+    return __hash__
 
 
 @event

@@ -20,10 +20,12 @@ inotify reader is off, so the kernel folds the writes into one queued event); th
 (``--log-batch-interval``, 2 s by default): a server writing a thousand lines a second is read
 every 2 s. The first read that finds nothing ends the batching; the next line is read at once
 again.
+Without close events (polling, or a watch that does not report them) the wait is at most
+``poll_interval``, so that a restart loses no more than a poll's worth of the old server's lines.
 A scrape does not wait for the batch: `CatchUp` (called before every scrape) ends the wait and
-waits for that read, so /metrics shows every line written before the scrape, whatever the
-cadence. Only a large backlog (a flood) is not waited for: the scrape answers with what was read
-so far while the follower goes on.
+waits until the log is read as far as it reached when the scrape came, so /metrics shows every
+line written before the scrape, whatever the cadence. Only a large backlog (a flood) is not waited
+for: the scrape answers with what was read so far while the follower goes on.
 A writer closing the file (a server exiting) ends a batch wait at once: a restarted server
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
@@ -58,8 +60,8 @@ logger = logging.getLogger(__name__)
 
 #: The first batch wait when the log starts to change continuously; it doubles up to batch_interval.
 BATCH_START = 0.025
-#: A scrape waits for the follower's read only when at most this much is unread (about 15 ms of work).
-CATCH_UP_MAX_BYTES = 256 * 1024
+#: A scrape waits for the follower's read only when at most this much is unread (about 25 ms of work).
+CATCH_UP_MAX_BYTES = 512 * 1024
 #: ...and never longer than this.
 CATCH_UP_TIMEOUT = 0.1
 
@@ -161,6 +163,11 @@ class _ParentWatch:
             with contextlib.suppress(Exception):
                 self._observer.unschedule(self._watch)
         self._watch = None
+
+    @property
+    def sees_closes(self) -> bool:
+        """A writer closing the log wakes the follower: watchdog's inotify backend (Linux) reports closes."""
+        return sys.platform.startswith("linux") and self._watch is not None
 
     def take_events(self) -> bool:
         """Nothing to take: watchdog's observer thread hands each event to the waker as it comes."""
@@ -309,6 +316,11 @@ class _InotifyWatch:
         self._close_fd(self._closes_fd)
         self._closes_fd, self._closes_wd = -1, None
 
+    @property
+    def sees_closes(self) -> bool:
+        """A writer closing the log wakes the follower (the "closes" instance is read)."""
+        return self._closes_wd is not None
+
     def listen(self) -> None:
         """Have the event loop wake follow() on the next change (it stops listening at that change)."""
         if self._fd >= 0 and not self._listening:
@@ -454,13 +466,16 @@ def _read_once(tailer: LogTailer, on_lines: Callable[[list[str]], None]) -> int:
     return len(lines)
 
 
-async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> int:
+async def _drain(
+    tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event, catch_up: CatchUp
+) -> int:
     """Read until EOF (yielding between chunks); the number of lines read."""
     switches = tailer.stats.rotations + tailer.stats.truncations
     count = 0
     while not stop.is_set():
         before = _progress(tailer)
         count += _read_once(tailer, on_lines)
+        catch_up._progress(tailer.stats.bytes)
         # Poll until a poll reaches EOF or makes no progress, rather than until has_pending() is False:
         # a read that ended exactly at EOF on the byte budget has not checked the path for rotation
         # yet. Judging by progress (not lines) also keeps a persistent read error from becoming a busy
@@ -476,46 +491,55 @@ async def _drain(tailer: LogTailer, on_lines: Callable[[list[str]], None], stop:
 
 
 class CatchUp:
-    """A scrape's request to read the log now, rather than when the follower's wait runs out.
+    """A scrape's request to have what the log holds now read before it answers.
 
-    Called before a scrape: while `follow` waits between batches (or idles without filesystem
-    events, polling), it ends the wait and waits for that read, at most ``CATCH_UP_TIMEOUT``, so that
-    /metrics shows every line written before the scrape. With more than ``CATCH_UP_MAX_BYTES`` unread
-    (a flood), it only ends the wait: the scrape answers with what was read so far instead of waiting
-    for the backlog. While the follower reads, idles on filesystem events (a change is read at once),
-    or has not started, it returns at once.
+    Called before a scrape. If the files the tailer holds have unread bytes, it ends the follower's
+    wait (between batches, or idle) and waits until the follower has read as far as the files
+    reached when the scrape came (whether that read was just started or was under way), at most
+    ``CATCH_UP_TIMEOUT``: /metrics shows every line written before the scrape. With more than
+    ``CATCH_UP_MAX_BYTES`` unread (a flood), it only ends the wait: the scrape answers with what was
+    read so far instead of waiting for the backlog.
     """
 
     def __init__(self) -> None:
-        self._tailer: LogTailer | None = None
-        self._wake: _WakeUps | None = None  # set while follow() waits in a way a scrape should end
-        self._read: asyncio.Future[None] | None = None  # done at the end of the next read
+        self._tailer: LogTailer | None = None  # set while follow() runs
+        self._wake: _WakeUps | None = None  # set while follow() waits
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (bytes read by then, scrape)
 
     async def __call__(self) -> None:
-        wake, tailer = self._wake, self._tailer
-        if wake is None or tailer is None:
+        tailer = self._tailer
+        pending = tailer.pending_bytes() if tailer is not None else 0
+        if tailer is None or pending == 0:
             return
-        wake.read_now()
-        if tailer.pending_bytes() > CATCH_UP_MAX_BYTES:
+        if self._wake is not None:
+            self._wake.read_now()
+        if pending > CATCH_UP_MAX_BYTES:
             return
-        if self._read is None:
-            self._read = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._read), CATCH_UP_TIMEOUT)
+        read = asyncio.get_running_loop().create_future()
+        waiter = (tailer.stats.bytes + pending, read)
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(read, CATCH_UP_TIMEOUT)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
 
-    async def _wait(self, wake: _WakeUps, waker: _Waker, timeout: float, *, ends_on_scrape: bool) -> None:
-        """follow()'s wait on `waker`; with `ends_on_scrape`, a scrape may end it."""
-        self._wake = wake if ends_on_scrape else None
+    async def _wait(self, wake: _WakeUps, waker: _Waker, timeout: float) -> None:
+        """follow()'s wait on `waker`, which a scrape may end."""
+        self._wake = wake
         try:
             await waker.wait(timeout)
         finally:
             self._wake = None
 
-    def _done(self) -> None:
-        """A read ended: the scrapes that asked for it go on."""
-        read, self._read = self._read, None
-        if read is not None and not read.done():
-            read.set_result(None)
+    def _progress(self, bytes_read: int | None = None) -> None:
+        """The follower has read `bytes_read` bytes in all (None: to the end of the log, or it stops):
+        the scrapes waiting for no more than that go on."""
+        for target, read in self._waiters:
+            if (bytes_read is None or target <= bytes_read) and not read.done():
+                read.set_result(None)
 
 
 async def follow(
@@ -562,15 +586,18 @@ async def follow(
             wake.clear()  # from here on, an event means one more pass
             now = loop.time()
             busy, last_drain = now - last_drain < 2 * wait, now
-            lines = await _drain(tailer, on_lines, stop_event)
-            catch._done()
+            lines = await _drain(tailer, on_lines, stop_event, catch)
+            catch._progress()
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait, ends_on_scrape=True)
-                wait = min(2 * wait, batch_interval)
+                await catch._wait(wake, wake.urgent, wait)
+                # Without close events a restart's last lines are read only at the end of the wait
+                # (before the new server truncates the log, or never): then no longer than a poll.
+                sees_closes = watch is not None and watch.sees_closes
+                wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
                 if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
             wait = first_wait  # quiet: the next line is read at once, and batching starts over
@@ -578,9 +605,9 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval, ends_on_scrape=watch is None)
+            await catch._wait(wake, wake.any, poll_interval)
     finally:
-        catch._done()
+        catch._progress()
         catch._tailer = None
         stop_task.cancel()
         if watch is not None:

@@ -15,7 +15,8 @@ deterministic corpus stitched from real llama-server b11434 captures (bench/make
   without writes; CPU from /proc/<pid>/stat, idle CPU from the threads' schedstat (ns resolution).
 - latency: a task start and a retry line are appended to a quiet log and both /metrics are polled until their retry
   counter moves; and, while the follow writer goes on, the time from a flush until each /metrics
-  counts its lines.
+  counts its lines; and single scrapes at random moments, 0.5-2 s apart as Prometheus' would be,
+  with how many of the lines written before each it missed (as ms of writing).
 - scrape: /metrics response time with 4 slots, and with 64 slots plus 8 GPUs' worth of NVML series
   (bench/fake_nvml stands in for pynvml), alternated.
 - flood: 200,000 lines/s for 10 s while /metrics is scraped every 50 ms; RSS sampled.
@@ -480,9 +481,9 @@ def bench_follow(report: Report, args: argparse.Namespace, steady: Path, mtail: 
         )
         writer = Writer(
             log,
-            cycle_lines(steady, int(args.follow_rate * (args.follow_seconds + args.load_latency_seconds))),
+            cycle_lines(steady, int(args.follow_rate * (args.follow_seconds + 2 * args.load_latency_seconds))),
             args.follow_rate,
-            args.follow_seconds + args.load_latency_seconds,
+            args.follow_seconds + 2 * args.load_latency_seconds,
             args.write_tick,
         )
         procs = [exporter, mt] if mt else [exporter]
@@ -505,6 +506,8 @@ def bench_follow(report: Report, args: argparse.Namespace, steady: Path, mtail: 
         # Latency under load: the writer goes on; how long until /metrics counts the last line of a flush.
         print(f"latency under load: {args.load_latency_seconds} s, load {load()}", flush=True)
         load_lat = measure_load_latency(writer, se, sm, args.load_latency_seconds, args.poll_step)
+        print(f"single scrapes under load: {args.load_latency_seconds} s, load {load()}", flush=True)
+        missed = measure_missed(writer, pe, pm if mt else None, args.load_latency_seconds, args.follow_rate)
         writer.join()
         written = writer.written
         caught_up = wait_until(
@@ -588,6 +591,20 @@ def bench_follow(report: Report, args: argparse.Namespace, steady: Path, mtail: 
         report.add("follow", "lines / retries counted (exporter/mtail)", agree, "", None, "equal", _agrees(agree))
     for kind, (e_lat, m_lat) in (("", lat), (f" at {args.follow_rate:,} lines/s", load_lat)):
         add_latency(report, kind, e_lat, m_lat)
+    e_missed, m_missed = missed
+    for label, pct in (("p50", 50), ("p99", 99)):
+        ev = percentile(e_missed, pct) if e_missed else float("nan")
+        mv = percentile(m_missed, pct) if m_missed else None
+        report.add(
+            "latency",
+            f"lines written before a scrape 0.5-2 s after the last and missed by it, {label}, ms of writing"
+            f" ({len(e_missed)} scrapes)",
+            f"{ev:.1f}",
+            f"{mv:.1f}" if mv is not None else None,
+            None,
+            "",
+            None,
+        )
 
 
 def add_latency(report: Report, kind: str, e_lat: list[float], m_lat: list[float]) -> None:
@@ -640,6 +657,38 @@ def measure_load_latency(
     threads = [threading.Thread(target=sample, args=(se, "llamacpp_exporter_log_lines_total", e_ms))]
     if sm is not None:
         threads.append(threading.Thread(target=sample, args=(sm, "llama_log_lines_total", m_ms)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return e_ms, m_ms
+
+
+def measure_missed(
+    writer: Writer, pe: int, pm: int | None, seconds: float, rate: float
+) -> tuple[list[float], list[float]]:
+    """While the writer runs: single scrapes 0.5-2 s apart (each on its own connection, as a new
+    Prometheus scrape), each the lines flushed before its request that it does not count, as ms at
+    the writer's rate. The polling latency above cannot show this: each of its polls is a scrape."""
+    deadline = time.perf_counter() + seconds
+
+    def sample(port: int, name: str, seed: int, out: list[float]) -> None:
+        rng = random.Random(seed)
+        while time.perf_counter() < deadline and writer.is_alive():
+            time.sleep(rng.uniform(0.5, 2.0))
+            before = writer.last_flush[1]
+            scraper = Scraper(port)
+            try:
+                counted = scraper.value(name) or 0
+            finally:
+                scraper.close()
+            out.append(max(0.0, before - counted) / rate * 1000)
+
+    e_ms: list[float] = []
+    m_ms: list[float] = []
+    threads = [threading.Thread(target=sample, args=(pe, "llamacpp_exporter_log_lines_total", 1, e_ms))]
+    if pm is not None:
+        threads.append(threading.Thread(target=sample, args=(pm, "llama_log_lines_total", 2, m_ms)))
     for t in threads:
         t.start()
     for t in threads:

@@ -875,9 +875,8 @@ async def test_follow_reads_at_once_when_the_writer_closes(
     assert seen.batches <= 8
 
 
-async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While lines keep coming the batch wait doubles from 25 ms up to the batch interval, never
-    beyond it; a line after a quiet spell is read at once, alone, with no batch wait before it."""
+def record_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The timeout of every wait follow() makes from now on (batch waits and idle waits), in order."""
     waits: list[float] = []
     real_wait = follow_mod._Waker.wait
 
@@ -886,6 +885,13 @@ async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: 
         await real_wait(self, timeout)
 
     monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    return waits
+
+
+async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While lines keep coming the batch wait doubles from 25 ms up to the batch interval, never
+    beyond it; a line after a quiet spell is read at once, alone, with no batch wait before it."""
+    waits = record_waits(monkeypatch)
     p = tmp_path / "server.log"
     append(p, 0, 1)
     t = LogTailer(p)
@@ -921,14 +927,7 @@ async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: 
 async def _in_a_batch_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Seen, CatchUp, Any, Any]:
     """A follower busy with a writer, now in a 5 s batch wait (the first one, made long): the log,
     what it read, its CatchUp, its stop event and its task."""
-    waits: list[float] = []
-    real_wait = follow_mod._Waker.wait
-
-    async def recording_wait(self: Any, timeout: float) -> None:
-        waits.append(timeout)
-        await real_wait(self, timeout)
-
-    monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    waits = record_waits(monkeypatch)
     monkeypatch.setattr(follow_mod, "BATCH_START", 5.0)
     p = tmp_path / "server.log"
     append(p, 0, 1)

@@ -287,15 +287,19 @@ class LogTailer:
     def pending_bytes(self) -> int:
         """Bytes beyond our offsets in the files held open (cheap fstat); a file that shrank counts whole."""
         pending = 0
-        for f in [*self._rotated, *([self._file] if self._file is not None else [])]:
+        for f in self._held():
             with contextlib.suppress(OSError):
                 size = os.fstat(f.fd).st_size
                 pending += size - f.offset if size >= f.offset else size
         return pending
 
+    def _held(self) -> list[_File]:
+        """The files held open: the rotated ones, oldest first, then the current one."""
+        return [*self._rotated, self._file] if self._file is not None else list(self._rotated)
+
     def close(self) -> None:
         """Close every file; a later poll() reopens the path from offset 0."""
-        for f in [*self._rotated, *([self._file] if self._file is not None else [])]:
+        for f in self._held():
             with contextlib.suppress(OSError):
                 os.close(f.fd)
         self._rotated = []

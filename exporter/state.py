@@ -112,7 +112,7 @@ class ServerState:
     generated_tokens: int = 0
 
     _in_startup: bool = False
-    _banners_seen: set[type] = field(default_factory=set)  # banner lines of the start in progress
+    _banners_seen: set[object] = field(default_factory=set)  # banner lines of the start in progress (`ev.banner_line`)
     _prompt_throughput: float | None = None  # the latest prompt speed measured between two progress lines
     _kv_section_swa: bool = False
     _aborted_tasks: set[int] = field(default_factory=set)
@@ -199,7 +199,7 @@ class ServerState:
             s = self.slots[slot] = SlotState(n_ctx=self.n_ctx_slot)
         return s
 
-    def _count_start(self, banner: type | None = None) -> None:
+    def _count_start(self, banner: object | None = None) -> None:
         """A new server process: forget its predecessor's slots and configuration, keep counters.
 
         Several banner lines belong to one start; one that this start already printed, or the first
@@ -461,7 +461,7 @@ class ServerState:
         self._count_start(ev.ServerStarting)
 
     def _on_build_info(self, e: ev.BuildInfo) -> None:
-        self._count_start(ev.BuildInfo)
+        self._count_start(ev.banner_line(e))
         self.build, self.commit = e.build, e.commit
 
     def _on_verbosity(self, e: ev.Verbosity) -> None:

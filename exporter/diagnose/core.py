@@ -27,9 +27,8 @@ from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed,
 # A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
 # router prefix ("[ port] ").
 _PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
-_BANNER = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
-_SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *_BANNER})
+_SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
 
 
 def _lines_of(text: str) -> list[str]:
@@ -234,17 +233,19 @@ class Diagnoser:
         elif isinstance(e, ev.ChildExited) and source is None:
             self._child_exited(e)
         restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
-        if kind in _BANNER or restart:
+        banner = ev.banner_line(e) if kind in ev.BANNERS else None  # type: ignore[arg-type]
+        if banner is not None or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
             # line this start has already printed means a new process: a crash loop during start-up).
-            if run is not None and (restart or not run.in_startup or kind in run.banner_seen):
+            if run is not None and (restart or not run.in_startup or banner in run.banner_seen):
                 self._close(run, next_start=True)
                 run = None
             if run is None:
                 run = self._new_run(source, lineno)
             run.started = True
             run.in_startup = True
-            run.banner_seen.add(kind)
+            if banner is not None:
+                run.banner_seen.add(banner)
         elif run is None:
             run = self._new_run(source, lineno)
         return run

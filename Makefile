@@ -5,9 +5,11 @@
 bootstrap:
 	scripts/bootstrap.sh
 
-# Runs the exporter against its built-in demo data; needs only the Python dependencies.
+# Runs the exporter against its built-in demo data (http://localhost:9778/). Installs the package and
+# its dependencies alone into .venv (no test tools, never root): about 30 MB, under a minute the
+# first time (README: "Try it").
 demo:
-	scripts/bootstrap.sh --python-only
+	scripts/bootstrap.sh --package-only
 	.venv/bin/llamacpp-exporter --demo
 
 test:

@@ -93,8 +93,9 @@ def test_the_environment_changes_the_default_shown_and_in_effect() -> None:
     }
     text = _help(**env)
     sections = _sections(text)
-    assert "(default: 127.0.0.1:9999, from LLAMACPP_EXPORTER_LISTEN_ADDRESS)" in (
-        sections["web and security"]["--listen-address"]
+    assert (
+        "(default: 127.0.0.1:9999, from LLAMACPP_EXPORTER_LISTEN_ADDRESS)"
+        in (sections["web and security"]["--listen-address"])
     )
     assert "0.0.0.0:9778)" not in text
     assert "(default: debug, from LLAMACPP_EXPORTER_LOG_LEVEL)" in sections["output"]["--log-level"]
@@ -117,7 +118,10 @@ def test_a_flag_wins_over_the_environment_default_shown() -> None:
     ("direct_url", "expected"),
     [
         # PEP 610's forms, as pip writes them into direct_url.json.
-        ({"url": "file:///home/me/llamacpp-exporter", "dir_info": {"editable": True}}, "-e '/home/me/llamacpp-exporter[html]'"),
+        (
+            {"url": "file:///home/me/llamacpp-exporter", "dir_info": {"editable": True}},
+            "-e '/home/me/llamacpp-exporter[html]'",
+        ),
         ({"url": "file:///srv/llama%20tools/exporter", "dir_info": {}}, "'/srv/llama tools/exporter[html]'"),
         (
             {"url": "file:///tmp/llamacpp_exporter-0.1.0-py3-none-any.whl", "archive_info": {}},

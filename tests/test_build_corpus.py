@@ -90,6 +90,9 @@ def test_the_exporter_counts_what_the_log_says(folder: Path, tmp_path: Path) -> 
     else:
         assert value("llamacpp_checkpoint_events_total", event="created") == truth["checkpoints_created"]
     assert value("llamacpp_kv_pool_capacity_tokens") == truth["pool_capacity"]
+    # Every request's size, once: the histogram counts the release lines and sums their n_tokens.
+    assert value("llamacpp_request_tokens_count") == truth["releases"]
+    assert value("llamacpp_request_tokens_sum") == truth["release_tokens"]
     # A server's own log has no line to reject.
     rejected = {k[1]: v for k, v in m.items() if k[0] == "llamacpp_exporter_log_lines_rejected_total" and v}
     assert rejected == {}

@@ -405,8 +405,11 @@ def count_truth(logs: Sequence[list[str]]) -> dict[str, Any]:
 
 # (what the exporter shows, the event kinds of the log lines it comes from)
 FEATURES: list[tuple[str, tuple[str, ...]]] = [
-    ("retries, aborts, aborted requests (`llamacpp_kv_retries_total`, `llamacpp_context_exceeded_total`, "
-     "`llamacpp_requests_aborted_total`)", ("KVRetry", "DecodeFatal", "RequestError")),
+    (
+        "retries, aborts, aborted requests (`llamacpp_kv_retries_total`, `llamacpp_context_exceeded_total`, "
+        "`llamacpp_requests_aborted_total`)",
+        ("KVRetry", "DecodeFatal", "RequestError"),
+    ),
     ("slot tokens at release (`stop processing`)", ("SlotReleased",)),
     ("slots and their window (`initializing`, `new slot`)", ("SlotsInitialized", "SlotCreated")),
     ("pool capacity from the pool's own lines (`llama_context`, `llama_kv_cache`)", ("ContextParam", "KVCacheSize")),
@@ -438,7 +441,9 @@ def _build_order(build: str) -> tuple[int, str]:
 
 def support_table(fixtures: Path = FIXTURES) -> str:
     """Markdown: for each recorded build, the lowest verbosity at which each figure shows (docs/builds.md)."""
-    builds = sorted({p.parent.parent.name for p in fixtures.glob("*/pool-overflow-default/capture.json")}, key=_build_order)
+    builds = sorted(
+        {p.parent.parent.name for p in fixtures.glob("*/pool-overflow-default/capture.json")}, key=_build_order
+    )
     # Every capture of a build at each verbosity (the short runs of the corpus show no progress lines,
     # which llama-server prints only after 3 s of work).
     kinds: dict[str, dict[str, set[str]]] = {b: {label: set() for label in _VERBOSITIES.values()} for b in builds}
@@ -447,7 +452,10 @@ def support_table(fixtures: Path = FIXTURES) -> str:
         if build in kinds:
             verbosity = json.loads(folder.read_text())["config"]["verbosity"]
             kinds[build][_VERBOSITIES[verbosity]] |= _event_kinds(folder.parent)
-    rows = ["| what the exporter shows | " + " | ".join(f"`{b}`" for b in builds) + " |", "|---" * (len(builds) + 1) + "|"]
+    rows = [
+        "| what the exporter shows | " + " | ".join(f"`{b}`" for b in builds) + " |",
+        "|---" * (len(builds) + 1) + "|",
+    ]
     for what, needed in FEATURES:
         cells = []
         for b in builds:

@@ -45,7 +45,10 @@ def follow(folder: Path, tmp: Path) -> ServerState:
     for name in capture["logs"]:
         data = (folder / name).read_bytes()
         if capture["log_truncated_at_start"]:
-            log.write_bytes(data)  # llama-server opens its --log-file with mode "w"
+            # llama-server opens its --log-file with mode "w": the file is empty before its first line.
+            log.write_bytes(b"")
+            pipeline.feed(tailer.poll())
+            log.write_bytes(data)
         else:
             with log.open("ab") as f:
                 f.write(data)

@@ -481,7 +481,8 @@ class ServerState:
 
     def _on_build_info(self, e: ev.BuildInfo) -> None:
         self._count_start(ev.banner_line(e))
-        self.build, self.commit = e.build, e.commit
+        # Build 0 is a tree built without its build number (in-process servers, vendored copies): unknown.
+        self.build, self.commit = e.build or None, e.commit
 
     def _on_verbosity(self, e: ev.Verbosity) -> None:
         self._count_start(ev.Verbosity)

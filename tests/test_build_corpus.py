@@ -96,6 +96,11 @@ def test_the_exporter_counts_what_the_log_says(folder: Path, tmp_path: Path) -> 
     # Every request's size, once: the histogram counts the release lines and sums their n_tokens.
     assert value("llamacpp_request_tokens_count") == truth["releases"]
     assert value("llamacpp_request_tokens_sum") == truth["release_tokens"]
+    # Where the build's /slots says what each slot holds (b9276+), the log-derived gauges say the same.
+    slots = json.loads((folder / "slots.json").read_text())
+    if isinstance(slots, list) and slots and all("n_prompt_tokens" in s for s in slots):
+        held = {str(s["id"]): float(s["n_prompt_tokens"]) for s in slots}
+        assert {k: value("llamacpp_slot_tokens", slot=k) for k in held} == held
     # A server's own log has no line to reject.
     rejected = {k[1]: v for k, v in m.items() if k[0] == "llamacpp_exporter_log_lines_rejected_total" and v}
     assert rejected == {}

@@ -541,6 +541,7 @@ def test_json_schema_is_stable() -> None:
         "memory",
         "same_as",
         "model",
+        "pool_cells",
     ]
     assert list(run["configuration"]) == [
         "build",

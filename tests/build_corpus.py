@@ -103,9 +103,13 @@ class Server:
             )
         wait_for(self._healthy, 60, interval=0.05, what=f"{self.kind} /health 200")
 
+    def _output(self) -> Path:
+        """Where the process's own output went (for the message when it dies)."""
+        return self.workdir / "stderr.txt"
+
     def _healthy(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            err = (self.workdir / "stderr.txt").read_text(errors="replace")[-3000:]
+            err = self._output().read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{err}")
         try:
             return http_request(self.url + "/health", timeout=1)[0] == 200
@@ -267,13 +271,8 @@ class InProcessServer(Server):
             )
         wait_for(self._healthy, 60, interval=0.05, what="xllamacpp /health 200")
 
-    def _healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"xllamacpp exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-        try:
-            return http_request(self.url + "/health", timeout=1)[0] == 200
-        except OSError:
-            return False
+    def _output(self) -> Path:
+        return self.log_path  # its stderr is the log
 
     def supports(self, cfg: Config) -> str | None:
         return "no colour switch in-process" if cfg.colors else None

@@ -56,7 +56,10 @@ WHO = (
 W = "<WHO>"
 #: The matchers of the alert's own server (job, instance, server, model; an absent label matches its absence),
 #: for the `query` of a figure in a description. Rendered once at the start of the description.
-THIS = '{{ $this := printf "job=%q, instance=%q, server=%q, model=%q" $labels.job $labels.instance $labels.server $labels.model }}'
+THIS = (
+    '{{ $this := printf "job=%q, instance=%q, server=%q, model=%q" '
+    "$labels.job $labels.instance $labels.server $labels.model }}"
+)
 
 
 def figure(series: str, fmt: str, missing: str, extra: str = "", before: str = "", after: str = "") -> str:
@@ -82,9 +85,7 @@ def absolute_url(name: str, url: str) -> str:
     """``url`` without a trailing slash, if it is an absolute http(s) URL; else a one-line ValueError."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(
-            f"{name} must be an absolute http(s) URL that a pager can open (https://...), not {url!r}"
-        )
+        raise ValueError(f"{name} must be an absolute http(s) URL that a pager can open (https://...), not {url!r}")
     return url.rstrip("/")
 
 
@@ -294,8 +295,11 @@ class _Rules:
                 "first. "
                 + THIS
                 + figure(
-                    "llamacpp_kv_pool_full_eta_seconds", "humanizeDuration", "",
-                    before="At the current speed it is full in ", after=". ",
+                    "llamacpp_kv_pool_full_eta_seconds",
+                    "humanizeDuration",
+                    "",
+                    before="At the current speed it is full in ",
+                    after=". ",
                 )
                 + "Act in the time left: cancel the request that holds the most "
                 "(dashboard: demand per slot; close that client's connection), then hold back new long prompts.",
@@ -308,8 +312,7 @@ class _Rules:
                 f"and ignoring (horizon) {prompt_demand} > {_num(c.kv_saturated_ratio)}\nand {busy} > 0",
                 c.kv_saturated_for,
                 "critical",
-                "llama-server's shared KV pool<WHO> has been almost full for "
-                f"{c.kv_saturated_for} while requests run.",
+                f"llama-server's shared KV pool<WHO> has been almost full for {c.kv_saturated_for} while requests run.",
                 "The KV pool of {{ $labels.instance }}<WHO> is {{ $value | humanizePercentage }} full and the requests "
                 "in flight hold that much. When it is full, llama-server halves its batch down to 1 and then "
                 "aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500). "

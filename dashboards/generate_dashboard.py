@@ -325,7 +325,11 @@ BUSY_MAP = value_map(("0", "idle", "transparent"), ("1", "processing", BLUE))
 UP_MAP = value_map(("0", "down", RED), ("1", "up", GREEN))
 #: The llama-server tile: -1 the exporter is down (nothing is known), 0 down, 1 up, 2 (or 3) loading a model.
 SERVER_MAP = value_map(
-    ("-1", "exporter down", RED), ("0", "down", RED), ("1", "up", GREEN), ("2", "loading", ORANGE), ("3", "loading", ORANGE)
+    ("-1", "exporter down", RED),
+    ("0", "down", RED),
+    ("1", "up", GREEN),
+    ("2", "loading", ORANGE),
+    ("3", "loading", ORANGE),
 )
 #: Alert severities, coloured in the firing-alerts table.
 SEVERITY_MAP = value_map(("critical", "critical", RED), ("warning", "warning", ORANGE), ("info", "info", BLUE))
@@ -435,7 +439,7 @@ def panels() -> list[dict[str, Any]]:
     lay.add(
         alert_table(
             "Firing alerts",
-            "ALERTS{alertstate=\"firing\"}: the llamacpp-exporter alerts firing now (Prometheus' own series), "
+            'ALERTS{alertstate="firing"}: the llamacpp-exporter alerts firing now (Prometheus\' own series), '
             "worst first: critical pages, warning is work for the day, info is context. Alerts about a host or "
             "a GPU (no instance label) are listed whatever instance is selected.",
             'ALERTS{job=~"$job", instance=~"$instance|", server=~"$server", model=~"$model", '

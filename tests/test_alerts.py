@@ -317,7 +317,9 @@ def test_pages_are_few_and_no_single_sample_trips_one() -> None:
     assert {n for n, r in rules.items() if r["labels"]["severity"] == "critical"} == PAGES
     for name in PAGES:
         assert _duration_s(str(rules[name]["for"])) > 0, f"{name}: one sample must not page"
-    assert "increase(" in rules["LlamaCppServerRestarting"]["expr"] and ">= 3" in rules["LlamaCppServerRestarting"]["expr"]
+    assert (
+        "increase(" in rules["LlamaCppServerRestarting"]["expr"] and ">= 3" in rules["LlamaCppServerRestarting"]["expr"]
+    )
     assert rules["LlamaCppContextExceeded"]["labels"]["severity"] == "warning"
     assert rules["LlamaCppKVPoolOvercommitted"]["labels"]["severity"] == "info"
     assert "Severity policy" in RUNBOOK.read_text(encoding="utf-8")

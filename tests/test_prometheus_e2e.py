@@ -300,7 +300,9 @@ def test_alertmanager_delivers_the_page_to_the_webhook(incident: Incident) -> No
     assert alert["labels"]["severity"] == "critical"
     assert alert["labels"]["instance"] == incident.instance
     assert alert["annotations"]["runbook_url"] == rules_generator.Config().runbook_url + "#llamacppkvpoolsaturated"
-    assert alert["annotations"]["dashboard_url"].endswith(f"&var-job={JOB}&var-instance={quote_plus(incident.instance)}")
+    assert alert["annotations"]["dashboard_url"].endswith(
+        f"&var-job={JOB}&var-instance={quote_plus(incident.instance)}"
+    )
     assert alert["annotations"]["description"].startswith(f"The KV pool of {incident.instance} is 9")
 
 

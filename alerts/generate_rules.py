@@ -102,9 +102,10 @@ class Config:
     #: model selected. The default is the Compose stack's Grafana (docker-compose.yml).
     grafana_url: str = "http://localhost:3000"
     #: LlamaCppKVPoolOverflowAhead: the prompts in flight need more than this share of the pool (pages). The
-    #: abort can be seconds away, so the page waits only for the next evaluation to agree (5s: two in a row).
+    #: abort can be seconds away, so the page waits only for the next evaluation to agree (1s: the condition at
+    #: two evaluations in a row, whatever the interval; scrape at least as often as the rules are evaluated).
     kv_overflow_ahead_ratio: float = 1.0
-    kv_overflow_ahead_for: str = "5s"
+    kv_overflow_ahead_for: str = "1s"
     #: LlamaCppKVPoolSaturated: KV pool usage ratio above this while the requests in flight hold that much
     #: (pages). Sustained: a pool that passes it for one sample and frees itself (requests ended) is no page.
     #: The pool moves in whole batches; a burst of prompts is OverflowAhead's, a fill by generation is

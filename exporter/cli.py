@@ -66,7 +66,7 @@ def build_live_sources(
     find it; `url`, `pid` and `pid_file` default to the flags' (a --servers-file entry gives its own);
     `nvml`: False for all but one server (NVML is read once)."""
     state.capacity_override = config.kv_pool_capacity
-    # The demo replays a recorded log: no real llama-server process or endpoint belongs to it, nor does
+    # The demo replays recorded logs: no real llama-server process or endpoint belongs to it, nor does
     # this host's GPU.
     live = not config.demo
     if not config.servers:
@@ -240,7 +240,7 @@ async def serve(config: Config) -> int:
     scheme = "https" if security is not None and security.ssl_context is not None else "http"
     auth = " with basic auth" if security is not None and security.config.users else ""
     host = config.listen_host or "0.0.0.0"
-    demo = " (demo: replaying a recorded llama-server log)" if config.demo else ""
+    demo = " (demo: replaying two recorded llama-server logs in a loop)" if config.demo else ""
     log.info("llamacpp-exporter %s serving on %s://%s:%d/metrics%s%s", __version__, scheme, host, port, auth, demo)
     if security is not None:
         background.append(asyncio.create_task(security.watch(stop), name="web config watch"))

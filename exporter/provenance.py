@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 RECENT_TASKS = 4096
 
 # Lines that start a server (the state resets on the first of them): they may set a new format.
-_STARTS = frozenset({ev.ServerStarting, ev.BuildInfo, ev.Verbosity})
+_STARTS = ev.BANNERS
 _TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
 
 

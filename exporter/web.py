@@ -81,7 +81,7 @@ def make_app(
         return resp
 
     async def landing(request: web.Request) -> web.Response:
-        mode = "<p><strong>Demo mode</strong>: replaying a recorded llama-server log.</p>\n" if demo else ""
+        mode = "<p><strong>Demo mode</strong>: replaying two recorded llama-server logs.</p>\n" if demo else ""
         if request.get(_AUTHORIZED, True) and not demo:
             mode = f"<p>Log: <code>{html.escape(log_description)}</code></p>\n"
         page = _LANDING.format(version=html.escape(__version__), mode=mode)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Set up everything the tests need; safe to run again (each step is skipped when already done).
+# Set up what the exporter, its demo or its tests need; safe to run again (each step is skipped when
+# already done).
 #
-#   scripts/bootstrap.sh                 .venv + Python deps + test tools + llama-server
-#   scripts/bootstrap.sh --python-only   .venv + Python deps only (what `make demo` needs)
+#   scripts/bootstrap.sh                  .venv + the package and its test dependencies + test tools + llama-server
+#   scripts/bootstrap.sh --python-only    .venv + the package and its test dependencies (what `make lint` needs)
+#   scripts/bootstrap.sh --package-only   .venv + the package alone (what `make demo` needs; never root)
 #
-# Needs no root: everything goes into .venv and ~/.cache/llamacpp-exporter (root or sudo only
-# where python3-venv is missing, or apt's package lists were never fetched).
+# Needs no root: everything goes into .venv and ~/.cache/llamacpp-exporter. Only the full set-up asks
+# for root or sudo, and only where python3-venv is missing or apt's package lists were never fetched.
 # Env: PYTHON (interpreter for a new .venv), LLAMA_SERVER_CACHE (see install-llama-server.sh).
 set -euo pipefail
 
@@ -15,11 +17,12 @@ cd "$ROOT"
 die() { echo "bootstrap: $*" >&2; exit 1; }
 say() { echo "bootstrap: $*" >&2; }
 
-python_only=0
+mode=all
 case "${1:-}" in
     "") ;;
-    --python-only) python_only=1 ;;
-    *) die "unknown argument '$1' (usage: scripts/bootstrap.sh [--python-only])" ;;
+    --python-only) mode=python ;;
+    --package-only) mode=package ;;
+    *) die "unknown argument '$1' (usage: scripts/bootstrap.sh [--python-only | --package-only])" ;;
 esac
 
 SUDO=""
@@ -46,10 +49,12 @@ else
     if ! "$PY" -m venv .venv 2>/dev/null; then
         rm -rf .venv
         # Debian ships the venv module (and ensurepip) separately from python3 itself.
-        command -v apt-get >/dev/null || die "'$PY -m venv' failed; install your distribution's venv package"
+        ver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+        if [[ $mode == package ]] || ! command -v apt-get >/dev/null; then
+            die "'$PY -m venv' failed: install python$ver-venv (Debian, Ubuntu: apt-get install python$ver-venv; elsewhere your distribution's venv package), or set PYTHON to a Python >= 3.10 with venv"
+        fi
         [[ -z "$SUDO" ]] || sudo -n true 2>/dev/null ||
             die "'$PY -m venv' failed and installing python3-venv needs root or passwordless sudo"
-        ver="$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
         say "installing python$ver-venv"
         $SUDO apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "python$ver-venv" >&2
@@ -58,8 +63,19 @@ else
 fi
 
 # --- 2. Python dependencies (re-installed only when pyproject.toml changes) -----------------
-stamp=.venv/.bootstrap-pyproject.sha256
+stamp=.venv/.bootstrap-pyproject.sha256          # the package and its test dependencies
+package_stamp=.venv/.package-pyproject.sha256    # the package alone
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ $mode == package ]]; then
+    # The test dependencies include the package's own: a .venv with them needs nothing more.
+    if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" && "$(cat "$package_stamp" 2>/dev/null || true)" != "$want" ]]; then
+        say "installing the exporter and its dependencies into .venv (no test tools)"
+        .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . >&2 ||
+            die "pip install -e . failed (see the pip output above)"
+        echo "$want" >"$package_stamp"
+    fi
+    exit 0
+fi
 if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
     say "installing the project and its test dependencies into .venv"
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' >&2 ||
@@ -67,7 +83,7 @@ if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
     echo "$want" >"$stamp"
 fi
 
-((python_only)) && exit 0
+[[ $mode == python ]] && exit 0
 
 # --- 3. test tools: Prometheus, Alertmanager, mtail, node_exporter, docker-compose ---------------
 # Unpacked from Debian's packages into a cache folder; nothing is installed or enabled.

@@ -101,7 +101,7 @@ def test_html_page_renders_in_a_real_browser(tmp_path: Path, chromium_bin: Path)
 
 
 def test_html_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
-    """The html extra missing: one line that names it, before any log is read, and no page."""
+    """The html extra missing: one line that names it and how to add it, before any log is read, and no page."""
     shadow = tmp_path / "shadow"
     (shadow / "matplotlib").mkdir(parents=True)
     (shadow / "matplotlib" / "__init__.py").write_text("raise ImportError('not installed')\n")
@@ -109,8 +109,11 @@ def test_html_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
     page = tmp_path / "page.html"
     out = _diagnose(*_history(tmp_path), "--html", str(page), env=env)
     assert out.returncode == 2 and not page.exists()
+    # The exact pip command for this installation (an editable install of this checkout), not a name
+    # on a package index the project is not published to.
     assert out.stderr == (
-        "llamacpp-exporter diagnose: error: --html needs matplotlib: pip install 'llamacpp-exporter[html]'\n"
+        "llamacpp-exporter diagnose: error: --html needs matplotlib, the html extra: "
+        f"{sys.executable} -m pip install -e '{REPO}[html]'\n"
     )
 
 

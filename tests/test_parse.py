@@ -21,6 +21,11 @@ CASES: list[tuple[str, ev.Event]] = [
         "build: 4747 (c392e509) with cc (Ubuntu 13.3.0) 13.3.0 for x86_64-linux-gnu",
         ev.BuildInfo(4747, "c392e509"),
     ),
+    ("build: 0 (unknown) with cc (Debian 12.2.0-14+deb12u1) 12.2.0 for x86_64-linux-gnu", ev.BuildInfo(0, "unknown")),
+    (
+        "build: 0 (v0.3.16+cpu) with cc (GCC) 13.3.0 for x86_64-linux-gnu",
+        ev.BuildInfo(0, "v0.3.16+cpu"),
+    ),  # a packager's
     ("main: build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     ("build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     (
@@ -227,6 +232,7 @@ CASES: list[tuple[str, ev.Event]] = [
     ),
     ("srv    send_error: task id = 9, error: something new upstream", ev.RequestError(9, "other")),
     # --- timings: b9230+ one tagged line each; before that untagged continuation lines
+    ("slot print_timing: id  3 | task 2 | ", ev.TimingsHead(3, 2)),
     (
         "slot print_timing: id  3 | task 2 | prompt eval time =       0.67 ms /    34 tokens (    0.02 ms per token, 51051.05 tokens per second)",
         ev.PromptEvalTiming(0.67, 34),
@@ -379,6 +385,8 @@ def test_normalize_keeps_the_message() -> None:
         "A" * 100_000,
         "srv  llama_server: HTTP server is listening, hostname: 127.0.0.1, port: 8080, http threads: 15",
         "llama_context: n_ctx_seq (512) < n_ctx_train (4096) -- the full capacity of the model will not be utilized",
+        # A debug line with an empty message, like a timings head but not from print_timings.
+        "0.00.357.325 D slot        reset: id  0 | task 4 | ",
     ],
 )
 def test_unknown_or_garbage_lines_are_ignored(line: str) -> None:

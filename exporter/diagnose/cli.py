@@ -13,6 +13,7 @@ from typing import NoReturn
 from exporter.diagnose.read import InputError, diagnose_files, input_files
 from exporter.diagnose.render import json_chunks, render_text
 from exporter.diagnose.report import SCHEMA, Report
+from exporter.install_hint import extra_install_hint
 
 PROG = "llamacpp-exporter diagnose"
 
@@ -21,7 +22,7 @@ PROG = "llamacpp-exporter diagnose"
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """One-line errors, as the exporter's own flags (exporter/config.py)."""
+    """One-line errors, as the exporter's own flags (exporter/flags.py)."""
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -58,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--html",
         metavar="FILE",
         help="also write the report as one self-contained page with charts: every run and how it ended, "
-        "the tokens each slot held over time, failures and crashes marked (needs the html extra: "
-        "pip install 'llamacpp-exporter[html]')",
+        "the tokens each slot held over time, failures and crashes marked (needs matplotlib, the html extra: "
+        f"{extra_install_hint('html')})",
     )
     p.add_argument(
         "--max-runs",
@@ -122,7 +123,7 @@ def _check_html(path: str, inputs: Sequence[str]) -> None:
     try:
         import matplotlib.figure  # noqa: F401
     except ImportError:
-        raise InputError("--html needs matplotlib: pip install 'llamacpp-exporter[html]'") from None
+        raise InputError(f"--html needs matplotlib, the html extra: {extra_install_hint('html')}") from None
     target = Path(path)
     if not target.name or target.is_dir():
         raise InputError(f"{path or repr(path)}: --html needs a file name, not a folder")

@@ -1,8 +1,8 @@
 """`diagnose --html FILE`: the report as one self-contained page, with charts drawn by matplotlib.
 
 The page has no outside references (no scripts, styles or fonts to fetch): each chart is inline SVG
-with its text drawn as paths. matplotlib is an optional extra (``pip install 'llamacpp-exporter[html]'``)
-so that the exporter's own install stays small; `render_html` raises `HtmlUnavailable` without it.
+with its text drawn as paths. matplotlib is an optional extra (``html``; exporter.install_hint says how to
+add it) so that the exporter's own install stays small; `render_html` raises `HtmlUnavailable` without it.
 
 What it draws:
 
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.diagnose.render import render_text
 from exporter.diagnose.report import ENDINGS, Report, RunReport, RunSummary
+from exporter.install_hint import extra_install_hint
 
 if TYPE_CHECKING:
     from exporter.diagnose.run import PoolSeries
@@ -54,9 +55,7 @@ def _figure(width: float, height: float) -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise HtmlUnavailable(
-            "--html needs matplotlib, the html extra: pip install 'llamacpp-exporter[html]'"
-        ) from None
+        raise HtmlUnavailable(f"--html needs matplotlib, the html extra: {extra_install_hint('html')}") from None
     return Figure(figsize=(width, height), layout="constrained")
 
 

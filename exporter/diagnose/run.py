@@ -254,7 +254,7 @@ class _Run:
         self.state = ServerState()
         self.started = False
         self.in_startup = False
-        self.banner_seen: set[type] = set()
+        self.banner_seen: set[object] = set()  # `ev.banner_line` of the banner lines this start printed
         self.events = 0
         self.first_elapsed: float | None = None
         self.last_stamped_line = ""

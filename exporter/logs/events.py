@@ -85,6 +85,9 @@ class BuildInfo:
 
     build: int
     commit: str
+    # Which of the two lines: an in-process server (xllamacpp) prints both at one start (`build_info: b0-unknown`,
+    # then `common_params_print_info: build 0 (unknown)` at -lv 4), so they are two banners, not one repeated.
+    tag: bool = field(default=False, compare=False, repr=False)  # True: the `build_info: bN-commit` line
 
 
 @event
@@ -92,6 +95,16 @@ class Verbosity:
     """`verbosity = 4 (adjust with the -lv N CLI arg)`: printed only at -lv 4 and above on b9151+."""
 
     level: int
+
+
+#: The start-up banner lines: the first of them in a file, or one the start in progress already printed,
+#: is a new server process.
+BANNERS = frozenset({ServerStarting, BuildInfo, Verbosity})
+
+
+def banner_line(e: ServerStarting | BuildInfo | Verbosity) -> object:
+    """Which banner line `e` is: one start prints each of them at most once (two wordings of the build line)."""
+    return (BuildInfo, e.tag) if type(e) is BuildInfo else type(e)
 
 
 @event

@@ -47,7 +47,6 @@ OUTPUT_FIELDS = "MESSAGE,_PID"
 MAX_HISTORY_ENTRIES = 1_000_000
 #: Longest JSON line accepted from journalctl (journald itself splits lines at 48 KiB by default).
 MAX_JSON_LINE = 8 << 20
-_BANNERS = (ev.ServerStarting, ev.BuildInfo, ev.Verbosity)
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def realtime_seconds(value: str | bytes | None) -> float | None:
 
 def is_start_banner(line: str) -> bool:
     """True for the lines llama-server prints when it starts (what the state counts as a start)."""
-    return isinstance(parse_line(line), _BANNERS)
+    return type(parse_line(line)) in ev.BANNERS
 
 
 class JournaldSource:

@@ -384,11 +384,16 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         r"idle slots will be saved to prompt cache and cleared upon starting a new task",
         lambda m: ev.IdleSlotPolicy(clear_on_new_task=True),
     ),
-    ("build", r"build:? (?P<build>\d+) \((?P<commit>\w+)\)", lambda m: ev.BuildInfo(int(m["build"]), m["commit"])),
+    # The commit is a hash, or whatever a packager passed as LLAMA_BUILD_COMMIT (`unknown`, `b11434`, a version).
+    (
+        "build",
+        r"build:? (?P<build>\d+) \((?P<commit>[\w.+-]{1,64})\)",
+        lambda m: ev.BuildInfo(int(m["build"]), m["commit"]),
+    ),
     (
         "build_info",
         r"build_info: b(?P<build_info>\d+)-(?P<build_commit>\w+)",
-        lambda m: ev.BuildInfo(int(m["build_info"]), m["build_commit"]),
+        lambda m: ev.BuildInfo(int(m["build_info"]), m["build_commit"], tag=True),
     ),
     ("verbosity", r"verbosity = (?P<verbosity>\d+) \(adjust with", lambda m: ev.Verbosity(int(m["verbosity"]))),
     # Pre-b9230 timings are continuation lines without a slot tag.
@@ -466,8 +471,11 @@ def _atomic(pattern: str, name: str) -> str:
 # up to the first `: ` of a `cmn`/`que`/`spec` line) and a ` - ` bullet, then either a library line's
 # `function: ` or not (`llama_context: n_ctx = …` and `build: 4747 (…)` are matched with their name).
 _MESSAGE = (
-    r"(?:slot [^\S\n]{0,11}\S{1,12}: id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *"
-    + "(?:(?P<timings_head>)$|"  # a slot line with no message: the head of a pre-b9230 timings entry
+    r"(?:slot [^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
+    r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *"
+    # A slot line with no message from `print_timings`: the head of a pre-b9230 timings entry. The message
+    # is empty, so the function field is all that tells it from other such lines (`slot reset:` at -v).
+    + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
     + _alternatives(_SLOT_RULES, "s")
     + ")|"
     + _atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) (?:[^:\n]|:(?! ))*: |) *-? *", "tag")

@@ -1,0 +1,441 @@
+"""The command line: flags in groups that follow the data, their value checks, and `--help`.
+
+Each flag can also be set by an environment variable (`LLAMACPP_EXPORTER_<FLAG>`), and `--help`
+shows the defaults in effect, environment included. exporter/config.py turns the result into a Config.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from exporter import __version__
+
+LOG_SOURCES = ("file", "stdin", "journald")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
+ENV_PREFIX = "LLAMACPP_EXPORTER_"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; an operator reading a journal wants one line."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _listen_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. 0.0.0.0:{DEFAULT_PORT}), got {value!r}")
+    if not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {int(port)} is out of range (0 to 65535) in {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (ValueError for a port that is not a number from 0 to 65535)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL like http://127.0.0.1:8080, got {value!r}")
+    return value.rstrip("/")
+
+
+def url_value(value: str) -> str:
+    """`_url` for the servers file: a ValueError rather than argparse's error."""
+    try:
+        return _url(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
+    return f
+
+
+def _interval(most: float) -> Callable[[str], float]:
+    """A positive number of seconds, at most `most`: a longer wait only leaves the metrics that far behind."""
+
+    def parse(value: str) -> float:
+        f = _positive_float(value)
+        if f > most:
+            raise argparse.ArgumentTypeError(f"must be at most {most:g} seconds, got {value!r}")
+        return f
+
+    return parse
+
+
+def _timeout(value: str) -> float:
+    f = _positive_float(value)
+    if f > 30:
+        raise argparse.ArgumentTypeError(
+            f"must be at most 30 seconds (a scrape must finish within Prometheus' scrape timeout), got {value!r}"
+        )
+    return f
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
+    return n
+
+
+def _directory(value: str) -> str:
+    if not Path(value).is_dir():
+        raise argparse.ArgumentTypeError(f"not a directory: {value!r}")
+    return value
+
+
+def read_api_key_file(path: str) -> str:
+    """The first key in an API key file (llama-server's format: one key per line, `#` starts a comment)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    for line in text.splitlines():
+        key = line.strip()
+        if key and not key.startswith("#"):
+            return key
+    raise argparse.ArgumentTypeError(f"no key in {path!r} (one key per line; lines starting with # are comments)")
+
+
+def bool_value(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+USAGE = (
+    "%(prog)s [--log-file PATH | --log-source stdin | --journal-unit UNIT | --servers-file FILE | --demo] "
+    "[options]\n       %(prog)s diagnose [--json] [--html FILE] LOG...   (a past incident; diagnose --help)"
+)
+
+
+def env_name(flag: str) -> str:
+    """The environment variable of a flag: `--log-file` → `LLAMACPP_EXPORTER_LOG_FILE`."""
+    return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_").replace(".", "_")
+
+
+class _Flags:
+    """Adds flags whose default comes from the environment and whose help says what is in effect.
+
+    Every flag's help ends with its default as it stands (the built-in one, or the environment's,
+    named as such) and its environment variable in brackets, so `--help` run under a unit's or a
+    container's environment shows what that exporter will do.
+    """
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def add(
+        self,
+        group: argparse._ArgumentGroup,
+        flag: str,
+        text: str,
+        *,
+        fallback: str | None = None,
+        shown: str | None = None,
+        secret: bool = False,
+        from_env_later: bool = False,
+        empty_unset: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """`flag` in `group`; `fallback` is its built-in default, `shown` what the help says without one.
+
+        `secret`: the variable's value is never shown; it and `from_env_later` leave the variable to be
+        read after parsing (argparse gets no default).
+
+        An empty environment value is a value (and an error where the flag's type refuses it), except
+        where `empty_unset`.
+        """
+        var = env_name(flag)
+        value = self.env.get(var)
+        if value == "" and empty_unset:
+            value = None
+        if secret or from_env_later:  # read by config._api_key, so that a flag and a variable can be told apart
+            note = shown if value is None else f"set by {var}" if secret else f"{value}, from {var}"
+        elif value is not None:
+            note = f"{value}, from {var}"
+            kwargs.setdefault("default", value.lower() if kwargs.get("choices") else value)
+        else:
+            note = fallback if fallback is not None else shown
+            kwargs.setdefault("default", fallback)
+        text += (f" (default: {note})" if note else "") + f" [{var}]"
+        group.add_argument(flag, help=text.replace("%", "%%"), **kwargs)
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The parser; defaults come from `env` so `--help` shows what is in effect.
+
+    The groups follow the data: where the log lines come from, what llama-server's HTTP endpoints
+    add, what the host adds (/proc, NVML), where /metrics is served, several servers, and output.
+    """
+    p = _OneLineParser(
+        prog="llamacpp-exporter",
+        usage=USAGE,
+        add_help=False,
+        description="Prometheus exporter and alerting sidecar for llama.cpp's llama-server: per-slot tokens, "
+        "shared KV pool fill and overcommit, retry cascades and aborted requests from the server's log; "
+        "live slot tokens from its /slots; VRAM and host memory from NVML and /proc.",
+        epilog="Every flag can also be set through the environment variable shown in brackets (a flag wins). "
+        "Run llama-server with --log-file PATH (or under systemd, or piped into standard input) and -lv 4 for "
+        "the full picture: at the default -lv 3 the KV pool size and per-request prompt lines are hidden and "
+        "estimated. Post-mortem of a log (what failed, when, and what to change): llamacpp-exporter diagnose "
+        "LOG (see llamacpp-exporter diagnose --help).",
+    )
+    flags = _Flags(env)
+    _add_log_flags(p, flags)
+    _add_http_flags(p, flags)
+    _add_host_flags(p, flags)
+    web = p.add_argument_group("web and security", "where /metrics, the landing page / and /healthz are served")
+    flags.add(
+        web,
+        "--listen-address",
+        f"where to serve /metrics; 127.0.0.1:{DEFAULT_PORT} where only a local Prometheus scrapes.",
+        type=_listen_address,
+        fallback=f"0.0.0.0:{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+    )
+    flags.add(
+        web,
+        "--web.config.file",
+        "TLS, basic auth and response headers, in the YAML format of Prometheus' exporter-toolkit "
+        "(the --web.config.file of node_exporter); re-read when it changes.",
+        shown="none: plain HTTP, no auth",
+        empty_unset=True,
+        dest="web_config_file",
+        metavar="PATH",
+    )
+    several = p.add_argument_group(
+        "several servers", "one exporter for several llama-servers (a router needs none of this: its log names them)"
+    )
+    flags.add(
+        several,
+        "--servers-file",
+        "follow several llama-servers, each named with its log, URL and pid in a YAML file "
+        "(servers: a list of name, log_file, url, pid or pid_file); their series get a server label. Replaces "
+        "--log-file, --server-url, --pid and --pid-file.",
+        metavar="FILE",
+    )
+    out = p.add_argument_group(
+        "output", "the exporter's own log; a past incident is explained by llamacpp-exporter diagnose LOG..."
+    )
+    flags.add(
+        out,
+        "--log-level",
+        "the exporter's own log level.",
+        choices=LOG_LEVELS,
+        fallback="info",
+    )
+    out.add_argument("-h", "--help", action="help", help="show this help (with the defaults in effect) and exit")
+    out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return p
+
+
+def _add_log_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """Where llama-server's lines come from, and how the file is followed."""
+    g = p.add_argument_group(
+        "log source",
+        "llama-server's log: a file (its --log-file), standard input, or a systemd unit's journal; "
+        "or --demo. Every metric of the log comes from here.",
+    )
+    flags.add(
+        g,
+        "--log-file",
+        "llama-server's --log-file to follow, or - for standard input. Waited for if it does not exist yet.",
+        shown="none: required unless --log-source stdin or journald, --servers-file or --demo",
+        metavar="PATH",
+    )
+    flags.add(
+        g,
+        "--log-source",
+        "where the lines come from: file (--log-file PATH), stdin (same as --log-file -), "
+        "or journald (the systemd journal of --journal-unit).",
+        shown="from the other flags",
+        empty_unset=True,
+        choices=LOG_SOURCES,
+    )
+    flags.add(
+        g,
+        "--journal-unit",
+        "the systemd unit whose journal to follow, e.g. llama-server.service (implies --log-source journald). "
+        "Needs read access to the journal (group systemd-journal).",
+        metavar="UNIT",
+    )
+    flags.add(
+        g,
+        "--journal-namespace",
+        "with --log-source journald: the journal namespace of a unit with LogNamespace=NAME.",
+        metavar="NAME",
+    )
+    flags.add(
+        g,
+        "--journal-directory",
+        "with --log-source journald: read the journal files in DIR (e.g. the host's /var/log/journal "
+        "mounted into a container) instead of the local journal.",
+        metavar="DIR",
+    )
+    flags.add(
+        g,
+        "--log-poll-interval",
+        "how often to stat() the log even without filesystem events, in seconds (at most 3600).",
+        type=_interval(3600),
+        fallback="1.0",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--log-batch-interval",
+        "the longest wait between reads while the log keeps growing: the wait starts at 0.025 s and doubles "
+        "up to this (at most 10). Longer = fewer wake-ups and less CPU. A line after a quiet spell is read at "
+        "once, and a scrape reads what the log holds first.",
+        type=_interval(10),
+        fallback="2.0",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--fs-events",
+        "also wake on filesystem events (watchdog/inotify); false = polling only, for NFS and similar.",
+        type=bool_value,
+        fallback="true",
+        metavar="BOOL",
+    )
+    flags.add(
+        g,
+        "--demo",
+        "no llama-server needed: replay two recorded real llama-server logs (shipped with the package) "
+        "in a loop at their recorded pace and export them.",
+        action="store_true",
+        fallback="false",
+    )
+    flags.add(
+        g,
+        "--demo-speed",
+        "replay speed for --demo (1.0 = recorded pace).",
+        type=_positive_float,
+        fallback="1.0",
+        metavar="FACTOR",
+    )
+
+
+def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """llama-server's HTTP endpoints: /health (up, loading), /slots (live slot tokens), /props."""
+    g = p.add_argument_group(
+        "llama-server HTTP",
+        "read at scrape time: /health (llamacpp_up), /slots (each slot's tokens as the server counts them; "
+        "without it they are estimated from the log) and /props (build, model). A failing read sets "
+        'llamacpp_exporter_source_up{source="http"} 0 and never fails the scrape.',
+    )
+    flags.add(
+        g,
+        "--server-url",
+        "llama-server's HTTP address (also shown on the landing page).",
+        type=_url,
+        fallback="http://127.0.0.1:8080",
+        metavar="URL",
+    )
+    flags.add(
+        g,
+        "--http",
+        "read /health, /slots and /props at --server-url.",
+        type=bool_value,
+        fallback="on",
+        metavar="on|off",
+    )
+    flags.add(
+        g,
+        "--api-key",
+        "llama-server's API key, sent as a Bearer token (/slots and /props need it when the server has "
+        "one). Prefer --api-key-file or the environment: a flag shows in ps.",
+        shown="set by LLAMA_API_KEY" if flags.env.get("LLAMA_API_KEY") else "none, else LLAMA_API_KEY",
+        secret=True,
+        metavar="KEY",
+    )
+    flags.add(
+        g,
+        "--api-key-file",
+        "file with the API key: its first line that is neither empty nor a # comment, like llama-server's "
+        "--api-key-file.",
+        from_env_later=True,
+        metavar="PATH",
+    )
+    flags.add(
+        g,
+        "--server-timeout",
+        "time limit for each scrape's live reads (HTTP, /proc, NVML), in seconds, at most 30.",
+        type=_timeout,
+        fallback="2.0",
+        metavar="SECONDS",
+    )
+
+
+def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """What the host adds: NVML (VRAM), /proc (RSS, host memory, llama-server's command line)."""
+    g = p.add_argument_group(
+        "host sources",
+        "read at scrape time: GPU memory and llama-server's own VRAM (NVML), its RSS, start time and command "
+        "line (the KV pool size when the log hides it) and the host's memory (/proc). A failing source "
+        "reports llamacpp_exporter_source_up{source} 0 and never fails the scrape.",
+    )
+    flags.add(
+        g,
+        "--nvml",
+        "GPU memory per GPU and llama-server's own VRAM from NVML (nvidia-ml-py); without a GPU or driver "
+        "the source reports down.",
+        type=bool_value,
+        fallback="on",
+        metavar="on|off",
+    )
+    flags.add(
+        g,
+        "--proc",
+        "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc.",
+        type=bool_value,
+        fallback="on",
+        metavar="on|off",
+    )
+    flags.add(
+        g,
+        "--proc-root",
+        "where /proc is mounted, e.g. /host/proc in a container.",
+        type=_directory,
+        fallback="/proc",
+        metavar="PATH",
+    )
+    flags.add(
+        g,
+        "--pid",
+        "llama-server's pid.",
+        shown="found automatically: the llama-server that writes or names --log-file or writes into standard "
+        "input, else the only llama-server not known to write another log",
+        type=_positive_int,
+        metavar="PID",
+    )
+    flags.add(g, "--pid-file", "file holding llama-server's pid, read at every scrape.", metavar="PATH")
+    flags.add(
+        g,
+        "--kv-pool-capacity",
+        "KV pool size to assume when neither the log nor llama-server's command line gives it (capacity_source=flag).",
+        type=_positive_int,
+        metavar="TOKENS",
+    )

@@ -439,6 +439,17 @@ def _build_order(build: str) -> tuple[int, str]:
     return (int(m[1]) if m else 1_000_000, build)
 
 
+def builds_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: the recorded builds, where each came from and where its log goes (docs/builds.md)."""
+    rows = ["| build | from | server | its log |", "|---|---|---|---|"]
+    builds = sorted({p.parent.parent.name for p in fixtures.glob("*/*/capture.json")}, key=_build_order)
+    for b in builds:
+        capture = json.loads(next(iter(sorted((fixtures / b).glob("*/capture.json")))).read_text())
+        log = "`--log-file` (truncated at each start)" if capture["log_truncated_at_start"] else "stderr (appended)"
+        rows.append(f"| `{b}` | `{capture['source']}` | {capture['server']} | {log} |")
+    return "\n".join(rows) + "\n"
+
+
 def support_table(fixtures: Path = FIXTURES) -> str:
     """Markdown: for each recorded build, the lowest verbosity at which each figure shows (docs/builds.md)."""
     builds = sorted(
@@ -459,7 +470,7 @@ def support_table(fixtures: Path = FIXTURES) -> str:
     for what, needed in FEATURES:
         cells = []
         for b in builds:
-            level = next((label for label, seen in kinds[b].items() if seen & set(needed)), "never")
+            level = next((label for label, seen in kinds[b].items() if seen & set(needed)), "not seen")
             cells.append(level)
         rows.append(f"| {what} | " + " | ".join(cells) + " |")
     prefix = []
@@ -564,7 +575,7 @@ def record(
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv == ["--table"]:
-        print(support_table(), end="")
+        print(builds_table() + "\n" + support_table(), end="")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", help="the corpus folder's name, e.g. b9093")

@@ -114,3 +114,11 @@ def test_diagnose_lists_every_aborted_slot(folder: Path) -> None:
         (f["slots"], f["tokens_sum"]) for f in truth["failures"]
     ]
     assert sum(f.aborted_requests for f in failures) == truth["requests_aborted"]
+
+
+def test_docs_show_the_corpus_as_it_is() -> None:
+    """docs/builds.md carries the tables `python -m build_corpus --table` makes from the captures."""
+    from build_corpus import builds_table, support_table
+
+    docs = (Path(__file__).parent.parent / "docs" / "builds.md").read_text()
+    assert builds_table() + "\n" + support_table() in docs, "regenerate: cd tests && python -m build_corpus --table"

@@ -184,6 +184,7 @@ def stat(
     steps: dict[str, Any],
     mappings: list[dict[str, Any]] | None = None,
     decimals: int | None = None,
+    no_value: str | None = None,
 ) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "color": {"mode": "thresholds"},
@@ -193,6 +194,11 @@ def stat(
     }
     if decimals is not None:
         defaults["decimals"] = decimals
+    if no_value is not None:
+        defaults["noValue"] = no_value
+    # A stat shows the value now: an instant query only (with `range` too, Grafana runs both and shows each
+    # series twice).
+    target = {**target, "range": False, "instant": True}
     return {
         "type": "stat",
         "title": title,
@@ -285,6 +291,14 @@ def bargauge(
     }
 
 
+def per_instance(panel: dict[str, Any]) -> dict[str, Any]:
+    """``panel`` repeated once per selected instance (stacked series add up one exporter's servers only, never
+    all instances under "All"); the title names the instance."""
+    title = panel["title"]
+    title = title.replace(OF_MODEL, " on $instance" + OF_MODEL) if title.endswith(OF_MODEL) else title + " on $instance"
+    return {**panel, "title": title, "repeat": "instance", "repeatDirection": "v"}
+
+
 def capacity_line(ref: str, *, unstacked: bool = False) -> dict[str, Any]:
     """Override: the query `ref` drawn as the red dashed limit line (outside the stack when `unstacked`)."""
     props: list[dict[str, Any]] = [
@@ -309,6 +323,49 @@ def value_map(*pairs: tuple[str, str, str]) -> list[dict[str, Any]]:
 
 BUSY_MAP = value_map(("0", "idle", "transparent"), ("1", "processing", BLUE))
 UP_MAP = value_map(("0", "down", RED), ("1", "up", GREEN))
+#: The llama-server tile: -1 the exporter is down (nothing is known), 0 down, 1 up, 2 (or 3) loading a model.
+SERVER_MAP = value_map(
+    ("-1", "exporter down", RED),
+    ("0", "down", RED),
+    ("1", "up", GREEN),
+    ("2", "loading", ORANGE),
+    ("3", "loading", ORANGE),
+)
+#: Alert severities, coloured in the firing-alerts table.
+SEVERITY_MAP = value_map(("critical", "critical", RED), ("warning", "warning", ORANGE), ("info", "info", BLUE))
+
+
+def alert_table(title: str, description: str, expr: str) -> dict[str, Any]:
+    """A table of the alerts firing now (Prometheus' ALERTS series), worst first."""
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": [q(expr, "", format="table", instant=True, range=False)],
+        "fieldConfig": {
+            "defaults": {"unit": "none", "custom": {"align": "auto"}, "noValue": "No alert firing"},
+            "overrides": [
+                {
+                    "matcher": {"id": "byName", "options": "severity"},
+                    "properties": [
+                        {"id": "mappings", "value": SEVERITY_MAP},
+                        {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+                    ],
+                }
+            ],
+        },
+        "options": {"showHeader": True, "cellHeight": "sm", "sortBy": [{"displayName": "severity", "desc": False}]},
+        "transformations": [
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True, "job": True},
+                    "indexByName": {"severity": 0, "alertname": 1, "instance": 2, "server": 3, "model": 4},
+                },
+            }
+        ],
+    }
 
 
 def panels() -> list[dict[str, Any]]:
@@ -316,48 +373,99 @@ def panels() -> list[dict[str, Any]]:
 
     # ------------------------------------------------------------------ at a glance
     lay.row("At a glance")
-    glance = [
+    top = [
+        stat(
+            "KV pool demand",
+            'llamacpp_kv_pool_demand_ratio{horizon="prompt"}: what the requests in flight hold once their prompts '
+            "are read, over the pool. Above 100% every request in flight will be aborted unless one ends first "
+            "(LlamaCppKVPoolOverflowAhead pages); usage can still look low while it climbs.",
+            q('llamacpp_kv_pool_demand_ratio{S, horizon="prompt"}', "{W}"),
+            unit="percentunit",
+            steps=thresholds((None, GREEN), (0.9, ORANGE), (1.0, RED)),
+            decimals=0,
+        ),
+        stat(
+            "Pool full in",
+            "llamacpp_kv_pool_full_eta_seconds: at the current prompt-processing and generation speeds, the "
+            "time until the requests in flight fill the KV pool. 'not filling' while the pool is not filling "
+            "or the requests in flight cannot fill it (llamacpp_kv_pool_used_tokens shows the server is known).",
+            q("llamacpp_kv_pool_full_eta_seconds{S}\nor llamacpp_kv_pool_used_tokens{S} * 0 - 1", "{W}"),
+            unit="s",
+            steps=thresholds((None, RED), (60, ORANGE), (600, GREEN)),
+            mappings=value_map(("-1", "not filling", GREEN)),
+            decimals=0,
+        ),
         stat(
             "KV pool usage",
             "llamacpp_kv_pool_usage_ratio: KV cells held by all slots / pool capacity. At 100% llama-server "
-            "aborts every in-flight request; LlamaCppKVPoolSaturated pages above 90% while requests run.",
-            q("llamacpp_kv_pool_usage_ratio{S}", "{W}", instant=True),
+            "aborts every in-flight request; LlamaCppKVPoolSaturated pages above 90% for 30 s while requests run.",
+            q("llamacpp_kv_pool_usage_ratio{S}", "{W}"),
             unit="percentunit",
             steps=thresholds((None, GREEN), (0.75, ORANGE), (KV_SATURATED_RATIO, RED)),
             decimals=1,
         ),
         stat(
+            "llama-server",
+            "llamacpp_up (1 when llama-server answers /health with 200) and llamacpp_server_loading (1 while it "
+            "loads a model: orange, not down); red 'exporter down' when Prometheus cannot scrape the exporter "
+            "(up 0): then nothing is known about the server.",
+            q(
+                "llamacpp_up{S} + 2 * llamacpp_server_loading{S}\nor on (job, instance) (up{G} == 0) * 0 - 1",
+                "{W}",
+            ),
+            unit="none",
+            steps=thresholds((None, RED), (1, GREEN), (2, ORANGE)),
+            mappings=SERVER_MAP,
+            no_value="unknown",
+        ),
+        stat(
             "Slots busy",
             "instance:llamacpp_slots_processing:sum (recording rule: the sum of llamacpp_slot_processing): how "
             "many requests run now.",
-            q("instance:llamacpp_slots_processing:sum{S}", "{W}", instant=True),
+            q("instance:llamacpp_slots_processing:sum{S}", "{W}"),
             unit="short",
             steps=thresholds((None, GREEN)),
-        ),
-        stat(
-            "Overcommit",
-            "llamacpp_kv_pool_overcommit_ratio: slots x per-slot context / pool capacity. Above 1 the slots "
-            "were promised more cells than the pool holds (-kvu); concurrent long requests can then abort "
-            "everyone (LlamaCppKVPoolOvercommitted).",
-            q("llamacpp_kv_pool_overcommit_ratio{S}", "{W}", instant=True),
-            unit="suffix:×",
-            steps=thresholds((None, GREEN), (1.01, ORANGE)),
-            decimals=2,
         ),
         stat(
             "Aborted requests",
             "increase(llamacpp_requests_aborted_total[$__range]): requests llama-server answered with an error "
             "(send_error) in the time range; 'Context size has been exceeded' aborts every in-flight request.",
-            q("sum by ({BY}) (increase(llamacpp_requests_aborted_total{S}[$__range]))", "{W}", instant=True),
+            q("sum by ({BY}) (increase(llamacpp_requests_aborted_total{S}[$__range]))", "{W}"),
             unit="short",
             steps=thresholds((None, GREEN), (1, RED)),
             decimals=0,
+        ),
+    ]
+    lay.add(
+        alert_table(
+            "Firing alerts",
+            'ALERTS{alertstate="firing"}: the llamacpp-exporter alerts firing now (Prometheus\' own series), '
+            "worst first: critical pages, warning is work for the day, info is context. Alerts about a host or "
+            "a GPU (no instance label) are listed whatever instance is selected.",
+            'ALERTS{job=~"$job", instance=~"$instance|", server=~"$server", model=~"$model", '
+            'alertname=~"LlamaCpp.*", alertstate="firing"}',
+        ),
+        6,
+        5,
+    )
+    for panel in top:
+        lay.add(panel, 3, 5)
+    second = [
+        stat(
+            "Overcommit",
+            "llamacpp_kv_pool_overcommit_ratio: slots x per-slot context / pool capacity. Above 1 the slots "
+            "were promised more cells than the pool holds (-kvu; 4 on a default server): information, a risk "
+            "once concurrent requests fill the pool (LlamaCppKVPoolOvercommitted).",
+            q("llamacpp_kv_pool_overcommit_ratio{S}", "{W}"),
+            unit="suffix:×",
+            steps=thresholds((None, GREEN), (1.01, BLUE)),
+            decimals=2,
         ),
         stat(
             "Least free VRAM",
             "min of llamacpp_gpu_memory_free_bytes over the GPUs (NVML); red below the 512 MiB headroom of "
             "LlamaCppVRAMHeadroomLow.",
-            q("min by (instance) (llamacpp_gpu_memory_free_bytes{G})", "{{instance}}", instant=True),
+            q("min by (instance) (llamacpp_gpu_memory_free_bytes{G})", "{{instance}}"),
             unit="bytes",
             steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, GREEN)),
         ),
@@ -365,31 +473,22 @@ def panels() -> list[dict[str, Any]]:
             "Host RAM in checkpoints + prompt cache",
             "instance:llamacpp_host_cache_bytes:sum (recording rule: llamacpp_checkpoint_bytes of all slots "
             "plus llamacpp_prompt_cache_bytes): host RAM llama-server holds beyond its model and KV cache.",
-            q("instance:llamacpp_host_cache_bytes:sum{S}", "{W}", instant=True),
+            q("instance:llamacpp_host_cache_bytes:sum{S}", "{W}"),
             unit="bytes",
             steps=thresholds((None, GREEN)),
-        ),
-        stat(
-            "llama-server",
-            "llamacpp_up: 1 when llama-server answers /health with 200 (llamacpp_server_loading is 1 while it "
-            "loads a model).",
-            q("llamacpp_up{S}", "{W}", instant=True),
-            unit="none",
-            steps=thresholds((None, RED), (1, GREEN)),
-            mappings=UP_MAP,
         ),
         stat(
             "Server starts",
             "increase(llamacpp_server_starts_total[$__range]): llama-server starts seen in the log in the time "
             "range; several in a few minutes is a crash loop (LlamaCppServerRestarting).",
-            q("sum by ({BY}) (increase(llamacpp_server_starts_total{S}[$__range]))", "{W}", instant=True),
+            q("sum by ({BY}) (increase(llamacpp_server_starts_total{S}[$__range]))", "{W}"),
             unit="short",
             steps=thresholds((None, GREEN), (1, ORANGE), (3, RED)),
             decimals=0,
         ),
     ]
-    for panel in glance:
-        lay.add(panel, 3, 4)
+    for panel in second:
+        lay.add(panel, 6, 4)
 
     lay.row("KV pool forecast")
     lay.add(
@@ -398,11 +497,13 @@ def panels() -> list[dict[str, Any]]:
             'llamacpp_kv_pool_used_tokens (cells held now), llamacpp_kv_pool_demand_tokens{horizon="prompt"} '
             "(what the requests in flight hold once their prompts are read: above the capacity the abort is "
             "certain unless a request ends first, and LlamaCppKVPoolOverflowAhead pages), "
-            'llamacpp_kv_pool_demand_tokens{horizon="max"} (at most: plus their generation budgets) and '
-            "llamacpp_kv_pool_capacity_tokens (red line).",
+            'llamacpp_kv_pool_demand_tokens{horizon="limits"} (plus the generation budgets their clients set: '
+            'LlamaCppKVPoolOverflowPossible), llamacpp_kv_pool_demand_tokens{horizon="max"} (at most: a request '
+            "without a limit counts its whole window) and llamacpp_kv_pool_capacity_tokens (red line).",
             [
                 q("llamacpp_kv_pool_used_tokens{S}", "{W} used", "A"),
                 q('llamacpp_kv_pool_demand_tokens{S, horizon="prompt"}', "{W} demand (prompts)", "B"),
+                q('llamacpp_kv_pool_demand_tokens{S, horizon="limits"}', "{W} demand (at their limits)", "E"),
                 q('llamacpp_kv_pool_demand_tokens{S, horizon="max"}', "{W} demand (at most)", "C"),
                 q("llamacpp_kv_pool_capacity_tokens{S}", "{W} capacity", "D"),
             ],
@@ -419,25 +520,11 @@ def panels() -> list[dict[str, Any]]:
                 },
             ],
         ),
-        12,
+        14,
         8,
     )
     lay.add(
-        stat(
-            "Pool full in" + OF_MODEL,
-            "llamacpp_kv_pool_full_eta_seconds: at the current prompt-processing and generation speeds, the "
-            "time until the requests in flight fill the KV pool. Empty while the pool is not filling or the "
-            "requests in flight cannot fill it.",
-            q("llamacpp_kv_pool_full_eta_seconds{S}", "{W}", instant=True),
-            unit="s",
-            steps=thresholds((None, RED), (60, ORANGE), (600, GREEN)),
-            decimals=0,
-        ),
-        4,
-        8,
-    )
-    lay.add(
-        timeseries(
+        per_instance(timeseries(
             "Demand per slot" + OF_MODEL,
             'llamacpp_slot_demand_tokens{horizon="prompt"}: the cells each request in flight will hold once its '
             "prompt is read (0 for an idle slot). The largest band is the request to cancel when the pool "
@@ -447,14 +534,14 @@ def panels() -> list[dict[str, Any]]:
             unit="short",
             stack=True,
             axis_label="tokens (KV cells)",
-        ),
+        )),
+        10,
         8,
-        8,
-    )
+    )  # fmt: skip
 
     lay.row("KV pool")
     lay.add(
-        timeseries(
+        per_instance(timeseries(
             "KV pool: tokens per slot vs capacity" + OF_MODEL,
             "llamacpp_slot_tokens (stacked, one band per slot: KV cells each slot holds, idle slots keep theirs "
             "until cleared) against llamacpp_kv_pool_capacity_tokens (red line). When the stack reaches the "
@@ -467,10 +554,10 @@ def panels() -> list[dict[str, Any]]:
             stack=True,
             axis_label="tokens (KV cells)",
             overrides=[capacity_line("B", unstacked=True)],
-        ),
+        )),
         16,
         9,
-    )
+    )  # fmt: skip
     lay.add(
         timeseries(
             "KV pool usage" + OF_MODEL,
@@ -600,7 +687,7 @@ def panels() -> list[dict[str, Any]]:
         8,
     )
     lay.add(
-        timeseries(
+        per_instance(timeseries(
             "Host RAM: checkpoints + prompt cache vs available",
             "Stacked: llamacpp_checkpoint_bytes (all slots' context checkpoints) and llamacpp_prompt_cache_bytes "
             "(host-RAM prompt cache), against llamacpp_prompt_cache_limit_bytes (--cache-ram), "
@@ -626,10 +713,10 @@ def panels() -> list[dict[str, Any]]:
                 }
                 for ref in ("C", "D", "E")
             ],
-        ),
+        )),
         8,
         8,
-    )
+    )  # fmt: skip
     lay.add(
         timeseries(
             "Context checkpoints",
@@ -649,16 +736,16 @@ def panels() -> list[dict[str, Any]]:
         8,
     )
     lay.add(
-        timeseries(
+        per_instance(timeseries(
             "KV cache memory",
             "llamacpp_kv_cache_bytes by kind (k, v): KV cache memory from llama-server's size line.",
             [q("llamacpp_kv_cache_bytes{S}", "{W} {{kind}}")],
             unit="bytes",
             stack=True,
-        ),
+        )),
         8,
         8,
-    )
+    )  # fmt: skip
 
     # ------------------------------------------------------------------ requests
     lay.row("Requests")

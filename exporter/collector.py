@@ -231,6 +231,7 @@ class KVForecastCollector(Collector):
     # HELP llamacpp_kv_pool_demand_tokens KV cells the requests in flight will hold: horizon="prompt" once …
     # TYPE llamacpp_kv_pool_demand_tokens gauge
     llamacpp_kv_pool_demand_tokens{horizon="prompt"} 36000.0
+    llamacpp_kv_pool_demand_tokens{horizon="limits"} 36000.0
     llamacpp_kv_pool_demand_tokens{horizon="max"} 65536.0
     # HELP llamacpp_kv_pool_demand_ratio llamacpp_kv_pool_demand_tokens / llamacpp_kv_pool_capacity_tokens …
     # TYPE llamacpp_kv_pool_demand_ratio gauge
@@ -260,7 +261,8 @@ class KVForecastCollector(Collector):
             "llamacpp_kv_pool_demand_tokens",
             'KV cells the requests in flight will hold: horizon="prompt" once their prompts are processed, '
             'horizon="max" at most (plus the generation budget left, from /slots; unknown = the slot\'s whole '
-            f"window); idle slots excluded ({sources}).",
+            'window), horizon="limits" as max but a request without a known budget counts its prompt; idle '
+            f"slots excluded ({sources}).",
             labels=["horizon"],
         )
         for h in HORIZONS:

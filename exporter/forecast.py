@@ -11,7 +11,11 @@ requests in flight tell much more, and earlier:
   overflow is certain unless a request finishes or is cancelled first.
 - **max demand**: prompt demand plus each slot's remaining generation budget (`/slots`
   `next_token.n_remain`, `params.n_predict`), each slot capped at its own window (`n_ctx`); a slot
-  whose budget is unknown or unlimited counts its whole window.
+  whose budget is unknown or unlimited counts its whole window (the bound it really has).
+- **limits demand**: the same, but a slot whose budget is unknown or unlimited counts what it will
+  hold once its prompt is read (or holds now, if more): what the requests in flight need at the
+  limits their clients set. Chat clients rarely set one, and counting each of their requests at a
+  whole window would say "may overflow" whenever two of them overlap on an overcommitted pool.
 - **time to full**: at the current fill speed (each slot's latest prompt-processing or generation
   speed as llama-server printed it), the seconds until the requests in flight fill the pool; None
   when nothing fills or when the requests in flight cannot fill it even at their limits.
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 from exporter.slot import SlotState
 from exporter.state import ServerState
 
-HORIZONS = ("prompt", "max")
+HORIZONS = ("prompt", "limits", "max")
 #: How a processing slot's prompt size is known: the `new prompt` line, its progress lines, or not
 #: at all (it counts what it holds).
 SIZE_SOURCES = ("new_prompt", "progress", "held")
@@ -53,6 +57,7 @@ class SlotDemand:
     held: int  # cells the slot holds now
     prompt: int  # cells it will hold once its prompt is processed
     max: int  # cells it may hold at most (prompt + remaining generation budget, capped at its window)
+    limits: int  # as max where the budget is known; else what it will hold after its prompt or holds now
     size_source: str  # new_prompt | progress | held
     budget_known: bool  # the remaining generation budget is known (/slots) and finite
     rate: float  # tokens/s it is adding now (0 = not known or not filling)
@@ -81,9 +86,16 @@ class Forecast:
         """Cells held at most, once every request in flight has used its generation budget."""
         return self.idle_held + sum(s.max for s in self.slots)
 
+    @property
+    def limits_demand(self) -> int:
+        """Cells held once every request in flight with a known budget has used it (the others: their prompt)."""
+        return self.idle_held + sum(s.limits for s in self.slots)
+
     def demand(self, horizon: str) -> int:
-        """`prompt_demand` or `max_demand` by horizon name."""
-        return self.prompt_demand if horizon == "prompt" else self.max_demand
+        """`prompt_demand`, `limits_demand` or `max_demand` by horizon name."""
+        if horizon == "prompt":
+            return self.prompt_demand
+        return self.limits_demand if horizon == "limits" else self.max_demand
 
     def ratio(self, horizon: str) -> float | None:
         """Demand / capacity (above 1: the pool overflows unless a request ends first)."""
@@ -145,7 +157,8 @@ def slot_demand(slot_id: int, s: SlotState, window: int | None) -> SlotDemand:
         rate = s.generation_rate
     else:
         rate = 0.0
-    return SlotDemand(slot_id, held, prompt, most, source, budget_known, rate)
+    limits = most if budget_known else max(prompt, held)
+    return SlotDemand(slot_id, held, prompt, most, limits, source, budget_known, rate)
 
 
 def forecast(state: ServerState) -> Forecast:

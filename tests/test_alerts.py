@@ -1,9 +1,11 @@
 """The Prometheus rules in alerts/: generated file up to date, `promtool check rules`, `promtool test rules`,
-and the conventions every alert follows (severity, for:, annotations that say what to do, runbook links).
+and the conventions every alert follows (severity policy, for:, annotations that say what to do, absolute
+runbook and dashboard links), and the docs' alert table rendered from them.
 
 The behaviour of each alert (firing, not firing, the `for:` boundary, labels and expanded annotations)
 is in alerts/tests/*.test.yml, run here by the real promtool: llamacpp-rules.test.yml for one server,
-llamacpp-rules-many-servers.test.yml for several servers (label `server`) and a router's children (`model`).
+llamacpp-rules-many-servers.test.yml for several servers (label `server`) and a router's children (`model`),
+llamacpp-rules-on-call.test.yml for a dead exporter, a target gone and a healthy default server.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ RULE_TESTS = ALERTS / "tests" / "llamacpp-rules.test.yml"
 #: Every promtool test file: the one above and the many-servers one.
 RULE_TEST_FILES = sorted((ALERTS / "tests").glob("*.test.yml"))
 RUNBOOK = ALERTS / "runbook.md"
+ON_CALL_TESTS = ALERTS / "tests" / "llamacpp-rules-on-call.test.yml"
+DOCS = ROOT / "docs" / "alerts-and-dashboards.md"
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
 
 rules_generator = load_script(ALERTS / "generate_rules.py")
 
@@ -59,14 +64,42 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppServerRestarting": ["log", "systemctl stop"],
     "LlamaCppExporterSourceDown": ["--log-file", "--server-url"],
     "LlamaCppExporterLogStalled": ["--log-file"],
-    "LlamaCppExporterDown": ["--listen-address"],
+    "LlamaCppExporterLogNotUnderstood": ["--log-file", "restart the exporter"],
+    "LlamaCppKVPoolCapacityUnknown": ["--pid", "--kv-pool-capacity", "-lv 4"],
+    "LlamaCppExporterDown": ["--listen-address", "restart it"],
+    "LlamaCppExporterTargetGone": ["service discovery", "silence this alert"],
     "LlamaCppRouterChildrenRefused": ["llamacpp_router_children_limit", "--models-max"],
     "LlamaCppRouterChildCrashed": ["router's log", "--models-max"],
 }
 
-#: Alerts on series that are one per host or per exporter target, never per llama-server (GPU memory, host
-#: memory, Prometheus' `up`): they carry no `server`/`model` label, so their annotations do not name one.
-GLOBAL_ALERTS = {"LlamaCppVRAMHeadroomLow", "LlamaCppHostMemoryLow", "LlamaCppExporterDown"}
+#: Alerts on series that are one per host, GPU, exporter target or job, never per llama-server (GPU memory,
+#: host memory, Prometheus' `up`): they carry no `server`/`model` label, so their annotations do not name one,
+#: and the label their description names instead of `instance`.
+GLOBAL_ALERTS = {
+    "LlamaCppVRAMHeadroomLow": "host",
+    "LlamaCppHostMemoryLow": "host",
+    "LlamaCppExporterDown": "instance",
+    "LlamaCppExporterTargetGone": "job",
+}
+#: Every `by (...)`/`on (...)` allowed, per rule: only the rules on per-target, per-host and per-job series
+#: aggregate or match by a label list (per-server rules use `without` and `ignoring`).
+GROUPINGS = {
+    "job_instance:llamacpp_exporter_target:known": {("by", "instance,job"), ("on", "instance,job")},
+    "job:llamacpp_exporter_last_scrape:timestamp": {("by", "job")},
+    "LlamaCppExporterDown": {("on", "instance,job")},
+    "LlamaCppExporterTargetGone": {("on", "job")},
+    "LlamaCppVRAMHeadroomLow": {("by", "host,job,name,uuid"), ("on", "instance,uuid"), ("on", "instance")},
+    "LlamaCppHostMemoryLow": {("by", "host,job")},
+}
+#: Who gets woken: a person who must act now and can (alerts/runbook.md, "Severity policy").
+PAGES = {
+    "LlamaCppKVPoolOverflowAhead",
+    "LlamaCppKVPoolSaturated",
+    "LlamaCppServerDown",
+    "LlamaCppServerRestarting",
+    "LlamaCppExporterDown",
+    "LlamaCppExporterTargetGone",
+}
 
 #: The fixes the runbook must explain with their costs (issue #5).
 RUNBOOK_FIXES = [
@@ -173,7 +206,7 @@ def test_every_alert_has_firing_non_firing_and_for_boundary_cases() -> None:
             (firing if fires else quiet)[case["alertname"]] = (firing if fires else quiet).get(case["alertname"], 0) + 1
             by_alert.setdefault(case["alertname"], []).append((_duration_s(str(case["eval_time"])), fires))
             for alert in case.get("exp_alerts") or []:
-                assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}, alert
+                assert set(alert["exp_annotations"]) == ANNOTATIONS, alert
                 assert "severity" in alert["exp_labels"], alert
         for name, cases in by_alert.items():
             for t_quiet, fires_q in cases:
@@ -197,19 +230,22 @@ def test_every_alert_has_for_severity_and_annotations() -> None:
     for rule in _alert_rules():
         name = rule["alert"]
         assert re.fullmatch(r"\d+(ms|s|m|h)", str(rule.get("for", ""))), f"{name}: needs a for:"
-        assert rule["labels"]["severity"] in {"critical", "warning"}, name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
         ann = rule["annotations"]
-        assert set(ann) == {"summary", "description", "runbook_url"}, name
+        assert set(ann) == ANNOTATIONS, name
         # One line without per-series values, except which server and model it is about.
         assert "{{" not in _without_who(ann["summary"]), f"{name}: the summary has per-series values"
-        assert "$labels.instance" in ann["description"], f"{name}: the description names the instance"
+        where = GLOBAL_ALERTS.get(name, "instance")
+        assert f"$labels.{where}" in ann["description"], f"{name}: the description names the {where}"
         names_server = rules_generator.WHO in ann["summary"] and rules_generator.WHO in ann["description"]
         assert names_server == (name not in GLOBAL_ALERTS), f"{name}: the annotations should name server and model"
         for action in REQUIRED_ACTIONS[name]:
             assert action in ann["description"], f"{name}: the description should tell to use {action!r}"
-        url = ann["runbook_url"]
-        assert url.startswith("alerts/runbook.md#"), url
-        assert url.split("#", 1)[1] in anchors, f"{name}: {url} has no section in alerts/runbook.md"
+        # Absolute links a pager can open: the runbook's section, the dashboard with the alert's labels.
+        base, _, anchor = ann["runbook_url"].partition("#")
+        assert base == rules_generator.Config().runbook_url and base.startswith("https://"), base
+        assert anchor in anchors, f"{name}: {anchor} has no section in alerts/runbook.md"
+        assert ann["dashboard_url"].startswith("http://localhost:3000/d/llamacpp-exporter?from=now-3h&to=now"), name
 
 
 def test_per_server_rules_keep_the_server_and_model_labels() -> None:
@@ -225,7 +261,7 @@ def test_per_server_rules_keep_the_server_and_model_labels() -> None:
             for kind, labels in re.findall(r"\b(by|on|ignoring|without)\s*\(([^)]*)\)", expr):
                 names = {x.strip() for x in labels.split(",") if x.strip()}
                 if kind in ("by", "on"):
-                    assert name == "LlamaCppExporterDown" and names == {"job", "instance"}, f"{name}: {kind} {names}"
+                    assert (kind, ",".join(sorted(names))) in GROUPINGS.get(name, set()), f"{name}: {kind} {names}"
                 else:
                     assert "server" not in names, f"{name}: {kind} ({labels}) drops the server label"
                     if "model" in names:
@@ -273,16 +309,54 @@ def test_label_fragment_expands_for_every_combination(promtool_bin: Path, tmp_pa
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
 
 
-def test_only_the_kv_pool_pages_and_real_outages_are_critical() -> None:
-    severities = {r["alert"]: r["labels"]["severity"] for r in _alert_rules()}
-    assert severities["LlamaCppKVPoolSaturated"] == "critical"
-    assert {n for n, s in severities.items() if s == "critical"} == {
-        "LlamaCppKVPoolOverflowAhead",
-        "LlamaCppKVPoolSaturated",
-        "LlamaCppContextExceeded",
-        "LlamaCppServerDown",
-        "LlamaCppServerRestarting",
-    }
+def test_pages_are_few_and_no_single_sample_trips_one() -> None:
+    """Only what a person must act on now pages (the pool past 90 % stays one of them); a page needs its
+    condition at two evaluations in a row at least (a `for:` above 0) or is a repeat itself; what is over
+    (an abort) or daytime work (sizing) is a warning or information."""
+    rules = {r["alert"]: r for r in _alert_rules()}
+    assert {n for n, r in rules.items() if r["labels"]["severity"] == "critical"} == PAGES
+    for name in PAGES:
+        assert _duration_s(str(rules[name]["for"])) > 0, f"{name}: one sample must not page"
+    assert (
+        "increase(" in rules["LlamaCppServerRestarting"]["expr"] and ">= 3" in rules["LlamaCppServerRestarting"]["expr"]
+    )
+    assert rules["LlamaCppContextExceeded"]["labels"]["severity"] == "warning"
+    assert rules["LlamaCppKVPoolOvercommitted"]["labels"]["severity"] == "info"
+    assert "Severity policy" in RUNBOOK.read_text(encoding="utf-8")
+
+
+def test_a_healthy_default_server_is_checked_against_every_alert() -> None:
+    """The on-call tests' healthy default server (-np auto, -kvu, two chat requests without max_tokens)
+    asserts that no alert fires, for every alert there is."""
+    tests = yaml.safe_load(ON_CALL_TESTS.read_text(encoding="utf-8"))
+    (group,) = [g for g in tests["tests"] if g["name"].startswith("A healthy default server")]
+    checked = {c["alertname"] for c in group["alert_rule_test"] if c["exp_alerts"] == []}
+    assert checked == {r["alert"] for r in _alert_rules()}
+    series = " ".join(s["series"] for s in group["input_series"])
+    assert 'llamacpp_kv_pool_overcommit_ratio{job="llamacpp", instance="gpu-node:9778"}' in series
+    assert 'horizon="max"' in series and 'slot="1"' in series
+
+
+def test_docs_alert_table_is_rendered_from_the_rules() -> None:
+    """docs/alerts-and-dashboards.md's alert table is what the rules say (generate_rules.py rewrites it)."""
+    text = DOCS.read_text(encoding="utf-8")
+    assert rules_generator.docs_with_table(text) == text, "run: python alerts/generate_rules.py"
+    table = text[text.index(rules_generator.TABLE_BEGIN) : text.index(rules_generator.TABLE_END)]
+    for rule in _alert_rules():
+        assert f"[`{rule['alert']}`]" in table and f"| {rule['labels']['severity']} |" in table
+    changed = text.replace("| LlamaCpp", "| X").replace("| warning |", "| critical |", 1)
+    assert rules_generator.docs_with_table(changed) != changed  # not vacuous
+
+
+def test_links_must_be_absolute() -> None:
+    """A relative runbook or Grafana address is refused with one line naming the setting."""
+    for argv, setting in (
+        (["--runbook-url", "alerts/runbook.md"], "runbook_url"),
+        (["--grafana-url", "grafana:3000"], "grafana_url"),
+        (["--set", "runbook_url=/runbook.md"], "runbook_url"),
+    ):
+        with pytest.raises(SystemExit, match=f"{setting} must be an absolute http\\(s\\) URL"):
+            rules_generator.main(["-o", "/dev/null", *argv])
 
 
 def test_runbook_explains_every_alert_and_the_fixes_with_costs() -> None:
@@ -317,16 +391,19 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
             "kv_saturated_ratio=0.85",
             "--set",
             'selector=job="llama"',
-            "--set",
-            "runbook_url=https://runbooks.example.com/llamacpp.md",
+            "--runbook-url",
+            "https://runbooks.example.com/llamacpp.md",
+            "--grafana-url",
+            "https://grafana.example.com/",
         ]
     )
     assert rc == 0
     text = out_file.read_text(encoding="utf-8")
-    assert 'llamacpp_gpu_memory_free_bytes{job="llama"} < 1073741824' in text
+    assert 'llamacpp_gpu_memory_free_bytes{job="llama"}\n' in text and ") < 1073741824" in text
     assert 'predict_linear(llamacpp_kv_pool_usage_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
     assert 'llamacpp_kv_pool_usage_ratio{job="llama"} > 0.85' in text
     assert "runbook_url: https://runbooks.example.com/llamacpp.md#llamacppkvpoolsaturated" in text
+    assert "dashboard_url: https://grafana.example.com/d/llamacpp-exporter?from=now-3h&to=now" in text
     check = subprocess.run([str(promtool_bin), "check", "rules", str(out_file)], capture_output=True, timeout=60)
     assert check.returncode == 0, check
     with pytest.raises(SystemExit, match="vram_free_bytes must be a int"):
@@ -382,6 +459,54 @@ def test_nvml_source_alerts_only_within_the_configured_window(promtool_bin: Path
                     {"eval_time": "1h5m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": firing},
                     # Past it: the same as a host without a GPU.
                     {"eval_time": "1h15m", "alertname": "LlamaCppExporterSourceDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.promtool
+def test_a_gone_target_pages_until_it_is_back_or_forgotten(promtool_bin: Path, tmp_path: Path) -> None:
+    """`exporter_forget_after` (7d by default) ends LlamaCppExporterTargetGone for a job removed for good; a
+    target that comes back ends it at once. Tested with 1h so the run stays short."""
+    cfg = rules_generator.Config(exporter_forget_after="1h")
+    doc = rules_generator.build(cfg)
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    firing = [{"exp_labels": {"severity": "critical", "job": job}} for job in ("gone", "back")]
+    build_info = "llamacpp_exporter_build_info{job=%r, instance=%r}"
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "group_eval_order": ["llamacpp.rules", "llamacpp.alerts"],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # Both jobs' only targets leave service discovery at 10m; "back" returns at 40m.
+                    {"series": 'up{job="gone", instance="a:9778"}', "values": "1x9 stale"},
+                    {"series": build_info.replace("'", '"') % ("gone", "a:9778"), "values": "1x9 stale"},
+                    {"series": 'up{job="back", instance="b:9778"}', "values": "1x9 stale " + "_ " * 29 + "1x60"},
+                    {
+                        "series": build_info.replace("'", '"') % ("back", "b:9778"),
+                        "values": "1x9 stale " + "_ " * 29 + "1x60",
+                    },
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "14m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": []},
+                    {"eval_time": "15m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": firing},
+                    {"eval_time": "39m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": firing},
+                    {"eval_time": "41m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": firing[:1]},
+                    # The last scrape of "gone" was at 9m: forgotten one hour later.
+                    {"eval_time": "1h8m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": firing[:1]},
+                    {"eval_time": "1h10m", "alertname": "LlamaCppExporterTargetGone", "exp_alerts": []},
                 ],
             }
         ],

@@ -113,6 +113,9 @@ def test_forecast_mid_fill() -> None:
     reg = _registry(_state_until("exhaust-long-lv4", 328))
     assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 4 * 339 + 4 * 7244 + 1
     assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "max"}) == 4 * 32768
+    # No budget known (the log alone): at their limits they need what they hold, not four whole windows.
+    used_now = reg.get_sample_value("llamacpp_kv_pool_used_tokens")
+    assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "limits"}) == used_now
     assert reg.get_sample_value("llamacpp_kv_pool_demand_slots", {"source": "new_prompt"}) == 4
     assert reg.get_sample_value("llamacpp_kv_pool_demand_unknown_budget_slots") == 4
     rate = reg.get_sample_value("llamacpp_kv_pool_fill_rate_tokens_per_second")

@@ -155,7 +155,9 @@ def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_que
             selectors = re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr)
             assert selectors, f"{title}: {expr}"
             for selector in selectors:
-                assert 'job=~"$job"' in selector and 'instance=~"$instance"' in selector, f"{title}: {selector}"
+                # ALERTS also lists the alerts about a host or a GPU, which carry no instance label.
+                instance = 'instance=~"$instance|"' if selector.startswith("ALERTS{") else 'instance=~"$instance"'
+                assert 'job=~"$job"' in selector and instance in selector, f"{title}: {selector}"
             _check_server_and_model(title, target)
             for window in re.findall(r"\[([^\]]+)\]", expr):
                 assert window in ("$__rate_interval", "$__range"), f"{title}: fixed window [{window}]"
@@ -403,3 +405,128 @@ def test_provisioning_loads_the_dashboard_with_no_clicks() -> None:
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     # The datasource variable picks the default Prometheus: no uid has to match.
     assert _dashboard()["templating"]["list"][0]["current"] == {}
+
+
+def _rows() -> list[tuple[str, list[dict[str, Any]]]]:
+    """(row title, its panels) in order."""
+    rows: list[tuple[str, list[dict[str, Any]]]] = []
+    for p in _dashboard()["panels"]:
+        if p["type"] == "row":
+            rows.append((p["title"], []))
+        else:
+            rows[-1][1].append(p)
+    return rows
+
+
+def test_stat_targets_are_instant_only() -> None:
+    """A stat shows the value now: with both `range` and `instant` Grafana runs two queries and every tile
+    shows each series twice."""
+    stats = [p for p in _panels() if p["type"] == "stat"]
+    assert len(stats) >= 8
+    for panel in stats:
+        for target in panel["targets"]:
+            assert target.get("instant") is True and target.get("range") is False, panel["title"]
+
+
+def test_the_top_row_says_what_is_wrong_now() -> None:
+    """First row, first line: the firing alerts, the demand ratio, the time to full, the pool usage and the
+    server's state; loading is orange (not down), an exporter that cannot be scraped is red."""
+    title, top = _rows()[0]
+    assert title == "At a glance"
+    first_line = [p for p in top if p["gridPos"]["y"] == top[0]["gridPos"]["y"]]
+    names = [n for p in first_line for t in p["targets"] for n in metric_names_in(t["expr"])]
+    assert "ALERTS" in names and first_line[0]["type"] == "table"
+    assert 'alertstate="firing"' in first_line[0]["targets"][0]["expr"]
+    demand = next(p for p in first_line if "llamacpp_kv_pool_demand_ratio" in p["targets"][0]["expr"])
+    assert 'horizon="prompt"' in demand["targets"][0]["expr"]
+    assert 1.0 in {s["value"] for s in demand["fieldConfig"]["defaults"]["thresholds"]["steps"]}
+    assert any("llamacpp_kv_pool_full_eta_seconds" in p["targets"][0]["expr"] for p in first_line)
+    server = next(p for p in first_line if p["title"] == "llama-server")
+    (mapping,) = server["fieldConfig"]["defaults"]["mappings"]
+    shown = {value: (m["text"], m["color"]) for value, m in mapping["options"].items()}
+    assert shown["2"] == ("loading", "orange") and shown["0"] == ("down", "red")
+    assert shown["-1"] == ("exporter down", "red") and shown["1"] == ("up", "green")
+    assert "(up{" in server["targets"][0]["expr"] and "== 0) * 0 - 1" in server["targets"][0]["expr"]
+
+
+def test_stacked_panels_stack_one_instance_each() -> None:
+    """Stacked series add up: under "All" they would add up every instance's slots into one pool. Every
+    stacked panel is repeated per instance instead."""
+    stacked = [
+        p
+        for p in _panels()
+        if p["type"] == "timeseries" and p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] != "none"
+    ]
+    assert len(stacked) >= 4
+    for panel in stacked:
+        assert panel.get("repeat") == "instance" and "$instance" in panel["title"], panel["title"]
+
+
+@pytest.mark.promtool
+def test_the_top_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
+    """The real PromQL engine runs the llama-server tile, the time to full and the alert list: up 1, loading
+    2, exporter down -1; no ETA is 'not filling' (-1); an alert without an instance (a GPU's) is listed."""
+    job = 'job="llamacpp"'
+    series = {
+        f'up{{{job}, instance="a:9778"}}': "1x10",
+        f'llamacpp_up{{{job}, instance="a:9778"}}': "1x10",
+        f'llamacpp_server_loading{{{job}, instance="a:9778"}}': "0x10",
+        f'llamacpp_kv_pool_used_tokens{{{job}, instance="a:9778"}}': "100x10",
+        f'up{{{job}, instance="b:9778"}}': "1x10",
+        f'llamacpp_up{{{job}, instance="b:9778"}}': "0x10",
+        f'llamacpp_server_loading{{{job}, instance="b:9778"}}': "1x10",
+        f'llamacpp_kv_pool_used_tokens{{{job}, instance="b:9778"}}': "100x10",
+        f'llamacpp_kv_pool_full_eta_seconds{{{job}, instance="b:9778"}}': "42x10",
+        f'up{{{job}, instance="c:9778"}}': "0x10",
+        f'ALERTS{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", severity="warning"}}': "1x10",
+        f'ALERTS{{{job}, alertname="LlamaCppKVPoolSaturated", alertstate="pending", instance="a:9778"}}': "1x10",
+    }
+    top = _rows()[0][1]
+    server = next(p for p in top if p["title"] == "llama-server")["targets"][0]["expr"]
+    eta = next(p for p in top if p["title"] == "Pool full in")["targets"][0]["expr"]
+    alerts = next(p for p in top if p["title"] == "Firing alerts")["targets"][0]["expr"]
+    cases: list[tuple[str, dict[str, float]]] = [
+        (
+            _substituted(server),
+            {
+                f'{{{job}, instance="a:9778"}}': 1,
+                f'{{{job}, instance="b:9778"}}': 2,
+                f'{{{job}, instance="c:9778"}}': -1,
+            },
+        ),
+        (
+            _substituted(eta),
+            {
+                f'{{{job}, instance="a:9778"}}': -1,
+                f'llamacpp_kv_pool_full_eta_seconds{{{job}, instance="b:9778"}}': 42,
+            },
+        ),
+        (
+            _substituted(alerts),
+            {
+                f'ALERTS{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", '
+                'severity="warning"}': 1
+            },
+        ),
+    ]
+    tests = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": values} for name, values in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in expected.items()],
+                    }
+                    for expr, expected in cases
+                ],
+            }
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
+    out = subprocess.run(
+        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr

@@ -137,7 +137,29 @@ def test_idle_slots_are_left_out_and_unknown_sizes_count_what_they_hold() -> Non
     assert (f.prompt_demand, f.held) == (100, 100)
     assert f.sources() == {"new_prompt": 0, "progress": 0, "held": 1}
     assert f.max_demand == 1000  # no budget known: the slot's whole window
+    assert f.limits_demand == 100  # ... and at the limits clients set: only what it will hold after its prompt
     assert f.eta_seconds is None  # no speed known
+
+
+def test_the_limits_horizon_counts_known_budgets_and_the_prompt_of_requests_without_one() -> None:
+    """A default server (-np 4 -kvu: every slot's window is the whole pool) with two chat requests without
+    max_tokens: at most they could fill two windows (max 2.0), at their limits they need their prompts; a
+    request with a budget counts it, capped at its window; one generating past its prompt counts what it holds."""
+
+    def chat(tokens: int) -> SlotState:
+        return SlotState(
+            n_ctx=1000, tokens=tokens, processing=True, phase="generation", prompt_size=150,
+            prompt_size_source="new_prompt",
+        )  # fmt: skip
+
+    st = _pool(s0=chat(150), s1=chat(400))
+    f = forecast(st)
+    assert (f.prompt_demand, f.limits_demand, f.max_demand, f.unknown_budgets) == (150 + 400, 150 + 400, 2000, 2)
+    st.slots[0].generation_budget = 300
+    f = forecast(st)
+    assert (f.limits_demand, f.max_demand) == (150 + 300 + 400, 450 + 1000)
+    st.slots[0].generation_budget = 5000
+    assert forecast(st).limits_demand == 1000 + 400
 
 
 def test_old_unified_builds_keep_idle_cells() -> None:

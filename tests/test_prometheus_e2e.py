@@ -10,7 +10,7 @@ window in which `LlamaCppKVPoolSaturated` must fire, and does, before the first 
 A second llama-server (tiny gemma2, `-ctxcp`) gives the checkpoint panels data, and both exporters
 run with a stand-in `pynvml` (prom_harness.FAKE_PYNVML: no GPU here) so that the GPU panels have data.
 
-Test copy of the rules: `LlamaCppKVPoolSaturated`'s `for:` is 0s (15s in production) and Prometheus
+Test copy of the rules: `LlamaCppKVPoolSaturated`'s `for:` is 0s (30s in production) and Prometheus
 scrapes every 1 s and evaluates every 0.5 s; everything else is the shipped files.
 
 The measured figures are printed (`pytest -s`). `LLAMACPP_E2E_EXPORTER_ARGS` adds exporter flags, e.g.
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote_plus
 
 import pytest
 from llama_harness import ExporterProcess, LlamaServer, http_json, make_prompt, run_concurrent_completions, wait_for
@@ -298,7 +299,10 @@ def test_alertmanager_delivers_the_page_to_the_webhook(incident: Incident) -> No
     alert = next(a for a in page.body["alerts"] if a["labels"]["alertname"] == "LlamaCppKVPoolSaturated")
     assert alert["labels"]["severity"] == "critical"
     assert alert["labels"]["instance"] == incident.instance
-    assert alert["annotations"]["runbook_url"] == "alerts/runbook.md#llamacppkvpoolsaturated"
+    assert alert["annotations"]["runbook_url"] == rules_generator.Config().runbook_url + "#llamacppkvpoolsaturated"
+    assert alert["annotations"]["dashboard_url"].endswith(
+        f"&var-job={JOB}&var-instance={quote_plus(incident.instance)}"
+    )
     assert alert["annotations"]["description"].startswith(f"The KV pool of {incident.instance} is 9")
 
 

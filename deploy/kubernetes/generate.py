@@ -2,12 +2,17 @@
 """Generate the Kubernetes objects that copy files from elsewhere in the repository (one source of truth):
 
 - ``prometheusrule.yaml``: a Prometheus Operator ``PrometheusRule`` whose ``spec.groups`` are the
-  groups of ``alerts/llamacpp-rules.yml``, unchanged;
+  groups of ``alerts/llamacpp-rules.yml``, unchanged, or rendered by ``alerts/generate_rules.py`` with
+  your runbook and Grafana addresses (``--runbook-url``, ``--grafana-url``). Every alert's
+  ``runbook_url`` and ``dashboard_url`` must be absolute: a relative one is refused (a pager cannot
+  open it);
 - ``grafana-dashboards.yaml``: one ``ConfigMap`` per ``dashboards/*.json``, labelled
   ``grafana_dashboard: "1"`` for the Grafana sidecar of kube-prometheus-stack.
 
     python deploy/kubernetes/generate.py          # rewrite both files
     python deploy/kubernetes/generate.py --check  # exit 1 if they are not what the sources give
+    python deploy/kubernetes/generate.py --runbook-url https://git.example.org/ops/runbook.md \
+        --grafana-url https://grafana.example.org    # the PrometheusRule with your links
 
 Re-run it after changing alerts/ or dashboards/; tests/test_deploy_kubernetes.py fails until then.
 Needs only PyYAML.
@@ -16,17 +21,24 @@ Needs only PyYAML.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RULES_FILE = ROOT / "alerts" / "llamacpp-rules.yml"
+RULES_GENERATOR = ROOT / "alerts" / "generate_rules.py"
+#: The annotations that must hold an absolute http(s) URL.
+LINKS = ("runbook_url", "dashboard_url")
 DASHBOARDS_DIR = ROOT / "dashboards"
 PROMETHEUS_RULE = HERE / "prometheusrule.yaml"
 DASHBOARD_CONFIGMAPS = HERE / "grafana-dashboards.yaml"
@@ -89,15 +101,63 @@ def rule_groups(rules_file: Path = RULES_FILE) -> list[Any]:
     return groups
 
 
-def prometheus_rule(rules_file: Path = RULES_FILE) -> str:
-    """The PrometheusRule YAML for the rules file."""
+def _rules_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("llamacpp_generate_rules", RULES_GENERATOR)
+    if spec is None or spec.loader is None or not RULES_GENERATOR.is_file():
+        raise GenerateError(f"{_rel(RULES_GENERATOR)} not found: it renders the rules with your links")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def rendered_groups(runbook_url: str | None, grafana_url: str | None) -> list[Any]:
+    """The rule groups as alerts/generate_rules.py renders them with these links (its defaults otherwise)."""
+    gen = _rules_generator()
+    urls = {"runbook_url": runbook_url, "grafana_url": grafana_url}
+    cfg = dataclasses.replace(gen.Config(), **{k: v for k, v in urls.items() if v is not None})
+    try:
+        groups: list[Any] = gen.build(cfg)["groups"]
+    except ValueError as exc:
+        raise GenerateError(str(exc)) from None
+    return groups
+
+
+def check_links(groups: list[Any], source: str) -> None:
+    """Refuse an alert whose runbook or dashboard link is not an absolute http(s) URL."""
+    for group in groups:
+        for rule in group.get("rules", []):
+            if "alert" not in rule:
+                continue
+            annotations = rule.get("annotations") or {}
+            for key in LINKS:
+                url = str(annotations.get(key, ""))
+                parts = urlsplit(url)
+                if parts.scheme not in ("http", "https") or not parts.netloc:
+                    raise GenerateError(
+                        f"{source}: {rule.get('alert')}'s {key} {url!r} is not an absolute http(s) URL, which a "
+                        "pager cannot open: render the rules with --runbook-url and --grafana-url"
+                    )
+
+
+def prometheus_rule(
+    rules_file: Path = RULES_FILE, *, runbook_url: str | None = None, grafana_url: str | None = None
+) -> str:
+    """The PrometheusRule YAML for the rules file, or for the rules rendered with these links."""
+    if runbook_url is None and grafana_url is None:
+        source = _rel(rules_file)
+        groups = rule_groups(rules_file)
+    else:
+        source = f"{_rel(RULES_GENERATOR)} --runbook-url/--grafana-url"
+        groups = rendered_groups(runbook_url, grafana_url)
+    check_links(groups, source)
     doc = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "llamacpp-exporter", "labels": RULE_LABELS},
-        "spec": {"groups": rule_groups(rules_file)},
+        "spec": {"groups": groups},
     }
-    return _header(_rel(rules_file)) + _dump(doc)
+    return _header(source) + _dump(doc)
 
 
 def dashboard_files(dashboards_dir: Path = DASHBOARDS_DIR) -> list[Path]:
@@ -141,17 +201,20 @@ def dashboard_configmaps(dashboards_dir: Path = DASHBOARDS_DIR) -> str:
     return _header(sources) + "---\n".join(_dump(d) for d in docs)
 
 
-def outputs() -> dict[Path, str]:
+def outputs(runbook_url: str | None = None, grafana_url: str | None = None) -> dict[Path, str]:
     """Every generated file and its content."""
-    return {PROMETHEUS_RULE: prometheus_rule(), DASHBOARD_CONFIGMAPS: dashboard_configmaps()}
+    rule = prometheus_rule(runbook_url=runbook_url, grafana_url=grafana_url)
+    return {PROMETHEUS_RULE: rule, DASHBOARD_CONFIGMAPS: dashboard_configmaps()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check that the files are up to date")
+    parser.add_argument("--runbook-url", metavar="URL", help="where alerts/runbook.md is published (absolute)")
+    parser.add_argument("--grafana-url", metavar="URL", help="Grafana's address (absolute), for dashboard_url")
     args = parser.parse_args(argv)
     try:
-        wanted = outputs()
+        wanted = outputs(args.runbook_url, args.grafana_url)
     except GenerateError as exc:
         print(f"generate.py: error: {exc}", file=sys.stderr)
         return 2

@@ -131,6 +131,11 @@ class Config:
     overcommit_min_processing: int = 2
     overcommit_min_usage_ratio: float = 0.5
     overcommit_for: str = "10m"
+    #: LlamaCppKVPoolUndersized: over this window, the p99 request size times the p99 number of requests in
+    #: flight together exceeds the pool, for this long, with at least this many requests in the window.
+    undersized_window: str = "1d"
+    undersized_for: str = "2h"
+    undersized_min_requests: int = 20
     #: LlamaCppKVPoolCapacityUnknown: slots known, pool size not, for this long.
     capacity_unknown_for: str = "10m"
     #: LlamaCppContextExceeded / LlamaCppKVRetryCascade: an event within this window.
@@ -225,7 +230,27 @@ class _Rules:
         m = self.m
         known = "job_instance:llamacpp_exporter_target:known"
         seen = "job:llamacpp_exporter_last_scrape:timestamp"
+        window = self.cfg.undersized_window
+
+        def p99(histogram: str) -> str:
+            # One histogram per server: every label but `le` is kept, server and model included.
+            return f"histogram_quantile(0.99, rate({m(histogram + '_bucket')}[{window}]))"
+
         return [
+            # What the requests of the last day asked of the pool: the p99 request's cells, the p99 number of
+            # requests in flight together, and their product (the pool that would have held them).
+            {"record": f"instance:llamacpp_request_tokens:p99_{window}", "expr": p99("llamacpp_request_tokens")},
+            {
+                "record": f"instance:llamacpp_request_concurrency:p99_{window}",
+                "expr": p99("llamacpp_request_concurrency"),
+            },
+            {
+                "record": f"instance:llamacpp_kv_pool_needed_tokens:p99_{window}",
+                "expr": (
+                    f"instance:llamacpp_request_tokens:p99_{window}\n"
+                    f"* instance:llamacpp_request_concurrency:p99_{window}"
+                ),
+            },
             {
                 "record": "instance:llamacpp_slots_processing:sum",
                 "expr": f"sum without (slot) ({m('llamacpp_slot_processing')})",
@@ -371,6 +396,33 @@ class _Rules:
                 "the pool and abort all others. Nothing to do tonight; when sizing, either keep every promise "
                 "(--kv-unified-per-slot N, or no -kvu with -c = slots x per-slot context), make the pool bigger "
                 "for the same memory (-ctk/-ctv q8_0), or run fewer slots (-np).",
+            )
+        )
+        window = c.undersized_window
+        needed = f"instance:llamacpp_kv_pool_needed_tokens:p99_{window}"
+        out.append(
+            self.alert(
+                "LlamaCppKVPoolUndersized",
+                f"{needed}\n> {m('llamacpp_kv_pool_capacity_tokens')}\n"
+                f"and increase({m('llamacpp_request_tokens_count')}[{window}]) >= {c.undersized_min_requests}",
+                c.undersized_for,
+                "warning",
+                "llama-server's KV pool<WHO> is too small for the requests it serves: a day of long requests "
+                "at once will abort every request in flight.",
+                THIS
+                + "Over the last "
+                + window
+                + ", the p99 request on {{ $labels.instance }}<WHO> held "
+                + figure(f"instance:llamacpp_request_tokens:p99_{window}", 'printf "%.0f"', "?")
+                + " tokens and p99 "
+                + figure(f"instance:llamacpp_request_concurrency:p99_{window}", 'printf "%.1f"', "?")
+                + ' requests ran at once: together they need about {{ $value | printf "%.0f" }} KV cells, and the '
+                "pool has "
+                + figure("llamacpp_kv_pool_capacity_tokens", 'printf "%.0f"', "?")
+                + ". Nothing has to overflow yet; the first time that many long requests run together, "
+                "llama-server aborts every request in flight. In the daytime: give each slot its own window "
+                "(--kv-unified-per-slot N: one request can no longer abort the others), run fewer slots (-np), "
+                "or afford a larger pool (-ctk/-ctv q8_0 halves the cache, then a larger -c).",
             )
         )
         out.append(

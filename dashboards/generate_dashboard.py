@@ -807,6 +807,74 @@ def panels() -> list[dict[str, Any]]:
         8,
     )
 
+    # ------------------------------------------------------------------ request sizes
+    lay.row("Request sizes: is the pool big enough?")
+    lay.add(
+        per_instance(
+            {
+                "type": "heatmap",
+                "title": "Request sizes",
+                "description": "How many requests ended at each size: llamacpp_request_tokens_bucket (histogram), the "
+                "KV cells each request held at its release line, aborted ones included. Long requests that run "
+                "together are what overflows a shared pool.",
+                "datasource": DS,
+                "targets": [
+                    q(
+                        "sum by ({BY}, le) (increase(llamacpp_request_tokens_bucket{S}[$__rate_interval]))",
+                        "",  # Format as heatmap: the buckets are the `le` label
+                        "A",
+                        format="heatmap",
+                    )
+                ],
+                "fieldConfig": {"defaults": {"unit": "short"}, "overrides": []},
+                "options": {
+                    "calculate": False,
+                    "cellGap": 1,
+                    "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64},
+                    "yAxis": {"axisPlacement": "left", "unit": "short"},
+                    "rowsFrame": {"layout": "auto"},
+                    "tooltip": {"mode": "single", "yHistogram": False},
+                    "legend": {"show": True},
+                },
+            }
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Requests in flight together",
+            "llamacpp_requests_in_flight (slots with a task, now) and the p99 over the last day of "
+            "llamacpp_request_concurrency_bucket (histogram; recorded as "
+            "instance:llamacpp_request_concurrency:p99_1d): how many requests ran at once, sampled at each start.",
+            [
+                q("sum by ({BY}) (llamacpp_requests_in_flight{S})", "{W} now", "A"),
+                q("max by ({BY}) (instance:llamacpp_request_concurrency:p99_1d{S})", "{W} p99 (1d)", "B"),
+            ],
+            unit="short",
+            axis_label="requests",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "The pool you need and the pool you have" + OF_MODEL,
+            "The p99 request size times the p99 number of requests in flight together over the last day "
+            "(instance:llamacpp_kv_pool_needed_tokens:p99_1d, recorded from llamacpp_request_tokens and "
+            "llamacpp_request_concurrency), against llamacpp_kv_pool_capacity_tokens. Needed above capacity for "
+            "hours: LlamaCppKVPoolUndersized (see its runbook for the fixes).",
+            [
+                q("max by ({BY}) (instance:llamacpp_kv_pool_needed_tokens:p99_1d{S})", "{W} needed (p99 x p99)", "A"),
+                q("max by ({BY}) (llamacpp_kv_pool_capacity_tokens{S})", "{W} pool", "B"),
+            ],
+            unit="short",
+            axis_label="KV cells",
+        ),
+        8,
+        8,
+    )
+
     # ------------------------------------------------------------------ server
     lay.row("Server")
     lay.add(

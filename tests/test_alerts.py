@@ -56,6 +56,7 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppKVPoolSaturated": ["drain", "--kv-unified-per-slot", "-ctk/-ctv q8_0", "fewer slots", "-kvu", "-c"],
     "LlamaCppKVPoolFillingUp": ["n_predict", "--kv-unified-per-slot"],
     "LlamaCppKVPoolOvercommitted": ["--kv-unified-per-slot", "-kvu", "-ctk/-ctv q8_0", "fewer slots"],
+    "LlamaCppKVPoolUndersized": ["--kv-unified-per-slot", "fewer slots (-np)", "-ctk/-ctv q8_0", "larger -c"],
     "LlamaCppContextExceeded": ["grep 'Context size has been exceeded'", "--kv-unified-per-slot", "-ctk/-ctv q8_0"],
     "LlamaCppKVRetryCascade": ["retrying with smaller batch size", "--kv-unified-per-slot"],
     "LlamaCppVRAMHeadroomLow": ["-ctk/-ctv q8_0", "smaller -c", "-ngl", "-b/-ub"],

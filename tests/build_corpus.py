@@ -281,14 +281,22 @@ class InProcessServer(Server):
 # ------------------------------------------------------------------------------------------ drivers
 
 
-def _overflow(server: Server) -> list[int]:
+Answer = tuple[int, str]  # HTTP status, and the error's message ('' for none)
+
+
+def _answer(status: int, body: dict[str, Any]) -> Answer:
+    err = body.get("error")
+    return status, str(err.get("message", "")) if isinstance(err, dict) else ""
+
+
+def _overflow(server: Server) -> list[Answer]:
     """Four ~100-token prompts generating 400 tokens each at once: together they outgrow a 512-cell pool."""
-    return [status for status, _ in run_concurrent_completions(server.url, 4, timeout=120)]
+    return [_answer(status, body) for status, body in run_concurrent_completions(server.url, 4, timeout=120)]
 
 
-def _one_request(server: Server) -> list[int]:
-    status, _ = http_json(server.url + "/completion", body={"prompt": make_prompt(60), "n_predict": 16}, timeout=60)
-    return [status]
+def _one_request(server: Server) -> list[Answer]:
+    body = {"prompt": make_prompt(60), "n_predict": 16}
+    return [_answer(*http_json(server.url + "/completion", body=body, timeout=60))]
 
 
 def _checkpoint_prompts() -> list[str]:
@@ -299,19 +307,19 @@ def _checkpoint_prompts() -> list[str]:
     return [base, base + "Another ten", p3, p4, p4[:149] + "Yet another branch of text here"]
 
 
-def _checkpoints(server: Server) -> list[int]:
-    statuses = []
+def _checkpoints(server: Server) -> list[Answer]:
+    answers = []
     for prompt in _checkpoint_prompts():
         body = {"prompt": prompt, "n_predict": 8, "cache_prompt": True, "id_slot": 0}
-        statuses.append(http_json(server.url + "/completion", body=body, timeout=60)[0])
-    return statuses
+        answers.append(_answer(*http_json(server.url + "/completion", body=body, timeout=60)))
+    return answers
 
 
 @dataclass
 class Scenario:
     name: str
     config: Config
-    drive: Callable[[Server], list[int]]
+    drive: Callable[[Server], list[Answer]]
     restart: bool = False  # kill -9 after the first drive, start again on the same log, drive again
     what: str = ""
 
@@ -360,6 +368,7 @@ def _plain(line: str) -> str:
 
 
 _RELEASE = re.compile(r"id\s+(\d+) \| task (\d+) \| stop processing: n_(?:tokens|past) = (\d+)")
+_ABORT_MESSAGE = re.compile(r"Context size has been exceeded|KV cache is full|Input prompt is too big")
 _SEND_ERROR = re.compile(
     r"send_error: task id = (\d+), error: (?:Context size has been exceeded|Input prompt is too big)"
 )
@@ -511,13 +520,13 @@ def record(
         # The models' folder as `models/` in the server's working directory: the log names it so.
         (Path(tmp) / "models").symlink_to(models[scenario.config.model].parent)
         model = Path("models") / models[scenario.config.model].name
-        statuses: list[int] = []
+        answers: list[Answer] = []
         logs: list[list[str]] = []
         starts = 0
         server.start(scenario.config, model)
         starts += 1
         try:
-            statuses += scenario.drive(server)
+            answers += scenario.drive(server)
             if scenario.restart:
                 time.sleep(0.3)
                 server.kill9()
@@ -525,7 +534,7 @@ def record(
                     logs.append(server.log_path.read_text(errors="replace").splitlines())
                 server.start(scenario.config, model)
                 starts += 1
-                statuses += scenario.drive(server)
+                answers += scenario.drive(server)
             time.sleep(0.3)
             slots = _snapshot(server, "/slots")
             props = _snapshot(server, "/props")
@@ -560,21 +569,40 @@ def record(
             "logs": names,
             "log_truncated_at_start": server.truncates_log,
             "config": {k: v for k, v in scenario.config.__dict__.items() if v is not None},
-            "http_statuses": statuses,
+            "http_statuses": [status for status, _ in answers],
+            # Requests the clients saw aborted by a full pool (another 500, e.g. b10306 failing to parse a
+            # random model's output as text, is not one).
+            "http_aborted": sum(1 for status, msg in answers if status == 500 and _ABORT_MESSAGE.search(msg)),
+            "http_errors": sorted({msg for _, msg in answers if msg}),
             "truth": truth,
         }
         (out / "capture.json").write_text(json.dumps(capture, indent=1) + "\n")
         return (
-            f"{scenario.name}: {sum(len(x) for x in logs)} lines, HTTP {statuses}, retries {truth['kv_retries']}, "
+            f"{scenario.name}: {sum(len(x) for x in logs)} lines, HTTP {[a for a, _ in answers]}, "
+            f"retries {truth['kv_retries']}, "
             f"aborts {truth['context_exceeded']}, aborted requests {truth['requests_aborted']}, "
             f"checkpoints {truth['checkpoints_created']}"
         )
+
+
+DOCS = FIXTURES.parent.parent / "docs" / "builds.md"
+_GENERATED = re.compile(r"(<!-- generated by: [^\n]*-->\n).*?(<!-- end of generated tables -->)", re.DOTALL)
+
+
+def write_docs() -> None:
+    """Rewrite the generated tables of docs/builds.md from the captures."""
+    text = DOCS.read_text()
+    tables = builds_table() + "\n" + support_table()
+    DOCS.write_text(_GENERATED.sub(lambda m: m[1] + tables + m[2], text, count=1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv == ["--table"]:
         print(builds_table() + "\n" + support_table(), end="")
+        return 0
+    if argv == ["--docs"]:
+        write_docs()
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", help="the corpus folder's name, e.g. b9093")

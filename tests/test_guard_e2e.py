@@ -1,0 +1,275 @@
+"""The guard in front of a real llama-server (b11434): transparent pass-through, admission, faults.
+
+The model is `write_slow_llama`'s (a few hundred prompt tokens per second on 2 cores), so that
+requests overlap; every assertion is about order and causality, none about a wall-clock margin.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from llama_harness import (
+    ExporterProcess,
+    LlamaServer,
+    free_port,
+    http_json,
+    http_request,
+    run_concurrent_completions,
+    wait_for,
+)
+from tiny_gguf import write_slow_llama
+
+# 4 x (200 prompt + 8 generated) cells overflow a 512-cell shared pool; 2 fit together.
+POOL = ("-c", "512", "-np", "4", "-kvu", "-t", "2")
+
+
+class Guarded:
+    """A llama-server, and an exporter whose guard stands in front of it."""
+
+    def __init__(self, server: LlamaServer, exporter: ExporterProcess, guard_port: int) -> None:
+        self.server = server
+        self.exporter = exporter
+        self.guard = f"http://127.0.0.1:{guard_port}"
+
+    def outcome(self, outcome: str) -> float:
+        value = self.exporter.sample("llamacpp_guard_requests_total", {"outcome": outcome})
+        assert value is not None
+        return value
+
+
+def start_guarded(server: LlamaServer, tmp: Path, *extra: str) -> tuple[ExporterProcess, int]:
+    port = free_port()
+    exporter = ExporterProcess(
+        server.log_file,
+        ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}", *extra],
+        output_file=tmp / f"exporter-{port}.out",
+    ).start()
+    return exporter, port
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_slow_llama(tmp_path_factory.mktemp("models") / "slow-llama.gguf")
+
+
+@pytest.fixture(scope="module")
+def guarded(llama_server_bin: Path, slow_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guarded]:
+    tmp = tmp_path_factory.mktemp("guard")
+    with LlamaServer(llama_server_bin, slow_model, POOL, log_file=tmp / "llama-server.log") as server:
+        exporter, port = start_guarded(server, tmp)
+        try:
+            yield Guarded(server, exporter, port)
+        finally:
+            exporter.stop()
+
+
+def raw_request(
+    base: str, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------- pass-through
+
+
+@pytest.mark.parametrize("path", ["/health", "/props", "/v1/models", "/slots", "/models", "/no-such-route"])
+def test_every_other_path_passes_through_unchanged(guarded: Guarded, path: str) -> None:
+    direct = raw_request(guarded.server.url, "GET", path)
+    through = raw_request(guarded.guard, "GET", path)
+    assert through[0] == direct[0]
+    assert through[1].get("content-type") == direct[1].get("content-type")
+    if path in ("/health", "/no-such-route", "/v1/models"):
+        assert through[2] == direct[2]
+    else:  # /props and /slots change between two reads (timings, slot ids): same keys
+        assert json.loads(through[2]).__class__ is json.loads(direct[2]).__class__
+
+
+def test_a_generation_answer_and_its_headers_come_back_unchanged(guarded: Guarded) -> None:
+    body = json.dumps({"prompt": "Hello", "n_predict": 4, "seed": 1, "temperature": 0}).encode()
+    headers = {"Content-Type": "application/json", "X-Custom": "kept"}
+    direct = raw_request(guarded.server.url, "POST", "/completion", body, headers)
+    through = raw_request(guarded.guard, "POST", "/completion", body, headers)
+    assert (
+        (through[0], through[1]["content-type"])
+        == (direct[0], direct[1]["content-type"])
+        == (200, direct[1]["content-type"])
+    )
+    assert json.loads(through[2])["content"] == json.loads(direct[2])["content"]  # greedy: the same text
+    assert int(through[1]["content-length"]) == len(through[2])
+
+
+def test_malformed_json_gets_llama_servers_own_error(guarded: Guarded) -> None:
+    before = guarded.outcome("unsized")
+    for path in ("/completion", "/v1/chat/completions"):
+        direct = raw_request(guarded.server.url, "POST", path, b'{"prompt": "x",', {"Content-Type": "application/json"})
+        through = raw_request(guarded.guard, "POST", path, b'{"prompt": "x",', {"Content-Type": "application/json"})
+        assert (through[0], through[2]) == (direct[0], direct[2])
+        assert through[0] >= 400
+    assert guarded.outcome("unsized") == before + 2
+
+
+def test_a_prompt_larger_than_the_slot_gets_llama_servers_own_refusal(guarded: Guarded) -> None:
+    body = {"prompt": "word " * 700, "n_predict": 4}
+    direct = http_request(guarded.server.url + "/completion", body=body, timeout=60)
+    refused = guarded.outcome("refused")
+    through = http_request(guarded.guard + "/completion", body=body, timeout=60)
+    assert through == direct
+    assert direct[0] == 400 and b"exceeds the available context size" in direct[1]
+    assert guarded.outcome("refused") == refused + 1
+
+
+def test_a_stream_is_passed_on_as_it_is_produced(guarded: Guarded) -> None:
+    """The first event reaches the client while llama-server is still generating the rest."""
+    host, port = guarded.guard.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    first = resp.readline()
+    assert first.startswith(b"data: ")
+    # The server still works on this request: its slot is processing, so nothing was held back until the end.
+    _, slots = http_json(guarded.server.url + "/slots")
+    assert any(s.get("is_processing") for s in slots["_"])
+    rest = resp.read()
+    conn.close()
+    assert rest.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded) -> None:
+    host, port = guarded.guard.removeprefix("http://").split(":")
+    cancelled = len(guarded.server.log_lines("cancel task"))
+    sock = socket.create_connection((host, int(port)))
+    body = json.dumps({"prompt": "Tell a long story.", "n_predict": 5000, "ignore_eos": True}).encode()
+    sock.sendall(
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    wait_for(lambda: any(s.get("is_processing") for s in http_json(guarded.server.url + "/slots")[1]["_"]), timeout=30)
+    sock.close()
+    wait_for(lambda: len(guarded.server.log_lines("cancel task")) > cancelled, timeout=30)
+    wait_for(
+        lambda: not any(s.get("is_processing") for s in http_json(guarded.server.url + "/slots")[1]["_"]), timeout=30
+    )
+    wait_for(lambda: guarded.exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=30)
+
+
+# ---------------------------------------------------------------------------------------- admission
+
+
+def test_acceptance_prompts_that_overflow_together_are_queued_not_aborted(guarded: Guarded) -> None:
+    """4 prompts that together pass the pool: all aborted direct, all answered through the guard."""
+    direct = run_concurrent_completions(guarded.server.url, 4, prompt_chars=200, n_predict=8, timeout=120)
+    assert [s for s, _ in direct] == [500] * 4
+    assert all("Context size has been exceeded" in b["error"]["message"] for _, b in direct)
+    exceeded = len(guarded.server.log_lines("Context size has been exceeded"))
+    queued, admitted = guarded.outcome("queued"), guarded.outcome("admitted")
+    through = run_concurrent_completions(guarded.guard, 4, prompt_chars=200, n_predict=8, timeout=120)
+    assert [s for s, _ in through] == [200] * 4
+    assert len(guarded.server.log_lines("Context size has been exceeded")) == exceeded
+    # Two fit the pool together; the others waited for one of them to end.
+    assert guarded.outcome("queued") - queued >= 1
+    assert guarded.outcome("admitted") - admitted == 4
+    wait = guarded.exporter.sample("llamacpp_guard_queue_wait_seconds_count")
+    assert wait is not None and wait >= 1
+    assert guarded.exporter.sample("llamacpp_guard_queue_requests") == 0
+
+
+def test_acceptance_a_load_that_fits_is_never_queued(guarded: Guarded) -> None:
+    """Requests that fit the pool together are all sent at once: none waits."""
+    queued, admitted = guarded.outcome("queued"), guarded.outcome("admitted")
+    through = run_concurrent_completions(guarded.guard, 2, prompt_chars=200, n_predict=8, timeout=120)
+    assert [s for s, _ in through] == [200] * 2
+    through = run_concurrent_completions(guarded.guard, 4, prompt_chars=60, n_predict=40, timeout=120)
+    assert [s for s, _ in through] == [200] * 4
+    assert guarded.outcome("queued") == queued
+    assert guarded.outcome("admitted") == admitted + 6
+
+
+# ---------------------------------------------------------------------------------------- faults
+
+
+def test_upstream_down_gives_502_with_a_reason(tmp_path: Path) -> None:
+    log = tmp_path / "llama-server.log"
+    log.touch()
+    port, guard_port = free_port(), free_port()
+    exporter = ExporterProcess(
+        log,
+        [
+            "--server-url",
+            f"http://127.0.0.1:{port}",
+            "--nvml",
+            "off",
+            "--guard.listen-address",
+            f"127.0.0.1:{guard_port}",
+        ],
+    ).start()
+    try:
+        for path, body in (("/health", None), ("/completion", {"prompt": "x"})):
+            status, answer = http_json(f"http://127.0.0.1:{guard_port}{path}", body=body)
+            assert status == 502
+            message = answer["error"]["message"]
+            assert "\n" not in message and f"127.0.0.1:{port}" in message and "cannot be reached" in message
+    finally:
+        exporter.stop()
+
+
+def test_a_body_over_the_limit_is_refused(guarded: Guarded, tmp_path: Path) -> None:
+    exporter, port = start_guarded(guarded.server, tmp_path, "--guard.max-body-bytes", "1000")
+    try:
+        status, answer = http_json(f"http://127.0.0.1:{port}/completion", body={"prompt": "x" * 2000})
+        assert status == 413 and "1000 bytes" in answer["error"]["message"]
+        status, _ = http_json(f"http://127.0.0.1:{port}/completion", body={"prompt": "x", "n_predict": 2})
+        assert status == 200
+    finally:
+        exporter.stop()
+
+
+def test_queue_bounds_answer_429_and_503_with_retry_after(guarded: Guarded, tmp_path: Path) -> None:
+    """One request holds the pool; one waits; a third finds the queue full (429); the waiter times out (503)."""
+    exporter, port = start_guarded(guarded.server, tmp_path, "--guard.queue-size", "1", "--guard.queue-timeout", "1")
+    base = f"http://127.0.0.1:{port}"
+    host = "127.0.0.1"
+    try:
+        holder = socket.create_connection((host, port))
+        # A short prompt and no end: it generates until its slot's window is full, holding the whole pool.
+        big = json.dumps({"prompt": "a story", "n_predict": 5000, "ignore_eos": True}).encode()
+        holder.sendall(
+            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(big)}\r\n\r\n".encode()
+            + big
+        )
+        wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=30)
+        results: dict[str, tuple[int, dict[str, str], bytes]] = {}
+        body = json.dumps({"prompt": "a story " * 40, "n_predict": 300}).encode()
+        waiter = threading.Thread(
+            target=lambda: results.__setitem__(
+                "w", raw_request(base, "POST", "/completion", body, {"Content-Type": "application/json"})
+            )
+        )
+        waiter.start()
+        wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 1, timeout=30)
+        full = raw_request(base, "POST", "/completion", body, {"Content-Type": "application/json"})
+        assert full[0] == 429 and int(full[1]["retry-after"]) >= 1
+        assert "queue is full" in json.loads(full[2])["error"]["message"]
+        waiter.join(60)
+        status, headers, answer = results["w"]
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert "guard's queue" in json.loads(answer)["error"]["message"]
+        holder.close()
+    finally:
+        exporter.stop()

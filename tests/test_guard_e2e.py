@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,6 +188,16 @@ def test_acceptance_prompts_that_overflow_together_are_queued_not_aborted(guarde
     wait = guarded.exporter.sample("llamacpp_guard_queue_wait_seconds_count")
     assert wait is not None and wait >= 1
     assert guarded.exporter.sample("llamacpp_guard_queue_requests") == 0
+
+
+@pytest.mark.promtool
+def test_the_guards_families_pass_promtool(guarded: Guarded, promtool_bin: Path) -> None:
+    text = guarded.exporter.scrape()
+    assert "llamacpp_guard_requests_total{" in text and "llamacpp_guard_queue_wait_seconds_bucket{" in text
+    out = subprocess.run(
+        [str(promtool_bin), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_acceptance_a_load_that_fits_is_never_queued(guarded: Guarded) -> None:

@@ -284,3 +284,58 @@ def test_queue_bounds_answer_429_and_503_with_retry_after(guarded: Guarded, tmp_
         holder.close()
     finally:
         exporter.stop()
+
+
+def test_authorization_passes_through_and_sizing_uses_the_clients_key(
+    llama_server_bin: Path, slow_model: Path, tmp_path: Path
+) -> None:
+    """With --api-key, the guard neither adds nor drops a key: the client's own decides, as direct."""
+    args = (*POOL, "--api-key", "k-123")
+    with LlamaServer(llama_server_bin, slow_model, args, log_file=tmp_path / "llama-server.log") as server:
+        # The exporter has no key: only the client's own reaches llama-server.
+        exporter, port = start_guarded(server, tmp_path)
+        guard = f"http://127.0.0.1:{port}"
+        try:
+            body = json.dumps({"prompt": "Hi", "n_predict": 2}).encode()
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer k-123"}):
+                headers = {**headers, "Content-Type": "application/json"}
+                direct = raw_request(server.url, "POST", "/completion", body, headers)
+                through = raw_request(guard, "POST", "/completion", body, headers)
+                assert through[0] == direct[0], headers
+                if direct[0] != 200:
+                    assert through[2] == direct[2]
+            assert direct[0] == 200
+            # The keyed request was sized (the server's /tokenize took the client's key); the others were
+            # refused by the server's /tokenize, and so passed on unsized for the server's own 401.
+            admitted = exporter.sample("llamacpp_guard_requests_total", {"outcome": "admitted"})
+            unsized = exporter.sample("llamacpp_guard_requests_total", {"outcome": "unsized"})
+            assert (admitted, unsized) == (1, 2)
+            assert raw_request(guard, "GET", "/health")[0] == 200  # public, as on llama-server
+            assert raw_request(guard, "GET", "/slots")[0] == raw_request(server.url, "GET", "/slots")[0] == 401
+        finally:
+            exporter.stop()
+
+
+def test_a_server_restart_empties_the_books(llama_server_bin: Path, slow_model: Path, tmp_path: Path) -> None:
+    with LlamaServer(llama_server_bin, slow_model, POOL, log_file=tmp_path / "llama-server.log") as server:
+        exporter, port = start_guarded(server, tmp_path)
+        try:
+            results: list[tuple[int, bytes]] = []
+            body = {"prompt": "A long story", "n_predict": 5000, "ignore_eos": True}
+            worker = threading.Thread(
+                target=lambda: results.append(
+                    http_request(f"http://127.0.0.1:{port}/completion", body=body, timeout=60)
+                )
+            )
+            worker.start()
+            wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=30)
+            server.kill9()
+            worker.join(60)
+            assert results and results[0][0] == 502  # the server broke off before answering
+            assert exporter.sample("llamacpp_guard_in_flight_requests") == 0
+            assert exporter.sample("llamacpp_guard_admitted_demand_tokens") == 0
+            server.start()
+            status, _ = http_request(f"http://127.0.0.1:{port}/completion", body={"prompt": "x", "n_predict": 2})
+            assert status == 200
+        finally:
+            exporter.stop()

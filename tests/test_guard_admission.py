@@ -8,6 +8,7 @@ import random
 import pytest
 
 from exporter.guard import admission as admission_module
+from exporter.guard import preempt
 from exporter.guard import sizing as sizing_module
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.sizing import plan
@@ -16,7 +17,7 @@ SHARED = Pool(capacity=1000, slot_window=1000, unified=True)
 
 
 def test_docstrings() -> None:
-    for module in (admission_module, sizing_module):
+    for module in (admission_module, sizing_module, preempt):
         assert doctest.testmod(module).failed == 0
 
 
@@ -124,3 +125,48 @@ def test_sizing_plans() -> None:
         ("/health", b'{"prompt": "x"}'),
     ]:
         assert plan(path, body) is None, (path, body)
+
+
+def test_slots_answer_read_for_preemption() -> None:
+    """A real b11434 `/slots` entry of a generating slot: its held cells, its task's prompt and budget."""
+    body = [
+        {"id": 0, "n_ctx": 512, "is_processing": False},
+        {
+            "id": 3,
+            "n_ctx": 512,
+            "is_processing": True,
+            "id_task": 0,
+            "n_prompt_tokens": 188,
+            "n_prompt_tokens_processed": 19,
+            "n_prompt_tokens_cache": 0,
+            "params": {"n_predict": 300},
+            "next_token": [{"has_next_token": True, "n_remain": 131, "n_decoded": 169}],
+        },
+    ]
+    speeds: dict[int, tuple[int, float]] = {3: (88, 1.0)}
+    [s] = preempt.slot_views(body, speeds, now=2.0)
+    assert (s.id, s.held, s.prompt, s.n_predict, s.rate, s.remaining, s.window) == (3, 188, 19, 300, 100.0, 131, 512)
+    assert s.ahead(10.0) == 188 + 131  # its budget ends it before its speed says
+    assert speeds[3] == (188, 2.0)
+    assert preempt.slot_views({"error": "x"}, {}, 0.0) == []
+
+
+def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
+    slots = [
+        preempt.SlotView(0, 300, 40, -1, rate=30.0),
+        preempt.SlotView(1, 200, 50, -1, rate=30.0),
+        preempt.SlotView(2, 100, 60, 64, rate=30.0, remaining=4),  # near its end: it holds the least
+    ]
+    running = [
+        preempt.Running(7, 60, 64, admitted_at=0.0),
+        preempt.Running(8, 40, -1, admitted_at=1.0),
+        preempt.Running(9, 50, -1, admitted_at=2.0),
+    ]
+    assert preempt.match(slots, running) == {7: slots[2], 8: slots[0], 9: slots[1]}
+    victim = preempt.choose_victim(slots, running, limit=700, horizon=2.0)
+    assert victim is not None and victim[0] == 8
+    assert preempt.choose_victim(slots, running, limit=800, horizon=2.0) is None  # 300+60 + 200+60 + 104
+    # A request alone is never stopped: its window is at most the pool.
+    assert preempt.choose_victim(slots[:1], running, limit=100, horizon=2.0) is None
+    # Slots that are not the guard's requests are not stopped.
+    assert preempt.choose_victim(slots, [preempt.Running(1, 999, -1, 0.0)], limit=100, horizon=2.0) is None

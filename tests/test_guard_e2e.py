@@ -153,6 +153,7 @@ def test_a_stream_is_passed_on_as_it_is_produced(guarded: Guarded) -> None:
 def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded) -> None:
     host, port = guarded.guard.removeprefix("http://").split(":")
     cancelled = len(guarded.server.log_lines("cancel task"))
+    released = len(guarded.server.log_lines("stop processing"))
     sock = socket.create_connection((host, int(port)))
     body = json.dumps({"prompt": "Tell a long story.", "n_predict": 5000, "ignore_eos": True}).encode()
     sock.sendall(
@@ -163,6 +164,10 @@ def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded) -> None:
     wait_for(lambda: any(s.get("is_processing") for s in http_json(guarded.server.url + "/slots")[1]["_"]), timeout=30)
     sock.close()
     wait_for(lambda: len(guarded.server.log_lines("cancel task")) > cancelled, timeout=30)
+    # Cancelled, not finished: it ended before its natural end at its slot's window of 512.
+    wait_for(lambda: len(guarded.server.log_lines("stop processing")) > released, timeout=30)
+    last = guarded.server.log_lines("stop processing")[-1]
+    assert int(last.split("n_tokens = ")[1].split(",")[0]) < 500, last
     wait_for(
         lambda: not any(s.get("is_processing") for s in http_json(guarded.server.url + "/slots")[1]["_"]), timeout=30
     )
@@ -339,3 +344,62 @@ def test_a_server_restart_empties_the_books(llama_server_bin: Path, slow_model: 
             assert status == 200
         finally:
             exporter.stop()
+
+
+# ---------------------------------------------------------------------------------------- preemption
+
+# Budgets the guard cannot know: the server's own -n 400, and clients that send none (the guard counts its
+# default of 32). 3 x (40 + 400) cells overflow the 1,024-cell pool while they generate; 2 fit.
+UNKNOWN_BUDGETS = ("-c", "1024", "-np", "4", "-kvu", "-t", "2", "-n", "400")
+
+
+@pytest.fixture(scope="module")
+def unknown_budgets(
+    llama_server_bin: Path, slow_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Guarded]:
+    tmp = tmp_path_factory.mktemp("guard-preempt")
+    with LlamaServer(llama_server_bin, slow_model, UNKNOWN_BUDGETS, log_file=tmp / "llama-server.log") as server:
+        exporter, port = start_guarded(server, tmp, "--guard.default-budget", "32")
+        try:
+            yield Guarded(server, exporter, port)
+        finally:
+            exporter.stop()
+
+
+def test_acceptance_generation_overflow_stops_one_request_and_replays_it(unknown_budgets: Guarded) -> None:
+    g = unknown_budgets
+    direct = run_concurrent_completions(g.server.url, 3, prompt_chars=40, n_predict=-1, timeout=300)
+    assert [s for s, _ in direct] == [500] * 3  # every one aborted for the others' growth
+    exceeded = len(g.server.log_lines("Context size has been exceeded"))
+    cancelled = len(g.server.log_lines("cancel task"))
+    through = run_concurrent_completions(g.guard, 3, prompt_chars=40, n_predict=-1, timeout=300)
+    assert [s for s, _ in through] == [200] * 3
+    assert all(b["tokens_predicted"] == 400 for _, b in through)  # each answer is whole, the replayed one too
+    assert len(g.server.log_lines("Context size has been exceeded")) == exceeded
+    assert g.outcome("preempted") == 1 and g.outcome("replayed") == 1
+    # The stop was a cancelled task in llama-server, ended before its budget was used.
+    assert len(g.server.log_lines("cancel task")) > cancelled
+
+
+def test_a_stopped_stream_ends_with_an_error_event_and_the_others_finish(unknown_budgets: Guarded) -> None:
+    g = unknown_budgets
+    exceeded = len(g.server.log_lines("Context size has been exceeded"))
+    preempted = g.outcome("preempted")
+    body = json.dumps({"prompt": "The quick brown fox jumps over the dog.", "stream": True}).encode()
+    outputs: list[bytes] = [b""] * 3
+
+    def stream(i: int) -> None:
+        outputs[i] = raw_request(g.guard, "POST", "/completion", body, {"Content-Type": "application/json"})[2]
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    stopped = [o for o in outputs if b'"error"' in o]
+    finished = [o for o in outputs if b'"stop":true' in o and b'"error"' not in o]
+    assert len(stopped) == 1 and len(finished) == 2, [o[-300:] for o in outputs]
+    last = stopped[0].rstrip().rsplit(b"\n\n", 1)[-1]
+    assert last.startswith(b"data: ") and b"stopped by the guard so that the other requests could finish" in last
+    assert g.outcome("preempted") == preempted + 1
+    assert len(g.server.log_lines("Context size has been exceeded")) == exceeded

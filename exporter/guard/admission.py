@@ -59,6 +59,7 @@ class Ticket:
     budget: int  # generation budget (all tasks together)
     tasks: int = 1
     budget_known: bool = True  # False: the default budget stands in for one the request did not give
+    n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
     queued_at: float | None = None
     admitted_at: float | None = None
     demand: int = 0  # set on offer: prompt + budget, capped per task at the slot window
@@ -164,6 +165,14 @@ class Admission:
                     self.queue.remove(t)
                     break
         return self.pump(pool, now)
+
+    def requeue(self, ticket: Ticket, pool: Pool, budget: int, now: float) -> None:
+        """A stopped request goes back to the head of the queue with a new budget (it showed it needs more)."""
+        self.in_flight.pop(ticket.id, None)
+        ticket.budget = budget
+        ticket.demand = ticket.size(pool)
+        ticket.queued_at = now
+        self.queue.appendleft(ticket)
 
     def expired(self, now: float) -> list[Ticket]:
         """Queued requests that waited `max_wait` or longer: removed from the queue, to be answered 503."""

@@ -25,7 +25,8 @@ from multidict import CIMultiDict
 
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
-from exporter.guard.sizing import Plan, plan
+from exporter.guard.preempt import Running, choose_victim, match, slot_views
+from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,13 @@ class GuardSettings:
     max_wait: float = 120.0
     max_body_bytes: int = 64 * 1024 * 1024
     connect_timeout: float = 10.0
+    #: Preemption: how often `/slots` is read while requests run, and how far ahead the slots are projected.
+    #: llama-server notices a closed connection only after a whole second in which no result reached its
+    #: results queue (any result restarts its wait, a `/slots` read included): the guard reads `/slots`
+    #: less often than that, stays silent for `quiet` seconds after a stop, and projects over all of it.
+    poll_interval: float = 1.25
+    quiet: float = 2.0
+    horizon: float = 3.5
 
 
 def _end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -116,6 +124,21 @@ class Sizer:
         return total
 
 
+class _Preempted(Exception):
+    """The guard stopped this request before any byte of its answer reached the client."""
+
+
+@dataclass
+class _Run:
+    """A request being forwarded: the guard may stop it (`stop`), and closes `upstream` to do so."""
+
+    ticket: Ticket
+    stop: asyncio.Event
+    anthropic: bool = False
+    upstream: aiohttp.ClientResponse | None = None
+    streaming: bool = False  # its answer is an event stream that has begun
+
+
 class Guard:
     """The proxy and its books. `pool()` says what the server offers now (from the exporter's state)."""
 
@@ -127,7 +150,13 @@ class Guard:
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._generation_session: aiohttp.ClientSession | None = None
         self._props_window: int | None = None
+        self._runs: dict[int, _Run] = {}
+        # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
+        self._quiet_until = 0.0
+        self._speeds: dict[int, tuple[int, float]] = {}
+        self._monitor: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ pool
 
@@ -153,6 +182,24 @@ class Guard:
     # ------------------------------------------------------------------ lifecycle
 
     @property
+    def generation_session(self) -> aiohttp.ClientSession:
+        """For generation requests: a new connection each, closed when the request is stopped or abandoned.
+
+        llama-server cancels a task when its client's connection closes, but a connection that served an
+        earlier request (keep-alive) was not seen closing: the task ran to its end. A fresh connection per
+        generation request costs a local TCP handshake and makes every stop and every client that leaves
+        cancel the task.
+        """
+        if self._generation_session is None:
+            self._generation_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+            )
+        return self._generation_session
+
+    @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -169,8 +216,13 @@ class Guard:
         return app
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        for session in (self._session, self._generation_session):
+            if session is not None:
+                await session.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -220,9 +272,26 @@ class Guard:
             if refused is not None:
                 return refused
         self.books.count("admitted")
+        ticket.n_predict = p.budget if p.budget is not None else -1
         try:
-            return await self._forward(request, raw)
+            while True:
+                run = _Run(ticket, asyncio.Event(), anthropic=p.route in MESSAGES_ROUTES)
+                self._runs[ticket.id] = run
+                self._ensure_monitor()
+                try:
+                    return await self._forward(request, raw, run)
+                except _Preempted:
+                    self._runs.pop(ticket.id, None)
+                    # It has shown it generates past its budget: replayed alone in its slot's window.
+                    pool = self.pool()
+                    window = pool.slot_window or pool.limit or ticket.prompt + ticket.budget
+                    self.admission.requeue(ticket, pool, window, time.monotonic())
+                    refused = await self._wait(ticket)
+                    if refused is not None:
+                        return refused
+                    self.books.count("replayed")
         finally:
+            self._runs.pop(ticket.id, None)
             self._release(ticket.id)
 
     async def _wait(self, ticket: Ticket) -> web.Response | None:
@@ -230,6 +299,7 @@ class Guard:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = fut
         start = time.monotonic()
+        self._release(-1)  # admits it at once if it fits now (a replay into an emptied pool)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.max_wait)
         except TimeoutError:
@@ -261,18 +331,40 @@ class Guard:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
-    async def _forward(self, request: web.Request, raw: bytes) -> web.StreamResponse:
-        """Send the request upstream as it came; stream the answer back as it comes."""
-        url = self.settings.upstream + str(request.rel_url)
-        upstream_url = self.settings.upstream
-        try:
-            upstream = await self.session.request(
+    async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
+        """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
+        generation = request.method == "POST" and request.path in _generation_paths()
+        sending = asyncio.ensure_future(
+            (self.generation_session if generation else self.session).request(
                 request.method,
-                url,
+                self.settings.upstream + str(request.rel_url),
                 headers=_end_to_end(request.headers),
                 data=raw if raw else None,
                 allow_redirects=False,
             )
+        )
+        if run is None:
+            return await sending
+        stopped = asyncio.ensure_future(run.stop.wait())
+        try:
+            await asyncio.wait({sending, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not sending.done():
+                # Cancelling closes the connection: llama-server sees it and cancels the task.
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await sending
+        if sending.cancelled():
+            log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
+            raise _Preempted
+        return sending.result()
+
+    async def _forward(self, request: web.Request, raw: bytes, run: _Run | None = None) -> web.StreamResponse:
+        """Send the request upstream as it came; stream the answer back as it comes."""
+        upstream_url = self.settings.upstream
+        try:
+            upstream = await self._send(request, raw, run)
         except aiohttp.ClientConnectorError as exc:
             self.books.count("failed")
             why = exc.os_error.strerror or str(exc.os_error)
@@ -289,16 +381,28 @@ class Guard:
             for k, v in upstream.headers.items():
                 if k.lower() not in _HOP_BY_HOP or k.lower() == "content-length":
                     response.headers.add(k, v)
+            if run is not None:
+                # A complete answer (not a stream) is never stopped: it has already been generated.
+                run.streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+                run.upstream = upstream
+                if run.stop.is_set() and run.streaming:
+                    raise _Preempted  # stopped before the client got a byte: replayed
             await response.prepare(request)
             try:
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
             except (aiohttp.ClientError, TimeoutError) as exc:
+                if run is not None and run.stop.is_set():
+                    await self._end_stopped_stream(response, run)
+                    return response
                 # The answer has begun: all the client can still be told is that the connection ends here.
                 self.books.count("failed")
                 log.warning("guard: llama-server broke off its answer to %s: %s", request.path, type(exc).__name__)
                 if request.transport is not None:
                     request.transport.close()
+                return response
+            if run is not None and run.stop.is_set() and run.streaming:
+                await self._end_stopped_stream(response, run)
                 return response
             await response.write_eof()
             done = True
@@ -308,6 +412,72 @@ class Guard:
                 upstream.release()  # the connection is reused
             else:
                 upstream.close()  # cancels the server's task: llama-server sees its connection close
+
+    async def _end_stopped_stream(self, response: web.StreamResponse, run: _Run) -> None:
+        """End a stream the guard stopped with an error event, in llama-server's own form, that says why."""
+        error = {
+            "code": 503,
+            "message": "stopped by the guard so that the other requests could finish: the KV pool was about to "
+            "overflow; send it again, or with a smaller max_tokens",
+            "type": "unavailable_error",
+        }
+        event = "event: error\n" if run.anthropic else ""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write(f"{event}data: {json.dumps({'error': error})}\n\n".encode())
+            await response.write_eof()
+
+    # ------------------------------------------------------------------ preemption
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
+
+    async def _watch(self) -> None:
+        """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        while self._runs:
+            now = time.monotonic()
+            await asyncio.sleep(max(self.settings.poll_interval, self._quiet_until - now))
+            try:
+                async with self.session.get(self.settings.upstream + "/slots", headers=headers) as resp:
+                    body = await resp.json(content_type=None) if resp.status == 200 else None
+            except (aiohttp.ClientError, ValueError, TimeoutError):
+                continue
+            self._consider(body, time.monotonic())
+        self._speeds.clear()
+
+    def _consider(self, body: Any, now: float) -> None:
+        slots = slot_views(body, self._speeds, now)
+        limit = self.pool().limit
+        runs = [r for r in self._runs.values() if not r.stop.is_set()]
+        # A stream's closed connection is noticed at its next token; a request that waits for its whole
+        # answer only after a second in which no result came for anyone, which never comes while a stream
+        # runs. So while streams run, only a stream is stopped.
+        if any(r.streaming for r in runs):
+            runs = [r for r in runs if r.streaming]
+        running = [
+            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
+            for r in runs
+            if r.ticket.tasks == 1
+        ]
+        horizon = self.settings.horizon
+        # The books learn from what the slots hold: a request past its budget counts what it will hold.
+        for rid, slot in match(slots, running).items():
+            t = self._runs[rid].ticket
+            t.demand = max(t.demand, slot.ahead(horizon))
+        if limit is None or now < self._quiet_until:
+            return
+        chosen = choose_victim(slots, running, limit, horizon)
+        if chosen is None:
+            return
+        victim, why = chosen
+        run = self._runs[victim]
+        self._quiet_until = now + self.settings.quiet
+        run.stop.set()
+        if run.upstream is not None and run.streaming:
+            run.upstream.close()
+        self.books.count("preempted")
+        log.warning("guard: stopped one request so that the others can finish: %s", why)
 
 
 def _generation_paths() -> frozenset[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import json
 import random
 
 import pytest
@@ -170,3 +171,20 @@ def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
     assert preempt.choose_victim(slots[:1], running, limit=100, horizon=2.0) is None
     # Slots that are not the guard's requests are not stopped.
     assert preempt.choose_victim(slots, [preempt.Running(1, 999, -1, 0.0)], limit=100, horizon=2.0) is None
+
+
+def test_a_bound_admits_without_the_tokenizer_only_what_fits_anyway() -> None:
+    p = plan("/completion", json.dumps({"prompt": "héllo", "n_predict": 8}).encode())
+    assert p is not None and p.bound() == 6 + 4 and not p.exact  # 6 bytes: at most 6 tokens, plus BOS and the like
+    tokens = plan("/completion", b'{"prompt": [1, 2, 3]}')
+    assert tokens is not None and tokens.exact and tokens.bound() == 3
+    chat = plan("/v1/chat/completions", b'{"messages": []}')
+    assert chat is not None and chat.bound() is None
+    a = Admission(max_queue=5, max_wait=60)
+    a.offer(Ticket(1, prompt=500, budget=100), SHARED, 0)
+    assert a.admits_now(Ticket(2, prompt=300, budget=100), SHARED)
+    assert not a.admits_now(Ticket(3, prompt=400, budget=100), SHARED)  # size it exactly: it may still fit
+    assert not a.admits_now(Ticket(4, prompt=1000, budget=0), SHARED)  # too large for its slot: the server says so
+    # The exact size, known later, frees what the bound held: a waiting request gets in.
+    a.offer(Ticket(5, prompt=350, budget=100), SHARED, 0)
+    assert [t.id for t in a.resize(a.in_flight[1], 380, SHARED, 1)] == [5]

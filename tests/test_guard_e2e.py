@@ -301,11 +301,12 @@ def test_authorization_passes_through_and_sizing_uses_the_clients_key(
         exporter, port = start_guarded(server, tmp_path)
         guard = f"http://127.0.0.1:{port}"
         try:
-            body = json.dumps({"prompt": "Hi", "n_predict": 2}).encode()
+            # A chat request: the guard sizes it through the server's /apply-template and /tokenize.
+            body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer k-123"}):
                 headers = {**headers, "Content-Type": "application/json"}
-                direct = raw_request(server.url, "POST", "/completion", body, headers)
-                through = raw_request(guard, "POST", "/completion", body, headers)
+                direct = raw_request(server.url, "POST", "/v1/chat/completions", body, headers)
+                through = raw_request(guard, "POST", "/v1/chat/completions", body, headers)
                 assert through[0] == direct[0], headers
                 if direct[0] != 200:
                     assert through[2] == direct[2]

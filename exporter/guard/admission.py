@@ -107,6 +107,23 @@ class Admission:
             return True
         return self.demand + ticket.demand <= limit
 
+    def admits_now(self, ticket: Ticket, pool: Pool) -> bool:
+        """Whether `offer` would admit `ticket` at once (nothing waits, it fits, it is no refusal)."""
+        demand = ticket.size(pool)
+        per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
+        if pool.slot_window is not None and per_task >= pool.slot_window:
+            return False
+        limit = pool.limit
+        if limit is not None and ticket.prompt >= limit:
+            return False
+        return not self.queue and (limit is None or not self.in_flight or self.demand + demand <= limit)
+
+    def resize(self, ticket: Ticket, prompt: int, pool: Pool, now: float) -> list[Ticket]:
+        """The exact prompt size of an admitted request, known after it was admitted on a bound; admit what fits now."""
+        ticket.prompt = prompt
+        ticket.demand = ticket.size(pool)
+        return self.pump(pool, now)
+
     def offer(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
         """A newly sized request: admit it, queue it, or say why not."""
         ticket.demand = ticket.size(pool)

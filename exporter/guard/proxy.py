@@ -157,6 +157,7 @@ class Guard:
         self._quiet_until = 0.0
         self._speeds: dict[int, tuple[int, float]] = {}
         self._monitor: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ pool
 
@@ -246,19 +247,25 @@ class Guard:
                 self.books.count("unsized")
             return await self._forward(request, raw)
         headers = self._sizing_headers(request)
-        try:
-            await self._learn_window(headers)
-            prompt = await Sizer(self.session, self.settings.upstream).prompt_tokens(p, raw, headers)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
-            return await self._forward(request, raw)  # the server is down: the forward says so (502)
-        except (aiohttp.ClientError, ValueError):
-            self.books.count("unsized")  # the server refuses to size it: it will refuse the request too, in its words
-            return await self._forward(request, raw)
         budget = p.budget if p.budget is not None else self.settings.default_budget
-        ticket = Ticket(
-            next(self._ids), prompt=prompt, budget=budget * p.tasks, tasks=p.tasks, budget_known=p.budget is not None
-        )
+        await self._learn_window(headers)  # at once when the log has said it (nearly always)
+        bound = p.bound()
+        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks)
+        ticket.budget_known = p.budget is not None
+        # A request that fits even at the most tokens its text can make is admitted without waiting for the
+        # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
+        quick = bound is not None and (p.exact or self.admission.admits_now(ticket, self.pool()))
+        if not quick:
+            try:
+                ticket.prompt = await Sizer(self.session, self.settings.upstream).prompt_tokens(p, raw, headers)
+            except (aiohttp.ClientConnectionError, TimeoutError):
+                return await self._forward(request, raw)  # the server is down: the forward says so (502)
+            except (aiohttp.ClientError, ValueError):
+                self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
+                return await self._forward(request, raw)
         decision = self.admission.offer(ticket, self.pool(), time.monotonic())
+        if quick and not p.exact and decision.kind == "admit":
+            self._refine(ticket, p, raw, headers)
         if decision.kind == "forward":
             self.books.count("refused")
             return await self._forward(request, raw)
@@ -294,6 +301,26 @@ class Guard:
             self._runs.pop(ticket.id, None)
             self._release(ticket.id)
 
+    def _refine(self, ticket: Ticket, p: Plan, raw: bytes, headers: Mapping[str, str]) -> None:
+        """Count the prompt of a request admitted on its bound exactly, in the background (the books and
+        preemption's matching of requests to slots use the exact count)."""
+
+        async def refine() -> None:
+            with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+                prompt = await Sizer(self.session, self.settings.upstream).prompt_tokens(p, raw, headers)
+                if ticket.id in self.admission.in_flight:
+                    for admitted in self.admission.resize(ticket, prompt, self.pool(), time.monotonic()):
+                        self._wake(admitted)
+
+        task = asyncio.create_task(refine())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _wake(self, admitted: Ticket) -> None:
+        fut = self._waiters.get(admitted.id)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
     async def _wait(self, ticket: Ticket) -> web.Response | None:
         """Wait in the queue until admitted (None), or an error response when the wait runs out."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -327,9 +354,7 @@ class Guard:
 
     def _release(self, ticket_id: int) -> None:
         for admitted in self.admission.release(ticket_id, self.pool(), time.monotonic()):
-            fut = self._waiters.get(admitted.id)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+            self._wake(admitted)
 
     async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""

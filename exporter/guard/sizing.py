@@ -46,6 +46,21 @@ class Plan:
     stream: bool = False
     model: str | None = None
 
+    def bound(self) -> int | None:
+        """At least as many prompt tokens as the server will count, without asking it; None for chat and messages.
+
+        A tokenizer gives at most one token per byte (byte fallback), plus the few it adds (BOS, a leading
+        space, EOS): a text of B bytes is at most B + 4 tokens. Token prompts are exact.
+        """
+        if self.template or self.count_route is not None:
+            return None
+        return sum(len(t.encode()) + 4 for t in self.texts) + sum(self.token_counts)
+
+    @property
+    def exact(self) -> bool:
+        """The prompt is given as tokens only: its size needs no tokenizer."""
+        return not self.texts and not self.template and self.count_route is None
+
     @property
     def tasks(self) -> int:
         """Tasks (slots) the request starts: one per prompt."""

@@ -290,7 +290,7 @@ async def serve(config: Config) -> int:
 async def _start_guard(config: Config, server: FollowedServer, registry: CollectorRegistry) -> RunningGuard | None:
     """Start the guard in front of --server-url and add its families to `registry`; None (said on stderr) when
     its port cannot be bound."""
-    from exporter.guard import GuardCollector, GuardSettings, pool_of, start_guard
+    from exporter.guard import GuardCollector, GuardSettings, ServerPools, start_guard
 
     assert config.guard_listen is not None
     host, port = config.guard_listen
@@ -303,12 +303,18 @@ async def _start_guard(config: Config, server: FollowedServer, registry: Collect
         max_body_bytes=config.guard_max_body_bytes,
     )
     try:
-        running = await start_guard(settings, pool_of(lambda: server.live.state), host, port)
+        pools = ServerPools(
+            lambda: server.live.state,
+            lambda: (
+                {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
+            ),
+        )
+        running = await start_guard(settings, pools, host, port)
     except OSError as exc:
         print(f"llamacpp-exporter: error: --guard.listen-address {host}:{port}: {exc.strerror}", file=sys.stderr)
         return None
     g = running.guard
-    registry.register(GuardCollector(g.books, lambda: g.admission, lambda: g.pool().limit))
+    registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
     log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
     return running
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from llama_harness import (
     ExporterProcess,
+    LlamaRouter,
     LlamaServer,
     free_port,
     http_json,
@@ -44,7 +46,7 @@ class Guarded:
         return value
 
 
-def start_guarded(server: LlamaServer, tmp: Path, *extra: str) -> tuple[ExporterProcess, int]:
+def start_guarded(server: LlamaServer | LlamaRouter, tmp: Path, *extra: str) -> tuple[ExporterProcess, int]:
     port = free_port()
     exporter = ExporterProcess(
         server.log_file,
@@ -404,3 +406,59 @@ def test_a_stopped_stream_ends_with_an_error_event_and_the_others_finish(unknown
     assert last.startswith(b"data: ") and b"stopped by the guard so that the other requests could finish" in last
     assert g.outcome("preempted") == preempted + 1
     assert len(g.server.log_lines("Context size has been exceeded")) == exceeded
+
+
+# ---------------------------------------------------------------------------------------- router mode
+
+
+def test_router_mode_admits_each_model_against_its_own_pool(
+    llama_server_bin: Path, slow_model: Path, tmp_path: Path
+) -> None:
+    """A request that fills model alpha's pool holds back the next alpha request, never a beta one."""
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("alpha", "beta"):
+        os.link(slow_model, models / f"{name}.gguf")
+    with LlamaRouter(llama_server_bin, models, POOL, log_file=tmp_path / "router.log") as router:
+        exporter, port = start_guarded(router, tmp_path)
+        guard = f"http://127.0.0.1:{port}"
+        try:
+            for name in ("alpha", "beta"):
+                router.load(name, timeout=60)
+
+            def pools_known() -> bool:
+                return all(
+                    exporter.sample("llamacpp_kv_pool_capacity_tokens", {"model": m}) == 512 for m in ("alpha", "beta")
+                )
+
+            wait_for(pools_known, timeout=60)
+            holder = socket.create_connection(("127.0.0.1", port))
+            big = json.dumps({"model": "alpha", "prompt": "a story", "n_predict": 5000, "ignore_eos": True}).encode()
+            holder.sendall(
+                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(big)}\r\n\r\n".encode()
+                + big
+            )
+            wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=30)
+            results: list[tuple[int, bytes]] = []
+            waiter = threading.Thread(
+                target=lambda: results.append(
+                    http_request(
+                        guard + "/completion", body={"model": "alpha", "prompt": "x", "n_predict": 64}, timeout=120
+                    )
+                )
+            )
+            waiter.start()
+            wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 1, timeout=30)
+            # beta's pool is its own: its request is admitted and answered while alpha's still waits.
+            status, _ = http_request(
+                guard + "/completion", body={"model": "beta", "prompt": "x", "n_predict": 64}, timeout=120
+            )
+            assert status == 200
+            assert exporter.sample("llamacpp_guard_queue_requests") == 1 and not results
+            holder.close()
+            waiter.join(120)
+            assert results and results[0][0] == 200
+            assert not router.log_lines("Context size has been exceeded")
+        finally:
+            exporter.stop()

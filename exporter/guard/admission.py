@@ -60,6 +60,7 @@ class Ticket:
     tasks: int = 1
     budget_known: bool = True  # False: the default budget stands in for one the request did not give
     n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
+    key: str | None = None  # its pool: None for a plain server, the model's name behind a router
     queued_at: float | None = None
     admitted_at: float | None = None
     demand: int = 0  # set on offer: prompt + budget, capped per task at the slot window

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -53,14 +53,17 @@ class GuardCollector(Collector):
     """The guard's families (see the module's docstring)."""
 
     def __init__(
-        self, books: GuardBooks, admission: Callable[[], Admission], capacity: Callable[[], int | None]
+        self,
+        books: GuardBooks,
+        admissions: Callable[[], Iterable[Admission]],
+        capacity: Callable[[], int | None],
     ) -> None:
         self._books = books
-        self._admission = admission
+        self._admissions = admissions
         self._capacity = capacity
 
     def collect(self) -> Iterator[Metric]:
-        b, a = self._books, self._admission()
+        b, pools = self._books, list(self._admissions())
         requests = CounterMetricFamily(
             "llamacpp_guard_requests",
             "Generation requests through the guard, by outcome: admitted (sent to llama-server), queued (had to "
@@ -76,12 +79,12 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily(
             "llamacpp_guard_queue_requests",
             "Requests waiting in the guard's queue for room in the KV pool.",
-            value=len(a.queue),
+            value=sum(len(a.queue) for a in pools),
         )
         yield GaugeMetricFamily(
             "llamacpp_guard_in_flight_requests",
             "Generation requests the guard has sent to llama-server and not yet seen end.",
-            value=len(a.in_flight),
+            value=sum(len(a.in_flight) for a in pools),
         )
         cumulative = [(str(le), float(n)) for le, n in zip(WAIT_BUCKETS, b.wait_buckets, strict=True)]
         cumulative.append(("+Inf", float(b.wait_count)))
@@ -94,7 +97,7 @@ class GuardCollector(Collector):
         yield GaugeMetricFamily(
             "llamacpp_guard_admitted_demand_tokens",
             "KV cells the requests in flight through the guard may hold at most (prompt plus generation budget).",
-            value=a.demand,
+            value=sum(a.demand for a in pools),
         )
         capacity = self._capacity()
         if capacity is not None:

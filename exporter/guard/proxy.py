@@ -17,7 +17,8 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
@@ -86,9 +87,10 @@ def error_response(status: int, message: str, error_type: str, retry_after: int 
 class Sizer:
     """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
 
-    def __init__(self, session: aiohttp.ClientSession, upstream: str) -> None:
+    def __init__(self, session: aiohttp.ClientSession, upstream: str, model: str | None = None) -> None:
         self._session = session
         self._upstream = upstream
+        self._model = model  # behind a router: the model whose tokenizer counts
 
     async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
         async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
@@ -98,7 +100,10 @@ class Sizer:
 
     async def _tokens(self, text: str, headers: Mapping[str, str]) -> int:
         # add_special: the BOS the server adds to a prompt counts too (llama-server sizes prompts this way).
-        out = await self._post("/tokenize", {"content": text, "add_special": True}, headers)
+        body: dict[str, Any] = {"content": text, "add_special": True}
+        if self._model is not None:
+            body["model"] = self._model
+        out = await self._post("/tokenize", body, headers)
         tokens = out.get("tokens") if isinstance(out, dict) else None
         if not isinstance(tokens, list):
             raise ValueError("/tokenize gave no tokens")
@@ -139,46 +144,78 @@ class _Run:
     streaming: bool = False  # its answer is an event stream that has begun
 
 
-class Guard:
-    """The proxy and its books. `pool()` says what the server offers now (from the exporter's state)."""
+class Pools(Protocol):
+    """Where the guard learns the pools: one server's, or (a router) each model's."""
 
-    def __init__(self, settings: GuardSettings, pool: Callable[[], Pool]) -> None:
+    def key(self, model: str | None) -> str | None:
+        """The pool a request for `model` goes to: None for a plain server, the model's name for a router."""
+
+    def pool(self, key: str | None) -> Pool:
+        """What that pool offers now."""
+
+
+class OnePool:
+    """A plain server's pool, from a function."""
+
+    def __init__(self, pool: Callable[[], Pool]) -> None:
+        self._pool = pool
+
+    def key(self, model: str | None) -> str | None:
+        return None
+
+    def pool(self, key: str | None) -> Pool:
+        return self._pool()
+
+
+class Guard:
+    """The proxy and its books, one `Admission` per pool (per model behind a router)."""
+
+    def __init__(self, settings: GuardSettings, pools: Pools | Callable[[], Pool]) -> None:
         self.settings = settings
-        self._pool_of_state = pool
-        self.admission = Admission(max_queue=settings.max_queue, max_wait=settings.max_wait)
+        self.pools: Pools = pools if not callable(pools) else OnePool(pools)
+        self.admissions: dict[str | None, Admission] = {}
         self.books = GuardBooks()
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._generation_session: aiohttp.ClientSession | None = None
-        self._props_window: int | None = None
+        self._props_window: dict[str | None, int] = {}
         self._runs: dict[int, _Run] = {}
         # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
         self._quiet_until = 0.0
-        self._speeds: dict[int, tuple[int, float]] = {}
+        self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ pool
 
-    def pool(self) -> Pool:
-        """The exporter's view of the pool; a slot window from `/props` where the log has not said it yet."""
-        p = self._pool_of_state()
-        if p.slot_window is None and self._props_window is not None:
-            return Pool(p.capacity, self._props_window, p.unified)
+    def admission(self, key: str | None) -> Admission:
+        """The books and queue of one pool."""
+        a = self.admissions.get(key)
+        if a is None:
+            a = self.admissions[key] = Admission(max_queue=self.settings.max_queue, max_wait=self.settings.max_wait)
+        return a
+
+    def pool(self, key: str | None = None) -> Pool:
+        """The exporter's view of a pool; a slot window from `/props` where the log has not said it yet."""
+        p = self.pools.pool(key)
+        window = self._props_window.get(key)
+        if p.slot_window is None and window is not None:
+            return Pool(p.capacity, window, p.unified)
         return p
 
-    async def _learn_window(self, headers: Mapping[str, str]) -> None:
+    async def _learn_window(self, key: str | None, headers: Mapping[str, str]) -> None:
         """The slot window from `/props` (`default_generation_settings.n_ctx`), once, when the log has not given it."""
-        if self._props_window is not None or self._pool_of_state().slot_window is not None:
+        if key in self._props_window or self.pools.pool(key).slot_window is not None:
             return
+        query = "" if key is None else "?" + urlencode({"model": key})
         with contextlib.suppress(aiohttp.ClientError, ValueError, asyncio.TimeoutError):
-            async with self.session.get(self.settings.upstream + "/props", headers=headers) as resp:
+            async with self.session.get(self.settings.upstream + "/props" + query, headers=headers) as resp:
                 if resp.status == 200:
                     body = await resp.json(content_type=None)
                     n = body.get("default_generation_settings", {}).get("n_ctx") if isinstance(body, dict) else None
                     if isinstance(n, int) and n > 0:
-                        self._props_window = n
+                        self._props_window[key] = n
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,22 +285,26 @@ class Guard:
             return await self._forward(request, raw)
         headers = self._sizing_headers(request)
         budget = p.budget if p.budget is not None else self.settings.default_budget
-        await self._learn_window(headers)  # at once when the log has said it (nearly always)
+        key = self.pools.key(p.model)
+        await self._learn_window(key, headers)  # at once when the log has said it (nearly always)
         bound = p.bound()
-        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks)
+        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
         ticket.budget_known = p.budget is not None
+        books = self.admission(key)
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
         # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
-        quick = bound is not None and (p.exact or self.admission.admits_now(ticket, self.pool()))
+        quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
         if not quick:
             try:
-                ticket.prompt = await Sizer(self.session, self.settings.upstream).prompt_tokens(p, raw, headers)
+                ticket.prompt = await Sizer(
+                    self.session, self.settings.upstream, p.model if key is not None else None
+                ).prompt_tokens(p, raw, headers)
             except (aiohttp.ClientConnectionError, TimeoutError):
                 return await self._forward(request, raw)  # the server is down: the forward says so (502)
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
                 return await self._forward(request, raw)
-        decision = self.admission.offer(ticket, self.pool(), time.monotonic())
+        decision = books.offer(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
             self._refine(ticket, p, raw, headers)
         if decision.kind == "forward":
@@ -290,16 +331,16 @@ class Guard:
                 except _Preempted:
                     self._runs.pop(ticket.id, None)
                     # It has shown it generates past its budget: replayed alone in its slot's window.
-                    pool = self.pool()
+                    pool = self.pool(key)
                     window = pool.slot_window or pool.limit or ticket.prompt + ticket.budget
-                    self.admission.requeue(ticket, pool, window, time.monotonic())
+                    books.requeue(ticket, pool, window, time.monotonic())
                     refused = await self._wait(ticket)
                     if refused is not None:
                         return refused
                     self.books.count("replayed")
         finally:
             self._runs.pop(ticket.id, None)
-            self._release(ticket.id)
+            self._release(key, ticket.id)
 
     def _refine(self, ticket: Ticket, p: Plan, raw: bytes, headers: Mapping[str, str]) -> None:
         """Count the prompt of a request admitted on its bound exactly, in the background (the books and
@@ -307,9 +348,10 @@ class Guard:
 
         async def refine() -> None:
             with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-                prompt = await Sizer(self.session, self.settings.upstream).prompt_tokens(p, raw, headers)
-                if ticket.id in self.admission.in_flight:
-                    for admitted in self.admission.resize(ticket, prompt, self.pool(), time.monotonic()):
+                prompt = await Sizer(self.session, self.settings.upstream, ticket.key).prompt_tokens(p, raw, headers)
+                books = self.admission(ticket.key)
+                if ticket.id in books.in_flight:
+                    for admitted in books.resize(ticket, prompt, self.pool(ticket.key), time.monotonic()):
                         self._wake(admitted)
 
         task = asyncio.create_task(refine())
@@ -326,12 +368,12 @@ class Guard:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = fut
         start = time.monotonic()
-        self._release(-1)  # admits it at once if it fits now (a replay into an emptied pool)
+        self._release(ticket.key, -1)  # admits it at once if it fits now (a replay into an emptied pool)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.max_wait)
         except TimeoutError:
             if not fut.done():
-                self._release(ticket.id)
+                self._release(ticket.key, ticket.id)
                 self.books.count("refused")
                 self.books.waited(time.monotonic() - start)
                 wait = self.settings.max_wait
@@ -339,21 +381,21 @@ class Guard:
                     503,
                     f"no room in the KV pool for this request after {wait:g} s in the guard's queue; retry later",
                     "unavailable_error",
-                    retry_after=self.admission.retry_after(),
+                    retry_after=self.admission(ticket.key).retry_after(),
                 )
         except BaseException:
             # The client went away while waiting: leave the queue (or give back a place just granted).
             self._waiters.pop(ticket.id, None)
             self.books.waited(time.monotonic() - start)
-            self._release(ticket.id)
+            self._release(ticket.key, ticket.id)
             raise
         finally:
             self._waiters.pop(ticket.id, None)
         self.books.waited(time.monotonic() - start)
         return None
 
-    def _release(self, ticket_id: int) -> None:
-        for admitted in self.admission.release(ticket_id, self.pool(), time.monotonic()):
+    def _release(self, key: str | None, ticket_id: int) -> None:
+        for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
             self._wake(admitted)
 
     async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
@@ -463,18 +505,22 @@ class Guard:
         while self._runs:
             now = time.monotonic()
             await asyncio.sleep(max(self.settings.poll_interval, self._quiet_until - now))
-            try:
-                async with self.session.get(self.settings.upstream + "/slots", headers=headers) as resp:
-                    body = await resp.json(content_type=None) if resp.status == 200 else None
-            except (aiohttp.ClientError, ValueError, TimeoutError):
-                continue
-            self._consider(body, time.monotonic())
+            for key in {r.ticket.key for r in self._runs.values()}:
+                # A router's model: its own /slots, without waking a model that is not loaded.
+                query = "" if key is None else "?" + urlencode({"model": key, "autoload": "false"})
+                try:
+                    async with self.session.get(self.settings.upstream + "/slots" + query, headers=headers) as resp:
+                        body = await resp.json(content_type=None) if resp.status == 200 else None
+                except (aiohttp.ClientError, ValueError, TimeoutError):
+                    continue
+                self._consider(key, body, time.monotonic())
         self._speeds.clear()
 
-    def _consider(self, body: Any, now: float) -> None:
-        slots = slot_views(body, self._speeds, now)
-        limit = self.pool().limit
-        runs = [r for r in self._runs.values() if not r.stop.is_set()]
+    def _consider(self, key: str | None, body: Any, now: float) -> None:
+        speeds = self._speeds.setdefault(key, {})
+        slots = slot_views(body, speeds, now)
+        limit = self.pool(key).limit
+        runs = [r for r in self._runs.values() if not r.stop.is_set() and r.ticket.key == key]
         # A stream's closed connection is noticed at its next token; a request that waits for its whole
         # answer only after a second in which no result came for anyone, which never comes while a stream
         # runs. So while streams run, only a stream is stopped.

@@ -114,14 +114,26 @@ def test_a_generation_answer_and_its_headers_come_back_unchanged(guarded: Guarde
     assert int(through[1]["content-length"]) == len(through[2])
 
 
-def test_malformed_json_gets_llama_servers_own_error(guarded: Guarded) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/completion", b'{"prompt": "x",'),
+        ("/v1/chat/completions", b'{"prompt": "x",'),
+        ("/completion", b"[1, 2]"),
+        ("/completion", b'{"prompt": {"a": 1}}'),
+        ("/v1/chat/completions", b'{"messages": "hi"}'),
+        ("/completion", b"\xff\xfe\x00"),
+        ("/completion", b""),
+    ],
+)
+def test_bad_json_gets_llama_servers_own_error(guarded: Guarded, path: str, body: bytes) -> None:
+    """What the guard cannot read it passes on unsized; the client gets exactly llama-server's answer."""
     before = guarded.outcome("unsized")
-    for path in ("/completion", "/v1/chat/completions"):
-        direct = raw_request(guarded.server.url, "POST", path, b'{"prompt": "x",', {"Content-Type": "application/json"})
-        through = raw_request(guarded.guard, "POST", path, b'{"prompt": "x",', {"Content-Type": "application/json"})
-        assert (through[0], through[2]) == (direct[0], direct[2])
-        assert through[0] >= 400
-    assert guarded.outcome("unsized") == before + 2
+    direct = raw_request(guarded.server.url, "POST", path, body, {"Content-Type": "application/json"})
+    through = raw_request(guarded.guard, "POST", path, body, {"Content-Type": "application/json"})
+    assert (through[0], through[2]) == (direct[0], direct[2])
+    assert through[0] >= 400
+    assert guarded.outcome("unsized") == before + 1
 
 
 def test_a_prompt_larger_than_the_slot_gets_llama_servers_own_refusal(guarded: Guarded) -> None:
@@ -462,3 +474,27 @@ def test_router_mode_admits_each_model_against_its_own_pool(
             assert not router.log_lines("Context size has been exceeded")
         finally:
             exporter.stop()
+
+
+def test_a_client_that_leaves_the_queue_is_forgotten(guarded: Guarded, tmp_path: Path) -> None:
+    """A waiting client that disconnects leaves the queue: the next one is admitted in its place."""
+    exporter, port = start_guarded(guarded.server, tmp_path)
+    try:
+        holder = socket.create_connection(("127.0.0.1", port))
+        big = json.dumps({"prompt": "a story", "n_predict": 5000, "ignore_eos": True}).encode()
+        post = b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        holder.sendall(post + f"{len(big)}\r\n\r\n".encode() + big)
+        wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=30)
+        leaver = socket.create_connection(("127.0.0.1", port))
+        small = json.dumps({"prompt": "x" * 300, "n_predict": 8}).encode()
+        leaver.sendall(post + f"{len(small)}\r\n\r\n".encode() + small)
+        wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 1, timeout=30)
+        leaver.close()
+        wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 0, timeout=30)
+        assert exporter.sample("llamacpp_guard_in_flight_requests") == 1  # it never ran
+        holder.close()
+        wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=30)
+        status, _ = http_request(f"http://127.0.0.1:{port}/completion", body={"prompt": "x", "n_predict": 2})
+        assert status == 200
+    finally:
+        exporter.stop()

@@ -198,8 +198,14 @@ def test_acceptance_prompts_that_overflow_together_are_queued_not_aborted(guarde
     assert all("Context size has been exceeded" in b["error"]["message"] for _, b in direct)
     exceeded = len(guarded.server.log_lines("Context size has been exceeded"))
     queued, admitted = guarded.outcome("queued"), guarded.outcome("admitted")
+    sized = guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") or 0
     through = run_concurrent_completions(guarded.guard, 4, prompt_chars=200, n_predict=8, timeout=120)
     assert [s for s, _ in through] == [200] * 4
+    # The guard's prompt sizes are the server's own: what it evaluated for each (no prompt cache).
+    evaluated = sum(b["tokens_evaluated"] for _, b in through)
+    wait_for(
+        lambda: guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") == sized + evaluated, timeout=10
+    )
     assert len(guarded.server.log_lines("Context size has been exceeded")) == exceeded
     # Two fit the pool together; the others waited for one of them to end.
     assert guarded.outcome("queued") - queued >= 1

@@ -25,6 +25,8 @@ from exporter.guard.admission import Admission
 #: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
 OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "failed", "unsized")
 #: Seconds a request waited in the queue: from a moment to the longest wait a client tolerates.
+#: Prompt sizes in tokens: 64 to 1Mi, doubling (the same for every server).
+PROMPT_BUCKETS: tuple[int, ...] = tuple(64 << k for k in range(15))
 WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -36,6 +38,17 @@ class GuardBooks:
     wait_buckets: list[int] = field(default_factory=lambda: [0] * len(WAIT_BUCKETS))
     wait_sum: float = 0.0
     wait_count: int = 0
+    prompt_buckets: list[int] = field(default_factory=lambda: [0] * len(PROMPT_BUCKETS))
+    prompt_sum: int = 0
+    prompt_count: int = 0
+
+    def sized(self, tokens: int) -> None:
+        """A request's prompt, counted exactly by the server's tokenizer."""
+        i = bisect.bisect_left(PROMPT_BUCKETS, tokens)
+        for j in range(i, len(PROMPT_BUCKETS)):
+            self.prompt_buckets[j] += 1
+        self.prompt_sum += tokens
+        self.prompt_count += 1
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
@@ -98,6 +111,20 @@ class GuardCollector(Collector):
             "llamacpp_guard_admitted_demand_tokens",
             "KV cells the requests in flight through the guard may hold at most (prompt plus generation budget).",
             value=sum(a.demand for a in pools),
+        )
+        yield GaugeMetricFamily(
+            "llamacpp_guard_admitted_prompt_tokens",
+            "KV cells the requests in flight through the guard will hold once their prompts are read, exact at "
+            "arrival (the server's own tokenizer), whatever llama-server's log verbosity shows.",
+            value=sum(t.prompt for a in pools for t in a.in_flight.values()),
+        )
+        prompts = [(str(le), float(n)) for le, n in zip(PROMPT_BUCKETS, b.prompt_buckets, strict=True)]
+        prompts.append(("+Inf", float(b.prompt_count)))
+        yield HistogramMetricFamily(
+            "llamacpp_guard_request_prompt_tokens",
+            "Prompt sizes of the generation requests through the guard, counted by llama-server's tokenizer.",
+            buckets=prompts,
+            sum_value=b.prompt_sum,
         )
         capacity = self._capacity()
         if capacity is not None:

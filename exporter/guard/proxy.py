@@ -304,6 +304,8 @@ class Guard:
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
                 return await self._forward(request, raw)
+        if not quick or p.exact:
+            self.books.sized(ticket.prompt)
         decision = books.offer(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
             self._refine(ticket, p, raw, headers)
@@ -349,6 +351,7 @@ class Guard:
         async def refine() -> None:
             with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
                 prompt = await Sizer(self.session, self.settings.upstream, ticket.key).prompt_tokens(p, raw, headers)
+                self.books.sized(prompt)
                 books = self.admission(ticket.key)
                 if ticket.id in books.in_flight:
                     for admitted in books.resize(ticket, prompt, self.pool(ticket.key), time.monotonic()):

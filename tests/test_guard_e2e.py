@@ -504,3 +504,23 @@ def test_a_client_that_leaves_the_queue_is_forgotten(guarded: Guarded, tmp_path:
         assert status == 200
     finally:
         exporter.stop()
+
+
+def test_a_stream_whose_client_leaves_is_cancelled(guarded: Guarded) -> None:
+    released = len(guarded.server.log_lines("stop processing"))
+    host, port = guarded.guard.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    body = json.dumps({"prompt": "Go on.", "n_predict": 5000, "ignore_eos": True, "stream": True}).encode()
+    sock.sendall(
+        b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    assert b"data: " in sock.recv(65536) + sock.recv(65536)  # the stream has begun
+    sock.close()
+    wait_for(lambda: len(guarded.server.log_lines("stop processing")) > released, timeout=30)
+    last = guarded.server.log_lines("stop processing")[-1]
+    assert int(last.split("n_tokens = ")[1].split(",")[0]) < 500, last  # before its natural end at 512
+    wait_for(lambda: guarded.exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=30)
+    output = guarded.exporter.output_file.read_text(errors="replace")
+    assert "Traceback" not in output and "Error handling request" not in output

@@ -186,6 +186,7 @@ class Guard:
         self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._slots_refused = False  # said once: /slots wants a key the guard does not have
 
     # ------------------------------------------------------------------ pool
 
@@ -471,6 +472,8 @@ class Guard:
                 if request.transport is not None:
                     request.transport.close()
                 return response
+            except ConnectionError:
+                return response  # the client left mid-answer: closing upstream (below) cancels the server's task
             if run is not None and run.stop.is_set() and run.streaming:
                 await self._end_stopped_stream(response, run)
                 return response
@@ -514,6 +517,13 @@ class Guard:
                 try:
                     async with self.session.get(self.settings.upstream + "/slots" + query, headers=headers) as resp:
                         body = await resp.json(content_type=None) if resp.status == 200 else None
+                        if resp.status in (401, 403) and not self._slots_refused:
+                            self._slots_refused = True
+                            log.warning(
+                                "guard: llama-server's /slots answered %d: preemption needs its API key "
+                                "(--api-key or --api-key-file)",
+                                resp.status,
+                            )
                 except (aiohttp.ClientError, ValueError, TimeoutError):
                     continue
                 self._consider(key, body, time.monotonic())

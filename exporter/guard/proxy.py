@@ -186,6 +186,7 @@ class Guard:
         self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
         self._slots_refused = False  # said once: /slots wants a key the guard does not have
 
     # ------------------------------------------------------------------ pool
@@ -551,12 +552,20 @@ class Guard:
             t.demand = max(t.demand, slot.ahead(horizon))
         if limit is None or now < self._quiet_until:
             return
+        pending = self._pending.get(key)
+        if pending is not None:
+            # The last stop has not taken effect while as many slots still run: llama-server has not
+            # noticed yet (a loaded host). A second stop would not be noticed sooner; wait for the first.
+            if len(slots) >= pending[0] and now - pending[1] < 10 * self.settings.quiet:
+                return
+            del self._pending[key]
         chosen = choose_victim(slots, running, limit, horizon)
         if chosen is None:
             return
         victim, why = chosen
         run = self._runs[victim]
         self._quiet_until = now + self.settings.quiet
+        self._pending[key] = (len(slots), now)
         run.stop.set()
         if run.upstream is not None and run.streaming:
             run.upstream.close()

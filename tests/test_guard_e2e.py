@@ -28,6 +28,8 @@ from llama_harness import (
 )
 from tiny_gguf import write_slow_llama
 
+pytestmark = pytest.mark.llama_server
+
 # 4 x (200 prompt + 8 generated) cells overflow a 512-cell shared pool; 2 fit together.
 POOL = ("-c", "512", "-np", "4", "-kvu", "-t", "2")
 

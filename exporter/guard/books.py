@@ -122,7 +122,8 @@ class GuardCollector(Collector):
         prompts.append(("+Inf", float(b.prompt_count)))
         yield HistogramMetricFamily(
             "llamacpp_guard_request_prompt_tokens",
-            "Prompt sizes of the generation requests through the guard, counted by llama-server's tokenizer.",
+            "Prompt sizes the guard counted with llama-server's tokenizer (not those admitted on their byte "
+            "length while less than half the pool was promised).",
             buckets=prompts,
             sum_value=b.prompt_sum,
         )

@@ -26,7 +26,7 @@ from multidict import CIMultiDict
 
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
-from exporter.guard.preempt import Running, choose_victim, match, slot_views
+from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
 
 log = logging.getLogger(__name__)
@@ -186,6 +186,8 @@ class Guard:
         self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # Requests admitted on their prompt's byte bound, not yet counted exactly: id → what counting needs.
+        self._unsized: dict[int, tuple[Ticket, Plan, bytes, Mapping[str, str]]] = {}
         self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
         self._slots_refused = False  # said once: /slots wants a key the guard does not have
 
@@ -310,7 +312,8 @@ class Guard:
             self.books.sized(ticket.prompt)
         decision = books.offer(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
-            self._refine(ticket, p, raw, headers)
+            self._unsized[ticket.id] = (ticket, p, raw, headers)
+        self._refine_if_tight(key)
         if decision.kind == "forward":
             self.books.count("refused")
             return await self._forward(request, raw)
@@ -345,6 +348,19 @@ class Guard:
         finally:
             self._runs.pop(ticket.id, None)
             self._release(key, ticket.id)
+
+    def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
+        """Count exactly the prompts admitted on their bound, once the exact counts can matter: the books
+        (or `used`, the slots' projection) pass half the pool, or a request waits. Below that the bound
+        admits the same requests, and a load that always fits pays no tokenizer call."""
+        books = self.admission(key)
+        limit = self.pool(key).limit
+        tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
+        if not tight:
+            return
+        for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
+            ticket, p, raw, headers = self._unsized.pop(tid)
+            self._refine(ticket, p, raw, headers)
 
     def _refine(self, ticket: Ticket, p: Plan, raw: bytes, headers: Mapping[str, str]) -> None:
         """Count the prompt of a request admitted on its bound exactly, in the background (the books and
@@ -400,6 +416,7 @@ class Guard:
         return None
 
     def _release(self, key: str | None, ticket_id: int) -> None:
+        self._unsized.pop(ticket_id, None)
         for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
             self._wake(admitted)
 
@@ -546,6 +563,7 @@ class Guard:
             if r.ticket.tasks == 1
         ]
         horizon = self.settings.horizon
+        self._refine_if_tight(key, projected(slots, horizon))
         # The books learn from what the slots hold: a request past its budget counts what it will hold.
         for rid, slot in match(slots, running).items():
             t = self._runs[rid].ticket

@@ -39,6 +39,7 @@ from exporter.collector import (
     server_starts_family,
 )
 from exporter.pipeline import LogPipeline
+from exporter.request_collector import RequestSizeCollector
 from exporter.router import EXIT_OUTCOMES, RouterChild
 from exporter.sources.live import LiveSources, SourceStatus
 from exporter.sources.nvml import NvmlCollector
@@ -75,7 +76,12 @@ class ChildSources:
 
 def log_collectors(view: Callable[[], ServerState]) -> list[Collector]:
     """The collectors of what one server's log says (rendered from `view()`)."""
-    return [ServerLogCollector(view), KVForecastCollector(view), CheckpointCacheCollector(view)]
+    return [
+        ServerLogCollector(view),
+        KVForecastCollector(view),
+        CheckpointCacheCollector(view),
+        RequestSizeCollector(view),
+    ]
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any
 from exporter.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.logs import events as ev
 from exporter.provenance import CHECKED, NotOwnLine, Provenance
+from exporter.request_sizes import CONCURRENCY_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
 from exporter.slot import Checkpoint, SlotState
 from exporter.sources.server_cmdline import ServerCommandLine
 
@@ -110,6 +111,10 @@ class ServerState:
     prompt_eval_count: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    # What requests ask of the pool (exporter.request_sizes): at each release, and at each start.
+    request_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
+    request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
+    request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))
 
     _in_startup: bool = False
     _banners_seen: set[object] = field(default_factory=set)  # banner lines of the start in progress (`ev.banner_line`)
@@ -123,6 +128,7 @@ class ServerState:
     # Live sources (set at scrape time by exporter.sources; still no I/O here).
     command_line: ServerCommandLine | None = None
     capacity_override: int | None = None  # --kv-pool-capacity
+    requests_deferred: int | None = None  # llama-server's /metrics: requests waiting for a slot
     _process: tuple[int, int] | None = None  # (pid, start time in clock ticks) last seen
     _unmatched_log_starts: int = 0
     _unmatched_process_starts: int = 0
@@ -341,6 +347,7 @@ class ServerState:
         s = self._own_slot(e)
         if s.task != e.task:
             s.new_task()
+            self._request_started(s, e.task)
         s.processing, s.task = True, e.task
         n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
         s.tokens = max(s.tokens, n)
@@ -373,6 +380,10 @@ class ServerState:
 
     def _on_slot_released(self, e: ev.SlotReleased) -> None:
         s = self._own_slot(e)
+        if self.counting:
+            self.request_tokens.observe(e.n_tokens)
+            if s.task == e.task and s.prompt_size is not None:
+                self.request_prompt_tokens.observe(s.prompt_size)
         s.processing, s.task, s.cache_base = False, -1, None
         s.new_task()
         aborted = e.task in self._aborted_tasks
@@ -390,10 +401,17 @@ class ServerState:
         if isinstance(e, ev.SlotPurged) and not self.in_cascade:
             self.in_cascade = True  # a purge is the first step of a cascade on unified KV
 
+    def _request_started(self, s: SlotState, task: int) -> None:
+        """A slot takes a task it was not running: a request starts (sampled for the concurrency histogram)."""
+        if self.counting and not (s.processing and s.task == task):
+            s.processing, s.task = True, task
+            self.request_concurrency.observe(sum(1 for x in self.slots.values() if x.processing))
+
     def _on_task_started(self, e: ev.TaskStarted) -> None:
         self._progress()
         s = self._slot(e.slot)
         s.new_task()
+        self._request_started(s, e.task)
         s.processing, s.task, s.cache_base = True, e.task, None
         s.prompt_tokens, s.phase = 0, "prompt"
         if self._clears_idle_slots():
@@ -406,6 +424,7 @@ class ServerState:
         s = self._slot(e.slot)
         if s.task != e.task:
             s.new_task()
+        self._request_started(s, e.task)
         s.processing, s.task, s.cache_base = True, e.task, None
         s.prompt_tokens = e.n_prompt_tokens
         s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
@@ -462,7 +481,8 @@ class ServerState:
 
     def _on_build_info(self, e: ev.BuildInfo) -> None:
         self._count_start(ev.banner_line(e))
-        self.build, self.commit = e.build, e.commit
+        # Build 0 is a tree built without its build number (in-process servers, vendored copies): unknown.
+        self.build, self.commit = e.build or None, e.commit
 
     def _on_verbosity(self, e: ev.Verbosity) -> None:
         self._count_start(ev.Verbosity)

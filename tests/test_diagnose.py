@@ -477,7 +477,7 @@ _FAILURE_KEYS = [
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v5" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v6" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -498,6 +498,7 @@ def test_json_schema_is_stable() -> None:
         "history",
         "overlaps",
         "history_advice",
+        "requests",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -540,6 +541,7 @@ def test_json_schema_is_stable() -> None:
         "memory",
         "same_as",
         "model",
+        "pool_cells",
     ]
     assert list(run["configuration"]) == [
         "build",

@@ -150,6 +150,15 @@ def test_a_history_of_real_runs(llama_server_bin: Path, tiny_llama_model: Path, 
     )
     assert report.aborted_requests_total == aborted == 4
     assert [r.counts.requests_started for r in report.runs] == [len(re.findall(rb"processing task", t)) for t in texts]
+    # The sizes of the history's requests: one per release line; the pool that would have held them.
+    releases = [int(n) for t in texts for n in re.findall(rb"stop processing: n_tokens = (\d+)", t)]
+    requests = report.requests
+    assert requests is not None and requests.requests == len(releases)
+    assert requests.tokens_max == max(s.largest_request_tokens for s in report.history) >= max(releases)
+    assert requests.tokens_p99 is not None and requests.concurrency_p99 is not None
+    assert requests.pool_needed == round(requests.tokens_p99 * requests.concurrency_p99)
+    assert f"Requests: {len(releases):,}, tokens each p50 " in text
+    assert f"Pool that would have held them (p99 x p99): {requests.pool_needed:,} cells" in text
 
     # The page: a chart of every run, and one of the tokens each slot held for each run that had requests.
     page = tmp_path / "post-mortem.html"

@@ -80,6 +80,12 @@ def test_seed_incident_is_visible(seed_server: LlamaServer, tmp_path: Path, prom
         assert exporter.sample("llamacpp_context_exceeded_total") == exceeded
         assert exporter.sample("llamacpp_kv_cascades_total", {"outcome": "failed"}) == 1
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 1
+        # Every request's size, once: the histogram counts the release lines and sums their tokens.
+        releases = [int(x.rsplit("n_tokens = ", 1)[1].split(",")[0]) for x in seed_server.log_lines("stop processing")]
+        assert len(releases) == http_500
+        assert exporter.sample("llamacpp_request_tokens_count") == len(releases)
+        assert exporter.sample("llamacpp_request_tokens_sum") == sum(releases)
+        assert exporter.sample("llamacpp_request_concurrency_count") == len(releases)
         # Every line of a real server is its own: none rejected, whatever the reason.
         for reason in ("malformed", "out_of_range", "format", "inconsistent", "unexpected"):
             assert exporter.sample("llamacpp_exporter_log_lines_rejected_total", {"reason": reason}) == 0, reason
@@ -205,6 +211,7 @@ def test_exporter_restart_mid_log_does_not_recount(seed_server: LlamaServer) -> 
                 assert after[key] == value, key
         for key, value in _counters_from(after).items():
             assert value == 0, f"{key} counted events from before the restart: {value}"
+        assert after[("llamacpp_request_tokens_count", ())] == 0  # a replayed request is not counted again
 
         # And the next incident is counted normally.
         results = run_concurrent_completions(seed_server.url, n=4)

@@ -21,6 +21,11 @@ CASES: list[tuple[str, ev.Event]] = [
         "build: 4747 (c392e509) with cc (Ubuntu 13.3.0) 13.3.0 for x86_64-linux-gnu",
         ev.BuildInfo(4747, "c392e509"),
     ),
+    ("build: 0 (unknown) with cc (Debian 12.2.0-14+deb12u1) 12.2.0 for x86_64-linux-gnu", ev.BuildInfo(0, "unknown")),
+    (
+        "build: 0 (v0.3.16+cpu) with cc (GCC) 13.3.0 for x86_64-linux-gnu",
+        ev.BuildInfo(0, "v0.3.16+cpu"),
+    ),  # a packager's
     ("main: build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     ("build_info: b8668-5d3a4a7da", ev.BuildInfo(8668, "5d3a4a7da")),
     (

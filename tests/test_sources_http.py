@@ -30,6 +30,7 @@ from exporter.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 LONG = FIXTURES / "exhaust-long-lv4"
+METRICS = FIXTURES / "pool-overflow-default" / "metrics.txt"  # llama-server's own /metrics (--metrics)
 
 
 def _json(path: Path) -> Any:
@@ -86,6 +87,7 @@ class FakeServer:
         self.health: Handler = lambda r: _ok({"status": "ok"})
         self.slots: Handler = lambda r: _ok(_json(LONG / "load-slots-12.json"))
         self.props: Handler = lambda r: _ok(_json(LONG / "pre_props.json"))
+        self.metrics: Handler = lambda r: _text(METRICS.read_text())
         self.auth: list[str | None] = []
         self.key: str | None = None
 
@@ -94,17 +96,22 @@ class FakeServer:
             self.auth.append(request.headers.get("Authorization"))
             if request.path != "/health" and self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
                 return _error(401, "Invalid API Key")
-            handler = {"/health": self.health, "/slots": self.slots, "/props": self.props}[request.path]
+            handlers = {"/health": self.health, "/slots": self.slots, "/props": self.props, "/metrics": self.metrics}
+            handler = handlers[request.path]
             return await handler(request)
 
         app = web.Application()
-        for path in ("/health", "/slots", "/props"):
+        for path in ("/health", "/slots", "/props", "/metrics"):
             app.router.add_get(path, route)
         return app
 
 
 async def _ok(body: object) -> web.Response:
     return web.json_response(body)
+
+
+async def _text(body: str) -> web.Response:
+    return web.Response(text=body, content_type="text/plain")
 
 
 @pytest.fixture
@@ -132,7 +139,8 @@ async def test_up_with_live_slots_and_props(fake: tuple[FakeServer, str]) -> Non
     assert snap.ok and snap.up and not snap.loading and snap.slot_tokens_live
     assert [s.tokens for s in snap.slots or ()] == [3879, 3879, 3880, 3879]
     assert (snap.build, snap.total_slots, snap.n_ctx_slot) == (11434, 4, 32768)
-    assert dict(snap.status) == {"/health": 200, "/slots": 200, "/props": 200}
+    assert dict(snap.status) == {"/health": 200, "/slots": 200, "/props": 200, "/metrics": 200}
+    assert snap.deferred == 0  # llama-server's own /metrics (real b11434 text)
 
 
 async def test_loading(fake: tuple[FakeServer, str]) -> None:
@@ -144,6 +152,21 @@ async def test_loading(fake: tuple[FakeServer, str]) -> None:
     server.health = server.slots = server.props = loading
     snap = await _read(url)
     assert (snap.up, snap.loading, snap.ok, snap.slots) == (False, True, True, None)
+
+
+async def test_metrics_off_or_deferred_requests(fake: tuple[FakeServer, str]) -> None:
+    server, url = fake
+
+    async def off(r: web.Request) -> web.Response:  # llama-server without --metrics
+        return _error(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+
+    server.metrics = off
+    snap = await _read(url)
+    assert snap.ok and snap.deferred is None and snap.status["/metrics"] == 501
+    server.metrics = lambda r: _text(
+        METRICS.read_text().replace("llamacpp:requests_deferred 0", "llamacpp:requests_deferred 3")
+    )
+    assert (await _read(url)).deferred == 3
 
 
 async def test_slots_disabled_or_older_build_falls_back_to_the_log(fake: tuple[FakeServer, str]) -> None:
@@ -176,7 +199,7 @@ async def test_api_key(fake: tuple[FakeServer, str]) -> None:
     server.auth.clear()
     snap = await _read(url, api_key="s3cret")
     assert snap.ok and snap.slot_tokens_live
-    assert server.auth == ["Bearer s3cret"] * 3
+    assert server.auth == ["Bearer s3cret"] * 4
 
 
 async def test_a_slow_server_never_holds_the_scrape(fake: tuple[FakeServer, str]) -> None:
@@ -198,7 +221,7 @@ async def test_server_down_is_a_value() -> None:
     snap = await _read(f"http://127.0.0.1:{free_port()}")
     assert (snap.up, snap.loading, snap.ok) == (False, False, False)
     assert list(snap.errors) == ["/health"] and "not answering" in snap.errors["/health"]
-    assert dict(snap.status) == {"/health": 0, "/slots": 0, "/props": 0}
+    assert dict(snap.status) == {"/health": 0, "/slots": 0, "/props": 0, "/metrics": 0}
 
 
 async def test_unexpected_bodies_are_errors_not_crashes(fake: tuple[FakeServer, str]) -> None:
@@ -207,9 +230,9 @@ async def test_unexpected_bodies_are_errors_not_crashes(fake: tuple[FakeServer, 
     async def html(r: web.Request) -> web.Response:
         return web.Response(text="<html>proxy error</html>", content_type="text/html")
 
-    server.slots = server.props = html
+    server.slots = server.props = server.metrics = html
     snap = await _read(url)
-    assert snap.up and not snap.ok and set(snap.errors) == {"/slots", "/props"}
+    assert snap.up and not snap.ok and set(snap.errors) == {"/slots", "/props", "/metrics"}
 
 
 async def test_an_oversized_answer_is_not_read(fake: tuple[FakeServer, str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation, RunSummary
+from exporter.request_sizes import RequestSummary
 
 MIB = 1024 * 1024
 # Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
@@ -160,9 +161,35 @@ def _little(runs: Sequence[RunSummary]) -> bool | None:
     return any(m.headroom_mib < max(_LITTLE_HEADROOM_MIB, m.available_mib * _LITTLE_HEADROOM_SHARE) for m in known)
 
 
-def history_advice(runs: Sequence[RunSummary]) -> list[str]:
-    """What the whole history points at: crashes that line up with long prompts (and little memory)
-    point at memory headroom (-c, -ub, a q8_0 cache), not at the shared pool.
+def history_advice(runs: Sequence[RunSummary], requests: RequestSummary | None = None) -> list[str]:
+    """What the whole history points at: a pool too small for the requests it served, and crashes."""
+    return _pool_advice(requests) + _crash_advice(runs)
+
+
+def _pool_advice(requests: RequestSummary | None) -> list[str]:
+    """The pool the requests needed (p99 size x p99 in flight together), when the pool was smaller.
+
+    >>> from exporter.request_sizes import RequestSummary
+    >>> (text,) = _pool_advice(RequestSummary(900, 3000, 90000, 150000, 159069, 1, 2.9, 3, 262144, 435000))
+    >>> text[:95]
+    'The requests needed a pool of about 435,000 cells (p99 request 150,000 tokens x p99 2.9 request'
+    """
+    if requests is None or not requests.undersized:
+        return []
+    assert requests.pool_needed is not None and requests.pool_cells is not None
+    return [
+        f"The requests needed a pool of about {requests.pool_needed:,} cells (p99 request "
+        f"{requests.tokens_p99 or 0:,.0f} tokens x p99 {requests.concurrency_p99 or 0:.1f} requests in flight "
+        f"together, largest {requests.tokens_max:,}); the pool had {requests.pool_cells:,}. Raise it to at least "
+        f"{requests.pool_needed:,} (-c; a q8_0 cache, -ctk q8_0 -ctv q8_0, halves its memory), serve fewer "
+        "requests at once (-np), or give each slot its own window (--kv-unified-per-slot) so that no request "
+        "can abort the others."
+    ]
+
+
+def _crash_advice(runs: Sequence[RunSummary]) -> list[str]:
+    """Crashes that line up with long prompts (and little memory) point at memory headroom (-c, -ub, a
+    q8_0 cache), not at the shared pool.
 
     A prompt is long when it is at least half its slot's window, or longer than any request a run that
     did not crash finished. Only runs that stopped mid-request without their exit line (crashed or

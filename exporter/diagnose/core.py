@@ -23,6 +23,14 @@ from exporter.diagnose.report import (
 from exporter.diagnose.run import _STAMP_FIRST, FINGERPRINT_LINES, Fingerprint, PoolSeries, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
+from exporter.request_sizes import (
+    CONCURRENCY_BUCKETS,
+    REQUEST_TOKEN_BUCKETS,
+    Histogram,
+    RequestSizes,
+    RequestSummary,
+    summarize,
+)
 
 # A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
 # router prefix ("[ port] ").
@@ -344,6 +352,8 @@ class Diagnoser:
             n_ctx_slot=report.configuration.n_ctx_slot,
             memory=ending.memory,
             model=report.model,
+            pool_cells=report.configuration.pool_cells,
+            request_sizes=RequestSizes.of(run.state.request_tokens, run.state.request_concurrency),
         )
         run.fingerprint.close()
         self._history.append((summary, run.fingerprint))
@@ -392,6 +402,7 @@ class Diagnoser:
             endings[s.ending] = endings.get(s.ending, 0) + 1
         sized = [(s.largest_request_tokens, s.index, s.file) for s in kept if s.largest_request_tokens]
         largest = heapq.nlargest(3, sized)
+        requests = _requests(kept)
         return Report(
             schema=SCHEMA,
             file=self.file if len(self.files) == 1 else f"{len(self.files)} files",
@@ -411,7 +422,8 @@ class Diagnoser:
             largest_requests=[LargeRequest(t, r, f) for t, r, f in largest],
             history=history,
             overlaps=overlaps,
-            history_advice=history_advice(kept),
+            history_advice=history_advice(kept, requests),
+            requests=requests,
             series={i: self.series[i] for i in shown_ids if i in self.series},
         )
 
@@ -483,3 +495,16 @@ def analyze(lines: Iterable[str], file: str = "-", *, max_runs: int = 10, max_fa
     for i, line in enumerate(lines, 1):
         d.feed_line(line, i)
     return d.finish()
+
+
+def _requests(runs: Sequence[RunSummary]) -> RequestSummary | None:
+    """The request sizes and concurrency of the runs (not copies) added up; None when none had a request."""
+    tokens, concurrency = Histogram(REQUEST_TOKEN_BUCKETS), Histogram(CONCURRENCY_BUCKETS)
+    for s in runs:
+        if s.request_sizes is not None:
+            s.request_sizes.add_to(tokens, concurrency)
+    if not tokens.count:
+        return None
+    pools = [s.pool_cells for s in runs if s.pool_cells]
+    largest = max((s.largest_request_tokens for s in runs), default=0)
+    return summarize(tokens, concurrency, largest, max(pools) if pools else None)

@@ -50,7 +50,9 @@ def json_chunks(report: Report) -> Iterator[str]:
     assert key and '"history": []' not in tail
     yield head + '"history": ['
     for i, run in enumerate(report.history):
-        yield ("," if i else "") + "\n    " + json.dumps(dataclasses.asdict(run))
+        entry = dataclasses.asdict(run)
+        del entry["request_sizes"]  # the history's sum is the report's `requests`
+        yield ("," if i else "") + "\n    " + json.dumps(entry)
     yield ("\n  ]" if report.history else "]") + tail
 
 
@@ -321,8 +323,31 @@ def _history_lines(report: Report) -> list[str]:
         ]
         out.append("Largest requests: " + ", ".join(largest) + ".")
     out.extend(f"Read twice: {x}." for x in report.overlaps)
+    out.extend(_request_lines(report))
     for advice in report.history_advice:
         out.extend(_wrap(advice, "Across the history: ", "  "))
+    return out
+
+
+def _request_lines(report: Report) -> list[str]:
+    """The sizes of the requests and how many ran at once, and the pool that would have held them."""
+    r = report.requests
+    if r is None:
+        return []
+
+    def q(v: float | None) -> str:
+        return "?" if v is None else f"{v:,.0f}"
+
+    out = [
+        f"Requests: {r.requests:,}, tokens each p50 {q(r.tokens_p50)}, p90 {q(r.tokens_p90)}, "
+        f"p99 {q(r.tokens_p99)}, largest {r.tokens_max:,}; in flight together p50 "
+        f"{'?' if r.concurrency_p50 is None else f'{r.concurrency_p50:.1f}'}, p99 "
+        f"{'?' if r.concurrency_p99 is None else f'{r.concurrency_p99:.1f}'}, most {r.concurrency_max or '?'}."
+    ]
+    if r.pool_needed is not None:
+        had = f"the pool had {r.pool_cells:,}" if r.pool_cells else "the pool's size is not in the log"
+        verdict = {True: ": too small", False: ": enough", None: ""}[r.undersized]
+        out.append(f"Pool that would have held them (p99 x p99): {r.pool_needed:,} cells; {had}{verdict}.")
     return out
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = "llamacpp-exporter/diagnose/v5"
+from exporter.request_sizes import RequestSizes, RequestSummary
+
+SCHEMA = "llamacpp-exporter/diagnose/v6"
 
 
 @dataclass
@@ -261,6 +263,9 @@ class RunSummary:
     memory: MemoryFigures | None = None
     same_as: int | None = None  # this run is run N read again from another file (counted once)
     model: str | None = None  # a router child's model (the router's spawn line names it)
+    pool_cells: int | None = None  # its KV pool's cells, as far as the log tells
+    # Its request-size histograms (not in the JSON: the history's sum is `Report.requests`).
+    request_sizes: RequestSizes | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -305,6 +310,8 @@ class Report:
     history: list[RunSummary] = field(default_factory=list)  # every run, in order, copies included
     overlaps: list[str] = field(default_factory=list)  # runs read twice (counted once), each with where
     history_advice: list[str] = field(default_factory=list)  # what the whole history points at
+    # What the requests asked of the pool over the whole history, and the pool that would have held them.
+    requests: RequestSummary | None = None
     # Each shown run's pool series (exporter.diagnose.run.PoolSeries) by run index, for --html; not JSON.
     series: dict[int, Any] = field(default_factory=dict, repr=False)
 

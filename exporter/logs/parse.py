@@ -384,7 +384,12 @@ _TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         r"idle slots will be saved to prompt cache and cleared upon starting a new task",
         lambda m: ev.IdleSlotPolicy(clear_on_new_task=True),
     ),
-    ("build", r"build:? (?P<build>\d+) \((?P<commit>\w+)\)", lambda m: ev.BuildInfo(int(m["build"]), m["commit"])),
+    # The commit is a hash, or whatever a packager passed as LLAMA_BUILD_COMMIT (`unknown`, `b11434`, a version).
+    (
+        "build",
+        r"build:? (?P<build>\d+) \((?P<commit>[\w.+-]{1,64})\)",
+        lambda m: ev.BuildInfo(int(m["build"]), m["commit"]),
+    ),
     (
         "build_info",
         r"build_info: b(?P<build_info>\d+)-(?P<build_commit>\w+)",

@@ -286,6 +286,8 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
         view.slots = slots
         view.n_slots = max(ls.id for ls in live) + 1
     props = http if http is not None and http.up else None
+    if props is not None and props.deferred is not None:
+        view.requests_deferred = props.deferred
     if view.build is None and props is not None:
         view.build = props.build
     if view.model is None and props is not None:

@@ -10,6 +10,8 @@ come from the log.
 - `/slots`: per slot `n_prompt_tokens` (b9276+, the tokens the slot holds now, prompt + generated)
   and `is_processing`; `next_token` is an object before b6890 and an array of one object since.
 - `/props`: `build_info` (`b11434-…`), `total_slots`, `default_generation_settings.n_ctx` (per slot).
+- `/metrics` (llama-server's own, with `--metrics`; 501 without): `llamacpp:requests_deferred`, the
+  requests waiting for a slot (what an inference gateway reads as the queue).
 
 Router mode (`llama-server --models-dir`): the router itself answers `/health` and `/models` (which
 models are loaded); a child's endpoints are read through the router with `?model=NAME&autoload=false`
@@ -33,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from exporter.config import redact, redact_url
 
-ENDPOINTS = ("/health", "/slots", "/props")
+ENDPOINTS = ("/health", "/slots", "/props", "/metrics")
 ROUTER_ENDPOINTS = ("/health", "/models")
 _BUILD = re.compile(r"^b?(\d+)")
 #: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
@@ -79,6 +81,7 @@ class HttpSnapshot:
     n_ctx_slot: int | None = None
     model: str | None = None
     models: Mapping[str, str] | None = None  # router mode: model id → status (`loaded`, `unloaded`, …)
+    deferred: int | None = None  # /metrics `llamacpp:requests_deferred`: requests waiting for a slot
 
     @property
     def ok(self) -> bool:
@@ -219,7 +222,7 @@ class ServerHttpReader:
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
-            body = None
+            body = raw.decode("utf-8", "replace") if endpoint == "/metrics" else None
         return status, body, None
 
     async def read(self) -> HttpSnapshot:
@@ -244,6 +247,7 @@ class ServerHttpReader:
         build = total = n_ctx = None
         model: str | None = None
         models: dict[str, str] | None = None
+        deferred: int | None = None
         for ep in endpoints[1:]:
             code = status[ep]
             if ep in errors or not up:
@@ -256,6 +260,8 @@ class ServerHttpReader:
                         slots = parse_slots(bodies[ep])
                     elif ep == "/models":
                         models = parse_models(bodies[ep])
+                    elif ep == "/metrics":
+                        deferred = parse_deferred(bodies[ep])
                     else:
                         build, total, n_ctx, model = parse_props(bodies[ep])
                 except ValueError as exc:
@@ -274,7 +280,22 @@ class ServerHttpReader:
             errors["/health"] = f"llama-server not answering at {redact_url(self.base_url)}: {errors['/health']}"
         for ep, error in errors.items():  # a client error may quote the URL, credentials and all
             errors[ep] = redact(error, self.base_url)
-        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model, models)
+        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model, models, deferred)
+
+
+_DEFERRED = re.compile(r"^llamacpp:requests_deferred(?:\{[^}\n]*\})? +(\d+)(?:\.0+)?(?: |$)", re.MULTILINE)
+
+
+def parse_deferred(body: object) -> int | None:
+    """`llamacpp:requests_deferred` from llama-server's own `/metrics` text; raises ValueError when absent.
+
+    >>> parse_deferred("# TYPE llamacpp:requests_deferred gauge\\nllamacpp:requests_deferred 3\\n")
+    3
+    """
+    m = _DEFERRED.search(body) if isinstance(body, str) else None
+    if m is None:
+        raise ValueError("no llamacpp:requests_deferred")
+    return int(m[1])
 
 
 def _message(body: object) -> str:

@@ -1,0 +1,72 @@
+"""The request-size collector: what requests ask of the KV pool (exporter.request_sizes), per scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.request_sizes import Histogram
+from exporter.state import ServerState
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    buckets = [("+Inf" if bound == float("inf") else str(bound), float(n)) for bound, n in h.cumulative()]
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.sum)
+
+
+class RequestSizeCollector(Collector):
+    """Request sizes and concurrency, from each request's release line and start.
+
+    # HELP llamacpp_request_tokens KV cells each request held when it ended (its 'stop processing' line).
+    # TYPE llamacpp_request_tokens histogram
+    llamacpp_request_tokens_bucket{le="64.0"} 0.0
+    …
+    llamacpp_request_tokens_bucket{le="262144.0"} 12.0
+    llamacpp_request_tokens_bucket{le="+Inf"} 12.0
+    llamacpp_request_tokens_count 12.0
+    llamacpp_request_tokens_sum 611230.0
+    # HELP llamacpp_request_concurrency Requests in flight together, sampled at each request's start (itself included).
+    # TYPE llamacpp_request_concurrency histogram
+    llamacpp_request_concurrency_bucket{le="1.0"} 5.0
+    …
+    # HELP llamacpp_requests_in_flight Requests llama-server is processing now (slots with a task).
+    # TYPE llamacpp_requests_in_flight gauge
+    llamacpp_requests_in_flight 2.0
+    # HELP llamacpp_requests_queued Requests waiting for a slot (llama-server's own /metrics: requests_deferred; …
+    # TYPE llamacpp_requests_queued gauge
+    llamacpp_requests_queued 0.0
+    """
+
+    def __init__(self, state: Callable[[], ServerState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._state()
+        yield _histogram(
+            "llamacpp_request_tokens",
+            "KV cells each request held when it ended (its 'stop processing' line; aborted requests included).",
+            st.request_tokens,
+        )
+        yield _histogram(
+            "llamacpp_request_prompt_tokens",
+            "Prompt tokens of each request, where the log gives them ('new prompt' at -lv 4, or progress lines).",
+            st.request_prompt_tokens,
+        )
+        yield _histogram(
+            "llamacpp_request_concurrency",
+            "Requests in flight together, sampled at each request's start (itself included).",
+            st.request_concurrency,
+        )
+        yield GaugeMetricFamily(
+            "llamacpp_requests_in_flight",
+            "Requests llama-server is processing now (slots with a task).",
+            value=sum(1 for s in st.slots.values() if s.processing),
+        )
+        if st.requests_deferred is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_requests_queued",
+                "Requests waiting for a slot (llama-server's own /metrics: requests_deferred; needs its --metrics).",
+                value=st.requests_deferred,
+            )

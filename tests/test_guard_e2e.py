@@ -195,9 +195,12 @@ def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded) -> None:
 
 def test_acceptance_prompts_that_overflow_together_are_queued_not_aborted(guarded: Guarded) -> None:
     """4 prompts that together pass the pool: all aborted direct, all answered through the guard."""
+    failed = len(guarded.server.log_lines("decode() failed"))
     direct = run_concurrent_completions(guarded.server.url, 4, prompt_chars=200, n_predict=8, timeout=120)
     assert [s for s, _ in direct] == [500] * 4
     assert all("Context size has been exceeded" in b["error"]["message"] for _, b in direct)
+    # The abort's last line ends the direct run's lines (the log is written a little after the answers).
+    wait_for(lambda: len(guarded.server.log_lines("decode() failed")) > failed, timeout=30)
     exceeded = len(guarded.server.log_lines("Context size has been exceeded"))
     queued, admitted = guarded.outcome("queued"), guarded.outcome("admitted")
     sized = guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") or 0
@@ -391,8 +394,10 @@ def unknown_budgets(
 
 def test_acceptance_generation_overflow_stops_one_request_and_replays_it(unknown_budgets: Guarded) -> None:
     g = unknown_budgets
+    failed = len(g.server.log_lines("decode() failed"))
     direct = run_concurrent_completions(g.server.url, 3, prompt_chars=40, n_predict=-1, timeout=300)
     assert [s for s, _ in direct] == [500] * 3  # every one aborted for the others' growth
+    wait_for(lambda: len(g.server.log_lines("decode() failed")) > failed, timeout=30)  # its lines are written
     exceeded = len(g.server.log_lines("Context size has been exceeded"))
     cancelled = len(g.server.log_lines("cancel task"))
     through = run_concurrent_completions(g.guard, 3, prompt_chars=40, n_predict=-1, timeout=300)

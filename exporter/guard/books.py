@@ -21,12 +21,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from exporter.guard.admission import Admission
+from exporter.request_sizes import REQUEST_TOKEN_BUCKETS, Histogram
 
 #: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
 OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "failed", "unsized")
 #: Seconds a request waited in the queue: from a moment to the longest wait a client tolerates.
-#: Prompt sizes in tokens: 64 to 1Mi, doubling (the same for every server).
-PROMPT_BUCKETS: tuple[int, ...] = tuple(64 << k for k in range(15))
 WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -38,17 +37,12 @@ class GuardBooks:
     wait_buckets: list[int] = field(default_factory=lambda: [0] * len(WAIT_BUCKETS))
     wait_sum: float = 0.0
     wait_count: int = 0
-    prompt_buckets: list[int] = field(default_factory=lambda: [0] * len(PROMPT_BUCKETS))
-    prompt_sum: int = 0
-    prompt_count: int = 0
+    # The buckets of llamacpp_request_prompt_tokens (the log's), so that the two compare bucket by bucket.
+    prompts: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
 
     def sized(self, tokens: int) -> None:
         """A request's prompt, counted exactly by the server's tokenizer."""
-        i = bisect.bisect_left(PROMPT_BUCKETS, tokens)
-        for j in range(i, len(PROMPT_BUCKETS)):
-            self.prompt_buckets[j] += 1
-        self.prompt_sum += tokens
-        self.prompt_count += 1
+        self.prompts.observe(tokens)
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
@@ -118,14 +112,13 @@ class GuardCollector(Collector):
             "arrival (the server's own tokenizer), whatever llama-server's log verbosity shows.",
             value=sum(t.prompt for a in pools for t in a.in_flight.values()),
         )
-        prompts = [(str(le), float(n)) for le, n in zip(PROMPT_BUCKETS, b.prompt_buckets, strict=True)]
-        prompts.append(("+Inf", float(b.prompt_count)))
+        prompts = [("+Inf" if le == float("inf") else str(le), float(n)) for le, n in b.prompts.cumulative()]
         yield HistogramMetricFamily(
             "llamacpp_guard_request_prompt_tokens",
             "Prompt sizes the guard counted with llama-server's tokenizer (not those admitted on their byte "
             "length while less than half the pool was promised).",
             buckets=prompts,
-            sum_value=b.prompt_sum,
+            sum_value=b.prompts.sum,
         )
         capacity = self._capacity()
         if capacity is not None:

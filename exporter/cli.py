@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -311,7 +312,8 @@ async def _start_guard(config: Config, server: FollowedServer, registry: Collect
         )
         running = await start_guard(settings, pools, host, port)
     except OSError as exc:
-        print(f"llamacpp-exporter: error: --guard.listen-address {host}:{port}: {exc.strerror}", file=sys.stderr)
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
+        print(f"llamacpp-exporter: error: --guard.listen-address {host}:{port}: {why}", file=sys.stderr)
         return None
     g = running.guard
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -531,3 +532,27 @@ def test_a_stream_whose_client_leaves_is_cancelled(guarded: Guarded) -> None:
     wait_for(lambda: guarded.exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=30)
     output = guarded.exporter.output_file.read_text(errors="replace")
     assert "Traceback" not in output and "Error handling request" not in output
+
+
+def test_a_guard_port_in_use_ends_the_exporter_with_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "llama-server.log"
+    log.touch()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "exporter", "--log-file", str(log), "--listen-address", "127.0.0.1:0"),
+                *("--nvml", "off", "--http", "off", "--guard.listen-address", f"127.0.0.1:{port}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert errors == [f"llamacpp-exporter: error: --guard.listen-address 127.0.0.1:{port}: address already in use"], (
+        out.stderr
+    )

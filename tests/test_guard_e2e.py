@@ -556,3 +556,17 @@ def test_a_guard_port_in_use_ends_the_exporter_with_one_line(tmp_path: Path) -> 
     assert errors == [f"llamacpp-exporter: error: --guard.listen-address 127.0.0.1:{port}: address already in use"], (
         out.stderr
     )
+
+
+def test_a_chat_prompt_is_counted_as_the_server_counts_it(guarded: Guarded) -> None:
+    """/apply-template then /tokenize gives exactly the prompt tokens the server reports for the chat request."""
+    before = guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") or 0
+    body = {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colours."}],
+        "max_tokens": 4,
+        "cache_prompt": False,
+    }
+    status, answer = http_json(guarded.guard + "/v1/chat/completions", body=body, timeout=60)
+    assert status == 200
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    assert guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") == before + prompt_tokens

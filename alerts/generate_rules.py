@@ -170,6 +170,8 @@ class Config:
     exporter_forget_after: str = "7d"
     #: LlamaCppRouterChildrenRefused / LlamaCppRouterChildCrashed: an event within this window.
     router_event_window: str = "15m"
+    #: LlamaCppGuardQueueBacklog: the guard's queue has not been empty for this long.
+    guard_backlog_for: str = "5m"
 
 
 def _num(x: float) -> str:
@@ -679,6 +681,21 @@ class _Rules:
                 "child's last lines in the router's log (they carry its port, [PORT]) for the cause: out of "
                 "memory (models that share a GPU: dashboard GPU memory by server), a failed allocation at load, "
                 "an abort. Load fewer models at once (--models-max) or give them a smaller -c.",
+            )
+        )
+        out.append(
+            self.alert(
+                "LlamaCppGuardQueueBacklog",
+                f"{m('llamacpp_guard_queue_requests')} > 0",
+                c.guard_backlog_for,
+                "warning",
+                "Requests keep waiting in the guard of llama-server<WHO> for room in the KV pool.",
+                "The guard in front of {{ $labels.instance }}<WHO> has held requests in its queue for "
+                f"{c.guard_backlog_for} without a break ({COUNT} waiting now): the requests sent together need "
+                "more KV cells than the pool has. Nothing is aborted, but clients wait (llamacpp_guard_queue_wait_"
+                "seconds) and past --guard.queue-timeout get 503. Ask clients to send max_tokens (a request "
+                "without one counts --guard.default-budget), or give the pool more cells: a larger -c, "
+                "-ctk/-ctv q8_0, or another server.",
             )
         )
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +30,8 @@ from exporter.web import make_app, start_server
 
 if TYPE_CHECKING:
     import tempfile
+
+    from exporter.guard import RunningGuard
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -211,6 +214,11 @@ async def serve(config: Config) -> int:
     collector = ServersCollector(servers)
     await collector.refresh()  # says once, at start, which live sources work and why the others do not
     registry = servers_registry(collector)
+    guard = await _start_guard(config, servers[0], registry) if config.guard_listen is not None else None
+    if config.guard_listen is not None and guard is None:
+        for server in servers:
+            await server.close()
+        return 1
 
     def health() -> dict[str, object]:
         return servers_health(servers, log_description)
@@ -232,6 +240,8 @@ async def serve(config: Config) -> int:
         )
         for task in background:
             task.cancel()
+        if guard is not None:
+            await guard.close()
         for server in servers:
             await server.close()
         return 1
@@ -267,6 +277,8 @@ async def serve(config: Config) -> int:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(task, timeout=5)
         await serving.close()
+        if guard is not None:
+            await guard.close()
         for server in servers:
             await server.close()
         for tailer in tailers:
@@ -274,6 +286,39 @@ async def serve(config: Config) -> int:
         if demo_dir is not None:
             demo_dir.cleanup()
     return 0
+
+
+async def _start_guard(config: Config, server: FollowedServer, registry: CollectorRegistry) -> RunningGuard | None:
+    """Start the guard in front of --server-url and add its families to `registry`; None (said on stderr) when
+    its port cannot be bound."""
+    from exporter.guard import GuardCollector, GuardSettings, ServerPools, start_guard
+
+    assert config.guard_listen is not None
+    host, port = config.guard_listen
+    settings = GuardSettings(
+        upstream=config.server_url,
+        api_key=config.api_key,
+        default_budget=config.guard_default_budget,
+        max_queue=config.guard_queue_size,
+        max_wait=config.guard_queue_timeout,
+        max_body_bytes=config.guard_max_body_bytes,
+    )
+    try:
+        pools = ServerPools(
+            lambda: server.live.state,
+            lambda: (
+                {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
+            ),
+        )
+        running = await start_guard(settings, pools, host, port)
+    except OSError as exc:
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
+        print(f"llamacpp-exporter: error: --guard.listen-address {host}:{port}: {why}", file=sys.stderr)
+        return None
+    g = running.guard
+    registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
+    log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
+    return running
 
 
 def servers_health(servers: Sequence[FollowedServer], log_description: str) -> dict[str, object]:

@@ -59,6 +59,12 @@ class Config:
     web_config_file: str | None = None
     # --servers-file: several servers, each with its own log, URL and pid (empty: the flags' one server).
     servers: tuple[ServerSpec, ...] = ()
+    # The guard (exporter/guard): off without a listen address.
+    guard_listen: tuple[str, int] | None = None
+    guard_default_budget: int = 1024
+    guard_queue_size: int = 64
+    guard_queue_timeout: float = 120.0
+    guard_max_body_bytes: int = 64 * 1024 * 1024
 
 
 def redact_url(url: str) -> str:
@@ -183,6 +189,11 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     if ns.pid_file is not None and not ns.pid_file.strip():
         parser.error("--pid-file: empty path")
     api_key = _api_key(parser, ns, environ)
+    if ns.guard_listen_address is not None and (servers or demo):
+        parser.error(
+            "--guard.listen-address guards one llama-server (--server-url): leave out "
+            + ("--servers-file" if servers else "--demo")
+        )
     host, port = ns.listen_address
     return Config(
         log_file=ns.log_file,
@@ -210,4 +221,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_pool_capacity=ns.kv_pool_capacity,
         web_config_file=ns.web_config_file,
         servers=servers,
+        guard_listen=ns.guard_listen_address,
+        guard_default_budget=ns.guard_default_budget,
+        guard_queue_size=ns.guard_queue_size,
+        guard_queue_timeout=ns.guard_queue_timeout,
+        guard_max_body_bytes=ns.guard_max_body_bytes,
     )

@@ -236,6 +236,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--log-file, --server-url, --pid and --pid-file.",
         metavar="FILE",
     )
+    _add_guard_flags(p, flags)
     out = p.add_argument_group(
         "output", "the exporter's own log; a past incident is explained by llamacpp-exporter diagnose LOG..."
     )
@@ -438,4 +439,60 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "KV pool size to assume when neither the log nor llama-server's command line gives it (capacity_source=flag).",
         type=_positive_int,
         metavar="TOKENS",
+    )
+
+
+def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """The guard: an optional reverse proxy in front of llama-server that admits, queues and preempts."""
+    g = p.add_argument_group(
+        "guard",
+        "optional: clients talk to the guard instead of llama-server (--server-url); it passes everything on "
+        "unchanged, but sends a generation request only when its prompt and budget fit the KV pool next to "
+        "those in flight, so that no request is aborted for another one's size (docs/guard.md).",
+    )
+    flags.add(
+        g,
+        "--guard.listen-address",
+        "where the guard listens, e.g. :8081; clients point at it instead of llama-server.",
+        type=_listen_address,
+        shown="none: no guard",
+        empty_unset=True,
+        dest="guard_listen_address",
+        metavar="HOST:PORT",
+    )
+    flags.add(
+        g,
+        "--guard.default-budget",
+        "generation tokens counted for a request that sets no n_predict/max_tokens (capped at its slot's window).",
+        type=_positive_int,
+        fallback="1024",
+        dest="guard_default_budget",
+        metavar="TOKENS",
+    )
+    flags.add(
+        g,
+        "--guard.queue-size",
+        "requests that may wait for room at most; one more is answered 429 with Retry-After.",
+        type=_positive_int,
+        fallback="64",
+        dest="guard_queue_size",
+        metavar="N",
+    )
+    flags.add(
+        g,
+        "--guard.queue-timeout",
+        "the longest wait in the queue, in seconds; past it the request is answered 503 with Retry-After.",
+        type=_positive_float,
+        fallback="120",
+        dest="guard_queue_timeout",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--guard.max-body-bytes",
+        "the largest request body the guard accepts (413 past it).",
+        type=_positive_int,
+        fallback=str(64 * 1024 * 1024),
+        dest="guard_max_body_bytes",
+        metavar="BYTES",
     )

@@ -51,6 +51,7 @@ CONTRACT_ALERTS = {
 #: What each description must tell the operator to do (checked as substrings), after
 #: nvidia_gpu_exporter's "every annotation names its corrective action".
 REQUIRED_ACTIONS: dict[str, list[str]] = {
+    "LlamaCppGuardQueueBacklog": ["max_tokens", "--guard.default-budget", "-c"],
     "LlamaCppKVPoolOverflowAhead": ["cancel the request that holds the most", "close that client's connection"],
     "LlamaCppKVPoolOverflowPossible": ["max_tokens", "--kv-unified-per-slot", "--server-url"],
     "LlamaCppKVPoolSaturated": ["drain", "--kv-unified-per-slot", "-ctk/-ctv q8_0", "fewer slots", "-kvu", "-c"],

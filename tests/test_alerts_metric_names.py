@@ -152,10 +152,12 @@ ONLY_IN_ROUTER_MODE = {
     "llamacpp_router_child_exits_total",
     "llamacpp_router_children_refused_total",
 }
+#: The guard's families, emitted only with --guard.listen-address; test_guard_e2e.py scrapes them from a real guard.
+ONLY_WITH_THE_GUARD = {"llamacpp_guard_queue_requests"}
 
 
 def test_every_queried_metric_is_emitted(emitted: set[str]) -> None:
-    known = emitted | _recorded() | PROMETHEUS_SERIES | ONLY_WHILE_FILLING | ONLY_IN_ROUTER_MODE
+    known = emitted | _recorded() | PROMETHEUS_SERIES | ONLY_WHILE_FILLING | ONLY_IN_ROUTER_MODE | ONLY_WITH_THE_GUARD
     assert _unknown(known) == []
 
 

@@ -16,7 +16,7 @@ from exporter.flags import build_parser, env_name
 from exporter.install_hint import extra_install_hint, hint_for
 
 REPO = Path(__file__).resolve().parent.parent
-GROUPS = ["log source", "llama-server HTTP", "host sources", "web and security", "several servers", "output"]
+GROUPS = ["log source", "llama-server HTTP", "host sources", "web and security", "several servers", "guard", "output"]
 WHERE = {
     "--log-file": "log source",
     "--journal-unit": "log source",
@@ -29,6 +29,7 @@ WHERE = {
     "--listen-address": "web and security",
     "--web.config.file": "web and security",
     "--servers-file": "several servers",
+    "--guard.listen-address": "guard",
     "--log-level": "output",
 }
 

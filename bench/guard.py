@@ -1,0 +1,312 @@
+"""Benchmark: what the guard costs, and what it saves, against a real llama-server. Prints tables.
+
+    $ .venv/bin/python bench/guard.py            # about 3 minutes on 2 cores
+    $ .venv/bin/python bench/guard.py --quick    # smaller sizes, for a first look
+
+Every figure comes from real processes: llama-server (b11434, `LLAMA_SERVER_BIN` or the tests' build)
+with the tests' tiny random llama, and `python -m exporter --guard.listen-address`. Direct and guarded
+runs alternate in the same seconds, so the machine's load falls on both.
+
+- overhead: small requests one at a time (`n_predict` 1), the first streamed byte of a stream, and a
+  long stream's tokens per second, each direct and through the guard, interleaved;
+- fits: 4 clients whose requests always fit the pool together; latency direct and through the guard,
+  and what the guard queued (it must queue nothing);
+- mixed: a seeded load of mixed sizes (some streaming, up to 6 in flight) that overflows a 1,024-cell
+  `-kvu` pool now and then: aborted requests, answered requests, p50/p99 latency and tokens per second,
+  direct and through the guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from llama_harness import ExporterProcess, LlamaServer, find_llama_server, make_prompt  # noqa: E402
+from tiny_gguf import write_tiny_llama  # noqa: E402
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0-1) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+class Client:
+    """One keep-alive connection to a base URL (a client that reuses its connection, as SDKs do)."""
+
+    def __init__(self, base: str) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=300)
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, float, float]:
+        """(status, body, seconds to the first body byte, seconds in all)."""
+        data = json.dumps(body).encode()
+        start = time.perf_counter()
+        self.conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        first_chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+        first = time.perf_counter() - start
+        rest = resp.read()
+        return resp.status, first_chunk + rest, first, time.perf_counter() - start
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@dataclass
+class Load:
+    """What one run of a load got back."""
+
+    latencies: list[float] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+    tokens: int = 0
+    wall: float = 0.0
+    aborted: int = 0
+    answered: int = 0
+
+
+def run_load(base: str, requests: Sequence[dict[str, Any]], clients: int) -> Load:
+    """Send `requests` from `clients` threads, each taking the next one; collect what came back."""
+    out = Load()
+    lock = threading.Lock()
+    queue = list(reversed(requests))
+
+    def worker() -> None:
+        client = Client(base)
+        try:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    body = queue.pop()
+                if body.get("stream") is True:  # llama-server closes the connection after a stream
+                    client.close()
+                    client = Client(base)
+                status, raw, _, total = client.post("/completion", body)
+                if body.get("stream") is True:
+                    client.close()
+                    client = Client(base)
+                tokens = _tokens(raw, body.get("stream") is True)
+                with lock:
+                    out.latencies.append(total)
+                    out.statuses.append(status)
+                    aborted = b"Context size has been exceeded" in raw  # a stream's error event comes with 200
+                    out.aborted += aborted
+                    out.answered += status == 200 and not aborted
+                    out.tokens += tokens if status == 200 and not aborted else 0
+        finally:
+            client.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.wall = time.perf_counter() - start
+    return out
+
+
+def _tokens(raw: bytes, stream: bool) -> int:
+    """Tokens generated, from the answer (a stream's last event carries the same count)."""
+    text = raw.decode(errors="replace")
+    if stream:
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        for event in reversed(events):
+            try:
+                value = json.loads(event).get("tokens_predicted")
+            except ValueError:
+                continue
+            if isinstance(value, int):
+                return value
+        return 0
+    try:
+        value = json.loads(text).get("tokens_predicted")
+    except ValueError:
+        return 0
+    return value if isinstance(value, int) else 0
+
+
+def interleaved(n: int, send: Callable[[str], float], bases: tuple[str, str]) -> tuple[list[float], list[float]]:
+    """`send(base)` n times for each base, alternating; the seconds each took."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(n):
+        a.append(send(bases[0]))
+        b.append(send(bases[1]))
+    return a, b
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def overhead(direct: str, guard: str, n: int) -> list[str]:
+    clients = {direct: Client(direct), guard: Client(guard)}
+    small = {"prompt": "Hello", "n_predict": 1, "cache_prompt": False}
+    for base in clients:  # warm both paths
+        clients[base].post("/completion", small)
+
+    def one(base: str) -> float:
+        return clients[base].post("/completion", small)[3]
+
+    d, g = interleaved(n, one, (direct, guard))
+    stream = {"prompt": "Hello", "n_predict": 16, "stream": True, "cache_prompt": False}
+
+    def fresh(base: str, body: dict[str, Any]) -> tuple[int, bytes, float, float]:
+        # llama-server closes the connection after a stream: each stream gets its own, on both paths.
+        client = Client(base)
+        try:
+            return client.post("/completion", body)
+        finally:
+            client.close()
+
+    def first_byte(base: str) -> float:
+        return fresh(base, stream)[2]
+
+    fd, fg = interleaved(n, first_byte, (direct, guard))
+    long = {"prompt": "Hello", "n_predict": 3000, "ignore_eos": True, "stream": True, "cache_prompt": False}
+
+    def rate(base: str) -> float:
+        _, raw, _, total = fresh(base, long)
+        return _tokens(raw, True) / total
+
+    rd, rg = interleaved(max(3, n // 40), rate, (direct, guard))
+    for c in clients.values():
+        c.close()
+    added = pct(g, 0.99) - pct(d, 0.99)
+    first = pct(fg, 0.5) - pct(fd, 0.5)
+    first99 = pct(fg, 0.99) - pct(fd, 0.99)
+    return [
+        "| measure | direct | guard | added | limit |",
+        "|---|---|---|---|---|",
+        f"| small request (`n_predict` 1), p50 / p99 ms ({n} each) | {ms(pct(d, 0.5))} / {ms(pct(d, 0.99))} | "
+        f"{ms(pct(g, 0.5))} / {ms(pct(g, 0.99))} | {ms(pct(g, 0.5) - pct(d, 0.5))} / {ms(added)} | p99 ≤ 5 ms |",
+        f"| first streamed byte, p50 / p99 ms | {ms(pct(fd, 0.5))} / {ms(pct(fd, 0.99))} | {ms(pct(fg, 0.5))} / "
+        f"{ms(pct(fg, 0.99))} | {ms(first)} / {ms(first99)} | ≤ 5 ms |",
+        f"| long stream, tokens/s, median of {len(rd)} | {statistics.median(rd):,.0f} | {statistics.median(rg):,.0f} | "
+        f"{statistics.median(rg) / statistics.median(rd):.3f}x | unchanged |",
+    ]
+
+
+def fits(direct: str, guard: str, exporter: ExporterProcess, n: int) -> list[str]:
+    rng = random.Random(4)
+    requests = [
+        {"prompt": make_prompt(rng.randint(20, 300)), "n_predict": rng.randint(8, 100), "ignore_eos": True}
+        for _ in range(n)
+    ]
+    queued = exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0
+    runs: dict[str, list[Load]] = {direct: [], guard: []}
+    for _ in range(3):
+        for base in (direct, guard):
+            runs[base].append(run_load(base, requests, 4))
+    queued_now = (exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0) - queued
+    lines = ["| | p50 ms | p99 ms | answered | queued by the guard |", "|---|---|---|---|---|"]
+    for name, base in (("direct", direct), ("guard", guard)):
+        lat = [x for load in runs[base] for x in load.latencies]
+        ok = sum(load.answered for load in runs[base])
+        q = f"{queued_now:.0f}" if base == guard else ""
+        lines.append(f"| {name} | {ms(pct(lat, 0.5))} | {ms(pct(lat, 0.99))} | {ok} of {len(lat)} | {q} |")
+    return lines
+
+
+def mixed(direct: str, guard: str, n: int) -> list[str]:
+    rng = random.Random(32)
+    requests: list[dict[str, Any]] = []
+    for _ in range(n):
+        big = rng.random() < 0.25
+        body: dict[str, Any] = {
+            "prompt": make_prompt(rng.randint(300, 600) if big else rng.randint(10, 120)),
+            "n_predict": rng.randint(100, 300) if big else rng.randint(8, 64),
+            "ignore_eos": True,
+            "cache_prompt": False,
+        }
+        if rng.random() < 0.3:
+            body["stream"] = True
+        requests.append(body)
+    lines = [
+        "| | answered | aborted | p50 ms | p99 ms | tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, base in (("direct", direct), ("guard", guard)):
+        load = run_load(base, requests, 6)
+        lines.append(
+            f"| {name} | {load.answered} of {len(requests)} | {load.aborted} | "
+            f"{ms(pct(load.latencies, 0.5))} | {ms(pct(load.latencies, 0.99))} | {load.tokens / load.wall:,.0f} |"
+        )
+    return lines
+
+
+def serve(binary: Path, model: Path, tmp: Path, args: Sequence[str]) -> tuple[LlamaServer, ExporterProcess, str]:
+    server = LlamaServer(binary, model, args, log_file=tmp / f"llama-server-{args[1]}.log").start()
+    from llama_harness import free_port
+
+    port = free_port()
+    exporter = ExporterProcess(
+        server.log_file,
+        ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}"],
+        output_file=tmp / f"exporter-{port}.out",
+    ).start()
+    return server, exporter, f"http://127.0.0.1:{port}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--fits-only", action="store_true", help="only the load that always fits")
+    args = parser.parse_args(argv)
+    binary = find_llama_server()
+    if binary is None:
+        print("llama-server not found: run scripts/install-llama-server.sh or set LLAMA_SERVER_BIN", file=sys.stderr)
+        return 2
+    n = 100 if args.quick else 300
+    print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmpdir:
+        tmp = Path(tmpdir)
+        model = write_tiny_llama(tmp / "tiny.gguf")
+        server, exporter, guard = serve(binary, model, tmp, ("-c", "4096", "-np", "4", "-kvu", "-t", "2"))
+        try:
+            if not args.fits_only:
+                print("\n## overhead\n")
+                print("\n".join(overhead(server.url, guard, n)))
+            print("\n## a load that always fits (4 clients, 3 rounds each way)\n")
+            print("\n".join(fits(server.url, guard, exporter, n // 3)))
+        finally:
+            exporter.stop()
+            server.stop()
+        if args.fits_only:
+            return 0
+        server, exporter, guard = serve(binary, model, tmp, ("-c", "1024", "-np", "6", "-kvu", "-t", "2"))
+        try:
+            print(f"\n## a seeded mixed load ({max(100, n // 2)} requests, 6 clients, 30% streaming)\n")
+            print("\n".join(mixed(server.url, guard, max(100, n // 2))))
+            print(
+                "\nguard outcomes:",
+                {
+                    o: exporter.sample("llamacpp_guard_requests_total", {"outcome": o})
+                    for o in ("admitted", "queued", "refused", "preempted", "replayed", "failed")
+                },
+            )
+        finally:
+            exporter.stop()
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

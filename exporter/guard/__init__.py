@@ -1,0 +1,105 @@
+"""The guard: an optional reverse proxy in front of llama-server, in the exporter's process.
+
+Clients talk to it instead of llama-server. It passes every request on unchanged, but sizes each
+generation request first (with the server's own tokenizer) and sends it only when its demand fits the
+KV pool next to the requests in flight; the others wait in a bounded queue. So a shared (`-kvu`) pool
+keeps its memory savings and no request is aborted because another one outgrew it.
+
+- `admission`: the books and the queue (pure);
+- `sizing`: what a request's body asks for (pure);
+- `proxy`: the aiohttp server and client (I/O);
+- `books`: its counts and their families on `/metrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from exporter.guard.admission import Pool
+from exporter.guard.books import GuardCollector
+from exporter.guard.proxy import Guard, GuardSettings, Pools
+from exporter.state import ServerState
+
+__all__ = [
+    "Guard",
+    "GuardCollector",
+    "GuardSettings",
+    "Pool",
+    "RunningGuard",
+    "ServerPools",
+    "pool_from",
+    "pool_of",
+    "start_guard",
+]
+
+
+def pool_from(s: ServerState) -> Pool:
+    """What the exporter's state says of a pool: its capacity, one slot's window, whether it is shared."""
+    capacity, _ = s.pool_capacity()
+    unified = s.kv_unified
+    if unified is None and s.command_line is not None:
+        unified = s.command_line.kv_unified
+    return Pool(capacity=capacity, slot_window=s.n_ctx_slot, unified=unified)
+
+
+def pool_of(state: Callable[[], ServerState]) -> Callable[[], Pool]:
+    """`pool_from` of the state `state()` returns, as a function."""
+    return lambda: pool_from(state())
+
+
+class ServerPools:
+    """The pools behind the guard: one server's, or a router's, one per model it runs.
+
+    `children()` gives a router's children's states by model name, None when the server is no router.
+    A request for a model the router has not started yet is admitted against nothing (its pool is not
+    known before the child logs it); once it runs, its requests are admitted against its own pool.
+    """
+
+    def __init__(self, state: Callable[[], ServerState], children: Callable[[], Mapping[str, ServerState] | None]):
+        self._state = state
+        self._children = children
+
+    def key(self, model: str | None) -> str | None:
+        return model if model and self._children() is not None else None
+
+    def pool(self, key: str | None) -> Pool:
+        if key is None:
+            return pool_from(self._state())
+        child = (self._children() or {}).get(key)
+        return pool_from(child) if child is not None else Pool(None, None, None)
+
+
+@dataclass
+class RunningGuard:
+    """A guard that serves; `close()` stops it."""
+
+    guard: Guard
+    runner: web.AppRunner
+    port: int
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+        await self.guard.close()
+
+
+async def start_guard(settings: GuardSettings, pool: Pools | Callable[[], Pool], host: str, port: int) -> RunningGuard:
+    """Serve the guard on host:port (raises OSError when the port cannot be bound)."""
+    guard = Guard(settings, pool)
+    # handler_cancellation: a client that goes away cancels its handler, which closes the upstream
+    # connection, and llama-server cancels the task.
+    runner = web.AppRunner(guard.make_app(), access_log=None, handle_signals=False, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host or None, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        await guard.close()
+        raise
+    server = site._server
+    sockets = getattr(server, "sockets", None) or []
+    bound = int(sockets[0].getsockname()[1]) if sockets else port
+    return RunningGuard(guard, runner, bound)

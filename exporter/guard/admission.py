@@ -1,0 +1,208 @@
+"""Admission: which sized request may go to llama-server now, which waits, which is refused. Pure.
+
+The books hold the demand of every request the guard has sent and not yet seen end: its prompt tokens
+plus its generation budget, capped at its slot's window (llama-server stops a generation there). A
+request is admitted when the books plus its demand fit the pool. Idle slots' cells are never in the
+books: llama-server purges an idle slot when a batch needs room, so counting them would only deadlock
+a pool that idle slots fill.
+
+The queue is first in, first out: the head waits until it fits, and nothing behind it overtakes it
+(a small request that always fits must not starve a large one forever). It is bounded by length
+(past it: 429) and by wait (past it: 503), each with a `Retry-After`.
+
+    >>> a = Admission(max_queue=2, max_wait=60.0)
+    >>> pool = Pool(capacity=1000, slot_window=1000, unified=True)
+    >>> a.offer(Ticket(1, prompt=400, budget=100), pool, now=0.0).kind
+    'admit'
+    >>> a.offer(Ticket(2, prompt=450, budget=100), pool, now=0.0).kind
+    'queue'
+    >>> [t.id for t in a.release(1, pool, now=2.0)]
+    [2]
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What the server offers: cells in the shared pool, the window of one slot, whether the pool is shared.
+
+    `capacity` None: not known yet (the guard then admits against the slot window alone, which a shared
+    pool is never smaller than). `unified` False: each slot has its own cells and no request can push
+    another one out, so only a request larger than its window is a concern.
+    """
+
+    capacity: int | None
+    slot_window: int | None
+    unified: bool | None
+
+    @property
+    def limit(self) -> int | None:
+        """Cells the books may hold at most (None: no shared limit)."""
+        if self.unified is False:
+            return None
+        if self.capacity is not None:
+            return self.capacity
+        return self.slot_window
+
+
+@dataclass
+class Ticket:
+    """One sized generation request (several tasks when a `/completion` carries several prompts)."""
+
+    id: int
+    prompt: int  # prompt tokens, as the server's own tokenizer counts them (all tasks together)
+    budget: int  # generation budget (all tasks together)
+    tasks: int = 1
+    budget_known: bool = True  # False: the default budget stands in for one the request did not give
+    n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
+    key: str | None = None  # its pool: None for a plain server, the model's name behind a router
+    queued_at: float | None = None
+    admitted_at: float | None = None
+    demand: int = 0  # set on offer: prompt + budget, capped per task at the slot window
+
+    def size(self, pool: Pool) -> int:
+        """Cells this request may hold at most on `pool`."""
+        total = self.prompt + self.budget
+        if pool.slot_window is not None:
+            total = min(total, pool.slot_window * self.tasks)
+        return total
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a request: `admit`, `queue`, `forward` (the server refuses it itself), `refuse`.
+
+    `status`, `reason` and `retry_after` come with `refuse` (and with a `forward` whose `reason` says why).
+    """
+
+    kind: str
+    status: int = 200
+    reason: str = ""
+    retry_after: int | None = None
+    error_type: str = ""
+
+
+@dataclass
+class Admission:
+    """The books of what is in flight and the queue of what waits."""
+
+    max_queue: int
+    max_wait: float
+    in_flight: dict[int, Ticket] = field(default_factory=dict)
+    queue: deque[Ticket] = field(default_factory=deque)
+
+    @property
+    def demand(self) -> int:
+        """Cells the admitted requests may hold at most, together."""
+        return sum(t.demand for t in self.in_flight.values())
+
+    def fits(self, ticket: Ticket, pool: Pool) -> bool:
+        """Whether `ticket` fits next to what is in flight (alone, anything the slot takes fits)."""
+        limit = pool.limit
+        if limit is None or not self.in_flight:
+            return True
+        return self.demand + ticket.demand <= limit
+
+    def admits_now(self, ticket: Ticket, pool: Pool) -> bool:
+        """Whether `offer` would admit `ticket` at once (nothing waits, it fits, it is no refusal)."""
+        demand = ticket.size(pool)
+        per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
+        if pool.slot_window is not None and per_task >= pool.slot_window:
+            return False
+        limit = pool.limit
+        if limit is not None and ticket.prompt >= limit:
+            return False
+        return not self.queue and (limit is None or not self.in_flight or self.demand + demand <= limit)
+
+    def resize(self, ticket: Ticket, prompt: int, pool: Pool, now: float) -> list[Ticket]:
+        """The exact prompt size of an admitted request, known after it was admitted on a bound; admit what fits now."""
+        ticket.prompt = prompt
+        ticket.demand = ticket.size(pool)
+        return self.pump(pool, now)
+
+    def offer(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
+        """A newly sized request: admit it, queue it, or say why not."""
+        ticket.demand = ticket.size(pool)
+        window = pool.slot_window
+        per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
+        if window is not None and per_task >= window:
+            # llama-server refuses it before reading it, with its own status and message, and no other
+            # request is touched: let it say so.
+            return Decision("forward", reason=f"prompt of {per_task} tokens does not fit a slot of {window}")
+        limit = pool.limit
+        if limit is not None and ticket.prompt >= limit:
+            return Decision(
+                "refuse",
+                400,
+                f"request ({ticket.prompt} tokens) exceeds the available context size ({limit} tokens), "
+                "try increasing it",
+                error_type="exceed_context_size_error",
+            )
+        if not self.queue and self.fits(ticket, pool):
+            self._admit(ticket, now)
+            return Decision("admit")
+        if len(self.queue) >= self.max_queue:
+            return Decision(
+                "refuse",
+                429,
+                f"the guard's queue is full ({self.max_queue} requests wait for room in the KV pool); retry later",
+                retry_after=self.retry_after(),
+                error_type="unavailable_error",
+            )
+        ticket.queued_at = now
+        self.queue.append(ticket)
+        return Decision("queue")
+
+    def _admit(self, ticket: Ticket, now: float) -> None:
+        ticket.admitted_at = now
+        self.in_flight[ticket.id] = ticket
+
+    def pump(self, pool: Pool, now: float) -> list[Ticket]:
+        """Admit queued requests from the head for as long as they fit; return them in order."""
+        out: list[Ticket] = []
+        while self.queue:
+            head = self.queue[0]
+            head.demand = head.size(pool)  # the pool may have become known since
+            if not self.fits(head, pool):
+                break
+            self.queue.popleft()
+            self._admit(head, now)
+            out.append(head)
+        return out
+
+    def release(self, ticket_id: int, pool: Pool, now: float) -> list[Ticket]:
+        """A request ended (answered, failed or cancelled), or left the queue: free its demand; admit what fits now."""
+        if self.in_flight.pop(ticket_id, None) is None:
+            for t in self.queue:
+                if t.id == ticket_id:
+                    self.queue.remove(t)
+                    break
+        return self.pump(pool, now)
+
+    def requeue(self, ticket: Ticket, pool: Pool, budget: int, now: float) -> None:
+        """A stopped request goes back to the head of the queue with a new budget (it showed it needs more)."""
+        self.in_flight.pop(ticket.id, None)
+        ticket.budget = budget
+        ticket.demand = ticket.size(pool)
+        ticket.queued_at = now
+        self.queue.appendleft(ticket)
+
+    def expired(self, now: float) -> list[Ticket]:
+        """Queued requests that waited `max_wait` or longer: removed from the queue, to be answered 503."""
+        out = [t for t in self.queue if t.queued_at is not None and now - t.queued_at >= self.max_wait]
+        for t in out:
+            self.queue.remove(t)
+        return out
+
+    def clear(self) -> None:
+        """llama-server restarted: nothing it held is held any more."""
+        self.in_flight.clear()
+
+    def retry_after(self) -> int:
+        """Seconds to suggest in `Retry-After`: the queue's longest wait, at least 1."""
+        return max(1, math.ceil(self.max_wait))

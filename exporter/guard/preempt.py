@@ -1,0 +1,133 @@
+"""Preemption: when generation runs the pool toward overflow anyway, which one request to stop. Pure.
+
+Admission counts a request's budget, but a budget can be unknown (the guard's default stands in) or
+not the server's (its `-n`). Then the slots can still outgrow the pool while they generate, and
+llama-server would abort every one of them. The guard reads `/slots` while requests run, projects
+each slot's cells a little ahead (what it holds, its prompt if still being read, plus its measured
+generation speed over `horizon` seconds: the poll interval, the time llama-server takes to notice a
+closed connection, and a batch), and when the projection reaches the pool it stops exactly one
+request by closing its upstream connection.
+
+**Which one: the request whose slot holds the most cells** (ties: the one admitted last). Its cells are
+what the others need: stopping it frees the most room with one stop, where stopping a small one might
+free too little and lead to a second stop. It also tends to be the one that grew past its budget.
+A stopped request that has had no byte of its answer is replayed when it fits (the client sees only
+latency), counted at its slot's whole window this time, since it has shown it generates past its budget.
+
+Requests are matched to slots by what `/slots` shows of each task: its prompt size (`n_prompt_tokens_processed`
+plus `n_prompt_tokens_cache`, the server's own count, which the guard measured with the same tokenizer) and its
+`n_predict`. Two requests alike in both are interchangeable for this purpose; the one admitted first is
+given the fuller slot.
+
+    >>> slots = [SlotView(0, 300, 40, n_predict=-1, rate=20.0), SlotView(1, 200, 50, n_predict=-1, rate=20.0)]
+    >>> running = [Running(1, prompt=40, n_predict=-1, admitted_at=0.0), Running(2, 50, n_predict=-1, admitted_at=1.0)]
+    >>> choose_victim(slots, running, limit=512, horizon=2.0)
+    (1, 'slot 0 holds 300 of the 580 cells projected 2s ahead in a pool of 512')
+    >>> choose_victim(slots, running, limit=1024, horizon=2.0) is None
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One processing slot as `/slots` shows it."""
+
+    id: int
+    held: int  # n_prompt_tokens: the cells it holds now
+    prompt: int | None  # its task's prompt size, when /slots gives it
+    n_predict: int | None  # its task's n_predict (-1: none)
+    rate: float = 0.0  # tokens per second it adds (measured between two reads)
+    remaining: int | None = None  # tokens it may still generate (next_token.n_remain; None: no limit)
+    window: int | None = None  # its n_ctx
+
+    def ahead(self, horizon: float) -> int:
+        """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
+        grow = int(self.rate * horizon + 0.5)
+        if self.remaining is not None:
+            grow = min(grow, self.remaining)
+        cells = self.held + grow
+        return min(cells, self.window) if self.window is not None else cells
+
+
+@dataclass(frozen=True)
+class Running:
+    """One request the guard has in flight."""
+
+    id: int
+    prompt: int
+    n_predict: int  # what the request asked for (-1: nothing)
+    admitted_at: float
+
+
+def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> list[SlotView]:
+    """The processing slots of a `/slots` answer; `before` (slot → (held, when)) gives their speed and is updated."""
+    out: list[SlotView] = []
+    if not isinstance(body, list):
+        return out
+    for s in body:
+        if not isinstance(s, dict) or not s.get("is_processing") or not isinstance(s.get("id"), int):
+            continue
+        held = s.get("n_prompt_tokens")
+        if not isinstance(held, int):
+            continue
+        processed, cached = s.get("n_prompt_tokens_processed"), s.get("n_prompt_tokens_cache")
+        prompt = processed + cached if isinstance(processed, int) and isinstance(cached, int) else None
+        params = s.get("params")
+        n_predict = params.get("n_predict") if isinstance(params, dict) else None
+        last = before.get(s["id"])
+        rate = (held - last[0]) / (now - last[1]) if last is not None and now > last[1] and held >= last[0] else 0.0
+        before[s["id"]] = (held, now)
+        nxt = s.get("next_token")
+        first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
+        remain = first.get("n_remain") if isinstance(first, dict) else None
+        window = s.get("n_ctx")
+        out.append(
+            SlotView(
+                s["id"],
+                held,
+                prompt,
+                n_predict if isinstance(n_predict, int) else None,
+                rate,
+                remain if isinstance(remain, int) and remain >= 0 else None,
+                window if isinstance(window, int) and window > 0 else None,
+            )
+        )
+    return out
+
+
+def match(slots: list[SlotView], running: list[Running]) -> dict[int, SlotView]:
+    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs."""
+    free = sorted(slots, key=lambda s: -s.held)
+    out: dict[int, SlotView] = {}
+    for r in sorted(running, key=lambda r: r.admitted_at):
+        for s in free:
+            # A request without n_predict runs with the server's -n, which /slots shows: any value matches.
+            if s.prompt == r.prompt and (s.n_predict is None or r.n_predict < 0 or s.n_predict == r.n_predict):
+                out[r.id] = s
+                free.remove(s)
+                break
+    return out
+
+
+def projected(slots: list[SlotView], horizon: float) -> int:
+    """Cells the processing slots will hold `horizon` seconds from now at their present speed."""
+    return sum(s.ahead(horizon) for s in slots)
+
+
+def choose_victim(slots: list[SlotView], running: list[Running], limit: int, horizon: float) -> tuple[int, str] | None:
+    """The request to stop, and why in words; None while the projection stays within the pool."""
+    total = projected(slots, horizon)
+    if total < limit or len(slots) < 2:
+        return None  # a request alone never outgrows the pool: its slot's window is at most the pool
+    matched = match(slots, running)
+    if not matched:
+        return None  # the slots that fill the pool are not the guard's requests: nothing it may stop
+    admitted = {r.id: r.admitted_at for r in running}
+    victim = max(matched, key=lambda rid: (matched[rid].held, admitted[rid]))
+    s = matched[victim]
+    return victim, f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:g}s ahead in a pool of {limit}"

@@ -1,0 +1,597 @@
+"""The guard's reverse proxy: every request passed on to llama-server as it came, generation requests
+sized and admitted first (see `exporter.guard.admission`). I/O only; the decisions are the pure modules'.
+
+Transparency: the method, the path and query, every end-to-end header (`Authorization` included) and
+the body go upstream unchanged; the status, headers and body come back unchanged, streamed chunk by
+chunk as they arrive (an SSE stream is never buffered). Only hop-by-hop headers are dropped, as any
+HTTP proxy must. Bodies are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from exporter.guard.admission import Admission, Pool, Ticket
+from exporter.guard.books import GuardBooks
+from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
+from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
+
+log = logging.getLogger(__name__)
+
+#: Headers that describe one connection, not the message (RFC 9110 7.6.1), and those aiohttp sets itself.
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """The guard's flags."""
+
+    upstream: str  # llama-server's base URL
+    api_key: str | None = None  # for the guard's own sizing calls when the client sends no Authorization
+    default_budget: int = 1024  # generation tokens assumed for a request that gives no limit
+    max_queue: int = 64
+    max_wait: float = 120.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    connect_timeout: float = 10.0
+    #: Preemption: how often `/slots` is read while requests run, and how far ahead the slots are projected.
+    #: llama-server notices a closed connection only after a whole second in which no result reached its
+    #: results queue (any result restarts its wait, a `/slots` read included): the guard reads `/slots`
+    #: less often than that, stays silent for `quiet` seconds after a stop, and projects over all of it.
+    poll_interval: float = 1.25
+    quiet: float = 2.0
+    horizon: float = 3.5
+
+
+def _end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in _HOP_BY_HOP:
+            out.add(k, v)
+    return out
+
+
+def error_response(status: int, message: str, error_type: str, retry_after: int | None = None) -> web.Response:
+    """An error in llama-server's own JSON shape, with a one-line message."""
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body = {"error": {"code": status, "message": message, "type": error_type}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Sizer:
+    """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
+
+    def __init__(self, session: aiohttp.ClientSession, upstream: str, model: str | None = None) -> None:
+        self._session = session
+        self._upstream = upstream
+        self._model = model  # behind a router: the model whose tokenizer counts
+
+    async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
+        async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise ValueError(f"{path} answered {resp.status}")
+            return await resp.json(content_type=None)
+
+    async def _tokens(self, text: str, headers: Mapping[str, str]) -> int:
+        # add_special: the BOS the server adds to a prompt counts too (llama-server sizes prompts this way).
+        body: dict[str, Any] = {"content": text, "add_special": True}
+        if self._model is not None:
+            body["model"] = self._model
+        out = await self._post("/tokenize", body, headers)
+        tokens = out.get("tokens") if isinstance(out, dict) else None
+        if not isinstance(tokens, list):
+            raise ValueError("/tokenize gave no tokens")
+        return len(tokens)
+
+    async def prompt_tokens(self, p: Plan, raw: bytes, headers: Mapping[str, str]) -> int:
+        """All tasks' prompt tokens together; raises ValueError (or an aiohttp error) when the server will not say."""
+        if p.template:
+            out = await self._post("/apply-template", json.loads(raw), headers)
+            prompt = out.get("prompt") if isinstance(out, dict) else None
+            if not isinstance(prompt, str):
+                raise ValueError("/apply-template gave no prompt")
+            return await self._tokens(prompt, headers)
+        if p.count_route is not None:
+            out = await self._post(p.count_route, json.loads(raw), headers)
+            n = out.get("input_tokens") if isinstance(out, dict) else None
+            if not isinstance(n, int):
+                raise ValueError(f"{p.count_route} gave no input_tokens")
+            return n
+        total = sum(p.token_counts)
+        for text in p.texts:
+            total += await self._tokens(text, headers)
+        return total
+
+
+class _Preempted(Exception):
+    """The guard stopped this request before any byte of its answer reached the client."""
+
+
+@dataclass
+class _Run:
+    """A request being forwarded: the guard may stop it (`stop`), and closes `upstream` to do so."""
+
+    ticket: Ticket
+    stop: asyncio.Event
+    anthropic: bool = False
+    upstream: aiohttp.ClientResponse | None = None
+    streaming: bool = False  # its answer is an event stream that has begun
+
+
+class Pools(Protocol):
+    """Where the guard learns the pools: one server's, or (a router) each model's."""
+
+    def key(self, model: str | None) -> str | None:
+        """The pool a request for `model` goes to: None for a plain server, the model's name for a router."""
+
+    def pool(self, key: str | None) -> Pool:
+        """What that pool offers now."""
+
+
+class OnePool:
+    """A plain server's pool, from a function."""
+
+    def __init__(self, pool: Callable[[], Pool]) -> None:
+        self._pool = pool
+
+    def key(self, model: str | None) -> str | None:
+        return None
+
+    def pool(self, key: str | None) -> Pool:
+        return self._pool()
+
+
+class Guard:
+    """The proxy and its books, one `Admission` per pool (per model behind a router)."""
+
+    def __init__(self, settings: GuardSettings, pools: Pools | Callable[[], Pool]) -> None:
+        self.settings = settings
+        self.pools: Pools = pools if not callable(pools) else OnePool(pools)
+        self.admissions: dict[str | None, Admission] = {}
+        self.books = GuardBooks()
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._generation_session: aiohttp.ClientSession | None = None
+        self._props_window: dict[str | None, int] = {}
+        self._runs: dict[int, _Run] = {}
+        # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
+        self._quiet_until = 0.0
+        self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
+        self._monitor: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        # Requests admitted on their prompt's byte bound, not yet counted exactly: id → what counting needs.
+        self._unsized: dict[int, tuple[Ticket, Plan, bytes, Mapping[str, str]]] = {}
+        self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
+        self._slots_refused = False  # said once: /slots wants a key the guard does not have
+
+    # ------------------------------------------------------------------ pool
+
+    def admission(self, key: str | None) -> Admission:
+        """The books and queue of one pool."""
+        a = self.admissions.get(key)
+        if a is None:
+            a = self.admissions[key] = Admission(max_queue=self.settings.max_queue, max_wait=self.settings.max_wait)
+        return a
+
+    def pool(self, key: str | None = None) -> Pool:
+        """The exporter's view of a pool; a slot window from `/props` where the log has not said it yet."""
+        p = self.pools.pool(key)
+        window = self._props_window.get(key)
+        if p.slot_window is None and window is not None:
+            return Pool(p.capacity, window, p.unified)
+        return p
+
+    async def _learn_window(self, key: str | None, headers: Mapping[str, str]) -> None:
+        """The slot window from `/props` (`default_generation_settings.n_ctx`), once, when the log has not given it."""
+        if key in self._props_window or self.pools.pool(key).slot_window is not None:
+            return
+        query = "" if key is None else "?" + urlencode({"model": key})
+        with contextlib.suppress(aiohttp.ClientError, ValueError, asyncio.TimeoutError):
+            async with self.session.get(self.settings.upstream + "/props" + query, headers=headers) as resp:
+                if resp.status == 200:
+                    body = await resp.json(content_type=None)
+                    n = body.get("default_generation_settings", {}).get("n_ctx") if isinstance(body, dict) else None
+                    if isinstance(n, int) and n > 0:
+                        self._props_window[key] = n
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def generation_session(self) -> aiohttp.ClientSession:
+        """For generation requests: a new connection each, closed when the request is stopped or abandoned.
+
+        llama-server cancels a task when its client's connection closes, but a connection that served an
+        earlier request (keep-alive) was not seen closing: the task ran to its end. A fresh connection per
+        generation request costs a local TCP handshake and makes every stop and every client that leaves
+        cancel the task.
+        """
+        if self._generation_session is None:
+            self._generation_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+            )
+        return self._generation_session
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+            )
+        return self._session
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+        for session in (self._session, self._generation_session):
+            if session is not None:
+                await session.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def _sizing_headers(self, request: web.Request) -> dict[str, str]:
+        auth = request.headers.get("Authorization")
+        if auth is None and self.settings.api_key:
+            auth = f"Bearer {self.settings.api_key}"
+        return {"Authorization": auth} if auth else {}
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.settings.max_body_bytes
+            return error_response(
+                413, f"request body larger than the guard's limit of {limit} bytes", "invalid_request_error"
+            )
+        p = plan(request.path, raw) if request.method == "POST" else None
+        if p is None:
+            if request.method == "POST" and request.path in _generation_paths():
+                self.books.count("unsized")
+            return await self._forward(request, raw)
+        headers = self._sizing_headers(request)
+        budget = p.budget if p.budget is not None else self.settings.default_budget
+        key = self.pools.key(p.model)
+        await self._learn_window(key, headers)  # at once when the log has said it (nearly always)
+        bound = p.bound()
+        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
+        ticket.budget_known = p.budget is not None
+        books = self.admission(key)
+        # A request that fits even at the most tokens its text can make is admitted without waiting for the
+        # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
+        quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
+        if not quick:
+            try:
+                ticket.prompt = await Sizer(
+                    self.session, self.settings.upstream, p.model if key is not None else None
+                ).prompt_tokens(p, raw, headers)
+            except (aiohttp.ClientConnectionError, TimeoutError):
+                return await self._forward(request, raw)  # the server is down: the forward says so (502)
+            except (aiohttp.ClientError, ValueError):
+                self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
+                return await self._forward(request, raw)
+        if not quick or p.exact:
+            self.books.sized(ticket.prompt)
+        decision = books.offer(ticket, self.pool(key), time.monotonic())
+        if quick and not p.exact and decision.kind == "admit":
+            self._unsized[ticket.id] = (ticket, p, raw, headers)
+        self._refine_if_tight(key)
+        if decision.kind == "forward":
+            self.books.count("refused")
+            return await self._forward(request, raw)
+        if decision.kind == "refuse":
+            self.books.count("refused")
+            log.info("guard: refused a request to %s: %s", request.path, decision.reason)
+            return error_response(decision.status, decision.reason, decision.error_type, decision.retry_after)
+        if decision.kind == "queue":
+            self.books.count("queued")
+            refused = await self._wait(ticket)
+            if refused is not None:
+                return refused
+        self.books.count("admitted")
+        ticket.n_predict = p.budget if p.budget is not None else -1
+        try:
+            while True:
+                run = _Run(ticket, asyncio.Event(), anthropic=p.route in MESSAGES_ROUTES)
+                self._runs[ticket.id] = run
+                self._ensure_monitor()
+                try:
+                    return await self._forward(request, raw, run)
+                except _Preempted:
+                    self._runs.pop(ticket.id, None)
+                    # It has shown it generates past its budget: replayed alone in its slot's window.
+                    pool = self.pool(key)
+                    window = pool.slot_window or pool.limit or ticket.prompt + ticket.budget
+                    books.requeue(ticket, pool, window, time.monotonic())
+                    refused = await self._wait(ticket)
+                    if refused is not None:
+                        return refused
+                    self.books.count("replayed")
+        finally:
+            self._runs.pop(ticket.id, None)
+            self._release(key, ticket.id)
+
+    def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
+        """Count exactly the prompts admitted on their bound, once the exact counts can matter: the books
+        (or `used`, the slots' projection) pass half the pool, or a request waits. Below that the bound
+        admits the same requests, and a load that always fits pays no tokenizer call."""
+        books = self.admission(key)
+        limit = self.pool(key).limit
+        tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
+        if not tight:
+            return
+        for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
+            ticket, p, raw, headers = self._unsized.pop(tid)
+            self._refine(ticket, p, raw, headers)
+
+    def _refine(self, ticket: Ticket, p: Plan, raw: bytes, headers: Mapping[str, str]) -> None:
+        """Count the prompt of a request admitted on its bound exactly, in the background (the books and
+        preemption's matching of requests to slots use the exact count)."""
+
+        async def refine() -> None:
+            with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+                prompt = await Sizer(self.session, self.settings.upstream, ticket.key).prompt_tokens(p, raw, headers)
+                self.books.sized(prompt)
+                books = self.admission(ticket.key)
+                if ticket.id in books.in_flight:
+                    for admitted in books.resize(ticket, prompt, self.pool(ticket.key), time.monotonic()):
+                        self._wake(admitted)
+
+        task = asyncio.create_task(refine())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _wake(self, admitted: Ticket) -> None:
+        fut = self._waiters.get(admitted.id)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def _wait(self, ticket: Ticket) -> web.Response | None:
+        """Wait in the queue until admitted (None), or an error response when the wait runs out."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket.id] = fut
+        start = time.monotonic()
+        self._release(ticket.key, -1)  # admits it at once if it fits now (a replay into an emptied pool)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.max_wait)
+        except TimeoutError:
+            if not fut.done():
+                self._release(ticket.key, ticket.id)
+                self.books.count("refused")
+                self.books.waited(time.monotonic() - start)
+                wait = self.settings.max_wait
+                return error_response(
+                    503,
+                    f"no room in the KV pool for this request after {wait:g} s in the guard's queue; retry later",
+                    "unavailable_error",
+                    retry_after=self.admission(ticket.key).retry_after(),
+                )
+        except BaseException:
+            # The client went away while waiting: leave the queue (or give back a place just granted).
+            self._waiters.pop(ticket.id, None)
+            self.books.waited(time.monotonic() - start)
+            self._release(ticket.key, ticket.id)
+            raise
+        finally:
+            self._waiters.pop(ticket.id, None)
+        self.books.waited(time.monotonic() - start)
+        return None
+
+    def _release(self, key: str | None, ticket_id: int) -> None:
+        self._unsized.pop(ticket_id, None)
+        for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
+            self._wake(admitted)
+
+    async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
+        """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
+        generation = request.method == "POST" and request.path in _generation_paths()
+        sending = asyncio.ensure_future(
+            (self.generation_session if generation else self.session).request(
+                request.method,
+                self.settings.upstream + str(request.rel_url),
+                headers=_end_to_end(request.headers),
+                data=raw if raw else None,
+                allow_redirects=False,
+            )
+        )
+        if run is None:
+            return await sending
+        stopped = asyncio.ensure_future(run.stop.wait())
+        try:
+            await asyncio.wait({sending, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not sending.done():
+                # Cancelling closes the connection: llama-server sees it and cancels the task.
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
+                    await sending
+        if sending.cancelled():
+            log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
+            raise _Preempted
+        return sending.result()
+
+    async def _forward(self, request: web.Request, raw: bytes, run: _Run | None = None) -> web.StreamResponse:
+        """Send the request upstream as it came; stream the answer back as it comes."""
+        upstream_url = self.settings.upstream
+        try:
+            upstream = await self._send(request, raw, run)
+        except aiohttp.ClientConnectorError as exc:
+            self.books.count("failed")
+            why = exc.os_error.strerror or str(exc.os_error)
+            return error_response(502, f"llama-server at {upstream_url} cannot be reached: {why}", "unavailable_error")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.books.count("failed")
+            what = type(exc).__name__
+            return error_response(
+                502, f"llama-server at {upstream_url} failed before answering: {what}", "unavailable_error"
+            )
+        done = False
+        try:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for k, v in upstream.headers.items():
+                if k.lower() not in _HOP_BY_HOP or k.lower() == "content-length":
+                    response.headers.add(k, v)
+            if run is not None:
+                # A complete answer (not a stream) is never stopped: it has already been generated.
+                run.streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+                run.upstream = upstream
+                if run.stop.is_set() and run.streaming:
+                    raise _Preempted  # stopped before the client got a byte: replayed
+            await response.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if run is not None and run.stop.is_set():
+                    await self._end_stopped_stream(response, run)
+                    return response
+                # The answer has begun: all the client can still be told is that the connection ends here.
+                self.books.count("failed")
+                log.warning("guard: llama-server broke off its answer to %s: %s", request.path, type(exc).__name__)
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            except ConnectionError:
+                return response  # the client left mid-answer: closing upstream (below) cancels the server's task
+            if run is not None and run.stop.is_set() and run.streaming:
+                await self._end_stopped_stream(response, run)
+                return response
+            await response.write_eof()
+            done = True
+            return response
+        finally:
+            if done:
+                upstream.release()  # the connection is reused
+            else:
+                upstream.close()  # cancels the server's task: llama-server sees its connection close
+
+    async def _end_stopped_stream(self, response: web.StreamResponse, run: _Run) -> None:
+        """End a stream the guard stopped with an error event, in llama-server's own form, that says why."""
+        error = {
+            "code": 503,
+            "message": "stopped by the guard so that the other requests could finish: the KV pool was about to "
+            "overflow; send it again, or with a smaller max_tokens",
+            "type": "unavailable_error",
+        }
+        event = "event: error\n" if run.anthropic else ""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await response.write(f"{event}data: {json.dumps({'error': error})}\n\n".encode())
+            await response.write_eof()
+
+    # ------------------------------------------------------------------ preemption
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
+
+    async def _watch(self) -> None:
+        """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        while self._runs:
+            now = time.monotonic()
+            await asyncio.sleep(max(self.settings.poll_interval, self._quiet_until - now))
+            for key in {r.ticket.key for r in self._runs.values()}:
+                # A router's model: its own /slots, without waking a model that is not loaded.
+                query = "" if key is None else "?" + urlencode({"model": key, "autoload": "false"})
+                try:
+                    async with self.session.get(self.settings.upstream + "/slots" + query, headers=headers) as resp:
+                        body = await resp.json(content_type=None) if resp.status == 200 else None
+                        if resp.status in (401, 403) and not self._slots_refused:
+                            self._slots_refused = True
+                            log.warning(
+                                "guard: llama-server's /slots answered %d: preemption needs its API key "
+                                "(--api-key or --api-key-file)",
+                                resp.status,
+                            )
+                except (aiohttp.ClientError, ValueError, TimeoutError):
+                    continue
+                self._consider(key, body, time.monotonic())
+        self._speeds.clear()
+
+    def _consider(self, key: str | None, body: Any, now: float) -> None:
+        speeds = self._speeds.setdefault(key, {})
+        slots = slot_views(body, speeds, now)
+        limit = self.pool(key).limit
+        runs = [r for r in self._runs.values() if not r.stop.is_set() and r.ticket.key == key]
+        # A stream's closed connection is noticed at its next token; a request that waits for its whole
+        # answer only after a second in which no result came for anyone, which never comes while a stream
+        # runs. So while streams run, only a stream is stopped.
+        if any(r.streaming for r in runs):
+            runs = [r for r in runs if r.streaming]
+        running = [
+            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
+            for r in runs
+            if r.ticket.tasks == 1
+        ]
+        horizon = self.settings.horizon
+        self._refine_if_tight(key, projected(slots, horizon))
+        # The books learn from what the slots hold: a request past its budget counts what it will hold.
+        for rid, slot in match(slots, running).items():
+            t = self._runs[rid].ticket
+            t.demand = max(t.demand, slot.ahead(horizon))
+        if limit is None or now < self._quiet_until:
+            return
+        pending = self._pending.get(key)
+        if pending is not None:
+            # The last stop has not taken effect while as many slots still run: llama-server has not
+            # noticed yet (a loaded host). A second stop would not be noticed sooner; wait for the first.
+            if len(slots) >= pending[0] and now - pending[1] < 10 * self.settings.quiet:
+                return
+            del self._pending[key]
+        chosen = choose_victim(slots, running, limit, horizon)
+        if chosen is None:
+            return
+        victim, why = chosen
+        run = self._runs[victim]
+        self._quiet_until = now + self.settings.quiet
+        self._pending[key] = (len(slots), now)
+        run.stop.set()
+        if run.upstream is not None and run.streaming:
+            run.upstream.close()
+        self.books.count("preempted")
+        log.warning("guard: stopped one request so that the others can finish: %s", why)
+
+
+def _generation_paths() -> frozenset[str]:
+    from exporter.guard.sizing import GENERATION_ROUTES
+
+    return GENERATION_ROUTES

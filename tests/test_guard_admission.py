@@ -1,0 +1,190 @@
+"""The guard's pure parts: admission (books, FIFO queue, bounds, refusals) and sizing (what a body asks for)."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import random
+
+import pytest
+
+from exporter.guard import admission as admission_module
+from exporter.guard import preempt
+from exporter.guard import sizing as sizing_module
+from exporter.guard.admission import Admission, Pool, Ticket
+from exporter.guard.sizing import plan
+
+SHARED = Pool(capacity=1000, slot_window=1000, unified=True)
+
+
+def test_docstrings() -> None:
+    for module in (admission_module, sizing_module, preempt):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_admits_while_the_demand_fits_then_queues_in_order() -> None:
+    a = Admission(max_queue=10, max_wait=60)
+    assert a.offer(Ticket(1, prompt=300, budget=100), SHARED, 0).kind == "admit"
+    assert a.offer(Ticket(2, prompt=300, budget=100), SHARED, 0).kind == "admit"
+    assert a.demand == 800
+    assert a.offer(Ticket(3, prompt=300, budget=100), SHARED, 0).kind == "queue"
+    # A small one that would fit waits behind the head: first in, first out.
+    assert a.offer(Ticket(4, prompt=50, budget=10), SHARED, 0).kind == "queue"
+    assert [t.id for t in a.release(1, SHARED, 1)] == [3, 4]
+    assert a.demand == 400 + 400 + 60
+    assert not a.queue
+
+
+def test_the_head_is_admitted_alone_whatever_its_size() -> None:
+    """A request that fits its slot runs when nothing else does: a full pool never deadlocks."""
+    a = Admission(max_queue=10, max_wait=60)
+    assert a.offer(Ticket(1, prompt=900, budget=5000), SHARED, 0).kind == "admit"
+    assert a.in_flight[1].demand == 1000  # capped at the slot's window: the server stops generating there
+    assert a.offer(Ticket(2, prompt=900, budget=5000), SHARED, 0).kind == "queue"
+    assert [t.id for t in a.release(1, SHARED, 1)] == [2]
+
+
+def test_a_prompt_that_fills_its_slot_is_left_to_the_server_and_one_past_the_pool_refused() -> None:
+    a = Admission(max_queue=10, max_wait=60)
+    assert a.offer(Ticket(1, prompt=1000, budget=1), SHARED, 0).kind == "forward"
+    capped = Pool(capacity=800, slot_window=1000, unified=True)
+    d = a.offer(Ticket(2, prompt=900, budget=1), capped, 0)
+    assert (d.kind, d.status, d.error_type) == ("refuse", 400, "exceed_context_size_error")
+    assert "exceeds the available context size (800 tokens)" in d.reason
+    assert not a.in_flight and not a.queue
+
+
+def test_the_queue_is_bounded_by_length_and_by_wait() -> None:
+    a = Admission(max_queue=1, max_wait=30)
+    a.offer(Ticket(1, prompt=900, budget=100), SHARED, 0)
+    assert a.offer(Ticket(2, prompt=900, budget=100), SHARED, 0).kind == "queue"
+    full = a.offer(Ticket(3, prompt=10, budget=1), SHARED, 0)
+    assert (full.kind, full.status) == ("refuse", 429) and full.retry_after == 30
+    assert a.expired(29.9) == []
+    assert [t.id for t in a.expired(30.0)] == [2]
+    assert not a.queue
+
+
+def test_a_waiter_that_leaves_lets_the_next_one_in() -> None:
+    a = Admission(max_queue=5, max_wait=60)
+    a.offer(Ticket(1, prompt=600, budget=0), SHARED, 0)
+    a.offer(Ticket(2, prompt=600, budget=0), SHARED, 0)
+    a.offer(Ticket(3, prompt=300, budget=0), SHARED, 0)
+    # The head leaves (its client went away): the one behind it fits next to what runs.
+    assert [t.id for t in a.release(2, SHARED, 1)] == [3]
+    assert set(a.in_flight) == {1, 3}
+
+
+def test_separate_streams_only_check_the_window() -> None:
+    """Without a shared pool no request can push another out: all are admitted."""
+    own = Pool(capacity=4000, slot_window=1000, unified=False)
+    a = Admission(max_queue=5, max_wait=60)
+    assert all(a.offer(Ticket(i, prompt=900, budget=100), own, 0).kind == "admit" for i in range(6))
+
+
+def test_an_unknown_capacity_admits_against_one_slots_window() -> None:
+    unknown = Pool(capacity=None, slot_window=1000, unified=None)
+    a = Admission(max_queue=5, max_wait=60)
+    assert a.offer(Ticket(1, prompt=600, budget=0), unknown, 0).kind == "admit"
+    assert a.offer(Ticket(2, prompt=600, budget=0), unknown, 0).kind == "queue"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_admitted_demand_never_passes_the_pool(seed: int) -> None:
+    """Random arrivals and ends: the books stay within the pool, and every request is admitted in arrival order."""
+    rng = random.Random(seed)
+    a = Admission(max_queue=1000, max_wait=1e9)
+    order: list[int] = []
+    for i in range(300):
+        if a.in_flight and rng.random() < 0.45:
+            for t in a.release(rng.choice(list(a.in_flight)), SHARED, i):
+                order.append(t.id)
+        else:
+            if a.offer(Ticket(i, prompt=rng.randint(1, 900), budget=rng.randint(0, 400)), SHARED, i).kind == "admit":
+                order.append(i)
+        assert a.demand <= 1000 or len(a.in_flight) == 1
+    assert order == sorted(order)
+
+
+def test_sizing_plans() -> None:
+    chat = plan("/chat/completions", b'{"messages": [], "n_predict": 5, "max_tokens": 9, "stream": true, "model": "m"}')
+    assert chat is not None and (chat.template, chat.budget, chat.stream, chat.model) == (True, 5, True, "m")
+    many = plan("/v1/completions", b'{"prompt": ["a", "b", [1, 2, 3]], "max_tokens": -1}')
+    assert many is not None and (many.texts, many.token_counts, many.tasks, many.budget) == (["a", "b"], [3], 3, None)
+    msgs = plan("/v1/messages", b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 7}')
+    assert msgs is not None and msgs.count_route == "/v1/messages/count_tokens" and msgs.budget == 7
+    infill = plan("/infill", b'{"input_prefix": "def f(", "input_suffix": ")", "n_predict": 3}')
+    assert infill is not None and infill.texts == ["def f()"]
+    for path, body in [
+        ("/completion", b"{oops"),
+        ("/completion", b"[1, 2]"),
+        ("/completion", b'{"prompt": {"a": 1}}'),
+        ("/completion", b'{"prompt": [true]}'),
+        ("/v1/chat/completions", b'{"messages": "hi"}'),
+        ("/completion", b"\xff\xfe"),
+        ("/v1/responses", b'{"input": "hi"}'),
+        ("/health", b'{"prompt": "x"}'),
+    ]:
+        assert plan(path, body) is None, (path, body)
+
+
+def test_slots_answer_read_for_preemption() -> None:
+    """A real b11434 `/slots` entry of a generating slot: its held cells, its task's prompt and budget."""
+    body = [
+        {"id": 0, "n_ctx": 512, "is_processing": False},
+        {
+            "id": 3,
+            "n_ctx": 512,
+            "is_processing": True,
+            "id_task": 0,
+            "n_prompt_tokens": 188,
+            "n_prompt_tokens_processed": 19,
+            "n_prompt_tokens_cache": 0,
+            "params": {"n_predict": 300},
+            "next_token": [{"has_next_token": True, "n_remain": 131, "n_decoded": 169}],
+        },
+    ]
+    speeds: dict[int, tuple[int, float]] = {3: (88, 1.0)}
+    [s] = preempt.slot_views(body, speeds, now=2.0)
+    assert (s.id, s.held, s.prompt, s.n_predict, s.rate, s.remaining, s.window) == (3, 188, 19, 300, 100.0, 131, 512)
+    assert s.ahead(10.0) == 188 + 131  # its budget ends it before its speed says
+    assert speeds[3] == (188, 2.0)
+    assert preempt.slot_views({"error": "x"}, {}, 0.0) == []
+
+
+def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
+    slots = [
+        preempt.SlotView(0, 300, 40, -1, rate=30.0),
+        preempt.SlotView(1, 200, 50, -1, rate=30.0),
+        preempt.SlotView(2, 100, 60, 64, rate=30.0, remaining=4),  # near its end: it holds the least
+    ]
+    running = [
+        preempt.Running(7, 60, 64, admitted_at=0.0),
+        preempt.Running(8, 40, -1, admitted_at=1.0),
+        preempt.Running(9, 50, -1, admitted_at=2.0),
+    ]
+    assert preempt.match(slots, running) == {7: slots[2], 8: slots[0], 9: slots[1]}
+    victim = preempt.choose_victim(slots, running, limit=700, horizon=2.0)
+    assert victim is not None and victim[0] == 8
+    assert preempt.choose_victim(slots, running, limit=800, horizon=2.0) is None  # 300+60 + 200+60 + 104
+    # A request alone is never stopped: its window is at most the pool.
+    assert preempt.choose_victim(slots[:1], running, limit=100, horizon=2.0) is None
+    # Slots that are not the guard's requests are not stopped.
+    assert preempt.choose_victim(slots, [preempt.Running(1, 999, -1, 0.0)], limit=100, horizon=2.0) is None
+
+
+def test_a_bound_admits_without_the_tokenizer_only_what_fits_anyway() -> None:
+    p = plan("/completion", json.dumps({"prompt": "héllo", "n_predict": 8}).encode())
+    assert p is not None and p.bound() == 6 + 4 and not p.exact  # 6 bytes: at most 6 tokens, plus BOS and the like
+    tokens = plan("/completion", b'{"prompt": [1, 2, 3]}')
+    assert tokens is not None and tokens.exact and tokens.bound() == 3
+    chat = plan("/v1/chat/completions", b'{"messages": []}')
+    assert chat is not None and chat.bound() is None
+    a = Admission(max_queue=5, max_wait=60)
+    a.offer(Ticket(1, prompt=500, budget=100), SHARED, 0)
+    assert a.admits_now(Ticket(2, prompt=300, budget=100), SHARED)
+    assert not a.admits_now(Ticket(3, prompt=400, budget=100), SHARED)  # size it exactly: it may still fit
+    assert not a.admits_now(Ticket(4, prompt=1000, budget=0), SHARED)  # too large for its slot: the server says so
+    # The exact size, known later, frees what the bound held: a waiting request gets in.
+    a.offer(Ticket(5, prompt=350, budget=100), SHARED, 0)
+    assert [t.id for t in a.resize(a.in_flight[1], 380, SHARED, 1)] == [5]

@@ -64,9 +64,10 @@ class RequestSizeCollector(Collector):
             "Requests llama-server is processing now (slots with a task).",
             value=sum(1 for s in st.slots.values() if s.processing),
         )
-        if st.requests_deferred is not None:
+        if st.requests_deferred is not None or st.requests_guard_queued is not None:
             yield GaugeMetricFamily(
                 "llamacpp_requests_queued",
-                "Requests waiting for a slot (llama-server's own /metrics: requests_deferred; needs its --metrics).",
-                value=st.requests_deferred,
+                "Requests waiting: for a slot in llama-server (its own /metrics: requests_deferred; needs its "
+                "--metrics) and in the guard's queue for room in the KV pool.",
+                value=(st.requests_deferred or 0) + (st.requests_guard_queued or 0),
             )

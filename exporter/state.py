@@ -129,6 +129,7 @@ class ServerState:
     command_line: ServerCommandLine | None = None
     capacity_override: int | None = None  # --kv-pool-capacity
     requests_deferred: int | None = None  # llama-server's /metrics: requests waiting for a slot
+    requests_guard_queued: int | None = None  # the guard's queue in front of the server (when it runs)
     _process: tuple[int, int] | None = None  # (pid, start time in clock ticks) last seen
     _unmatched_log_starts: int = 0
     _unmatched_process_starts: int = 0

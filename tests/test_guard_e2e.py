@@ -503,8 +503,11 @@ def test_a_client_that_leaves_the_queue_is_forgotten(guarded: Guarded, tmp_path:
         small = json.dumps({"prompt": "x" * 300, "n_predict": 8}).encode()
         leaver.sendall(post + f"{len(small)}\r\n\r\n".encode() + small)
         wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 1, timeout=30)
+        # What an inference gateway reads as this server's queue counts the request the guard holds.
+        assert exporter.sample("llamacpp_requests_queued") == 1
         leaver.close()
         wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 0, timeout=30)
+        assert exporter.sample("llamacpp_requests_queued") == 0
         assert exporter.sample("llamacpp_guard_in_flight_requests") == 1  # it never ran
         holder.close()
         wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=30)

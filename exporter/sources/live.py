@@ -130,6 +130,8 @@ class LiveSources:
         self.nvml: NvmlSnapshot | None = None
         self.proc: ProcSnapshot | None = None
         self.http: HttpSnapshot | None = None
+        # The guard's queue in front of this server (set when the guard runs): requests waiting too.
+        self.guard_queue: Callable[[], int] | None = None
         self._nvml_read = _Coalesced(_in_thread(nvml.read)) if nvml else None
         self._proc_read = _Coalesced(_in_thread(proc.read)) if proc else None
         self._http_read = _Coalesced(http.read) if http else None
@@ -208,7 +210,10 @@ class LiveSources:
 
     def view(self) -> ServerState:
         """The state as the collectors should render it: live slots and filled gaps (a copy; the state is untouched)."""
-        return merge_view(self.state, self.http)
+        view = merge_view(self.state, self.http)
+        if self.guard_queue is not None:
+            view.requests_guard_queued = self.guard_queue()
+        return view
 
     def slot_tokens_source(self) -> str:
         """`slots_endpoint` when `/slots` gave every slot's tokens in the last read, else `log`."""

@@ -73,6 +73,21 @@ def exported(state: ServerState) -> dict[tuple[str, tuple[tuple[str, str], ...]]
     return out
 
 
+def test_the_corpus_covers_five_builds_and_every_scenario() -> None:
+    builds = {p.parent.name for p in CAPTURES}
+    assert len(builds) >= 5, builds
+    for build in builds:
+        scenarios = {p.name for p in CAPTURES if p.parent.name == build}
+        assert {
+            "pool-overflow-default",
+            "pool-overflow-lv4",
+            "pool-overflow-verbose",
+            "checkpoints",
+            "restart-kill9",
+        } <= scenarios
+        assert scenarios & {"per-slot-pool", "per-slot-streams"}
+
+
 @pytest.mark.parametrize("folder", CAPTURES, ids=IDS)
 def test_the_exporter_counts_what_the_log_says(folder: Path, tmp_path: Path) -> None:
     capture = _capture(folder)
@@ -126,4 +141,4 @@ def test_docs_show_the_corpus_as_it_is() -> None:
     from build_corpus import builds_table, support_table
 
     docs = (Path(__file__).parent.parent / "docs" / "builds.md").read_text()
-    assert builds_table() + "\n" + support_table() in docs, "regenerate: cd tests && python -m build_corpus --table"
+    assert builds_table() + "\n" + support_table() in docs, "regenerate: cd tests && python -m build_corpus --docs"

@@ -138,7 +138,7 @@ def test_diagnose_lists_every_aborted_slot(folder: Path) -> None:
 
 def test_docs_show_the_corpus_as_it_is() -> None:
     """docs/builds.md carries the tables `python -m build_corpus --table` makes from the captures."""
-    from build_corpus import builds_table, support_table
+    from build_corpus_tables import builds_table, support_table
 
     docs = (Path(__file__).parent.parent / "docs" / "builds.md").read_text()
     assert builds_table() + "\n" + support_table() in docs, "regenerate: cd tests && python -m build_corpus --docs"

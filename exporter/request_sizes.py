@@ -16,9 +16,9 @@ Buckets are fixed, the same for every server, so that histograms of several serv
     >>> for n in (100, 3000, 3000, 200_000):
     ...     h.observe(n)
     >>> h.count, h.sum, h.cumulative()[:3]
-    (4, 206100.0, [(64.0, 0), (91.0, 0), (128.0, 1)])
+    (4, 206100.0, [(64.0, 0), (128.0, 1), (256.0, 1)])
     >>> round(h.quantile(0.5))
-    3496
+    3072
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-#: 64 to 1Mi tokens, each bucket √2 times the last (rounded): 29 buckets (and +Inf). A quantile from a
-#: histogram is interpolated within its bucket, so it may be off by up to that factor.
-REQUEST_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(round(64 * 2 ** (i / 2))) for i in range(29))
-#: Requests in flight together: each count up to 8, then coarser up to the most slots a server has.
-CONCURRENCY_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+#: 64 to 1Mi tokens, doubling: 15 buckets (and +Inf), 18 series a server. A quantile from a histogram is
+#: interpolated within its bucket, so it may be up to twice the true value (never more).
+REQUEST_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(64 << i) for i in range(15))
+#: Requests in flight together: each count up to 8, then coarser (more slots than 64 share one bucket).
+CONCURRENCY_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64)
 
 
 @dataclass

@@ -1130,7 +1130,8 @@ def test_a_big_log_on_several_cores_gives_the_same_report(
     in_parts = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
     monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
     whole = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
-    assert split[0] == (mix != "odd")  # router mode is read as a whole
+    if mix != "starting":  # where the cuts fall decides whether a part ends in a start-up (then: as a whole)
+        assert split[0] == (mix != "odd")  # router mode is read as a whole
     assert len(in_parts.history) > 100
     assert to_json(in_parts) == to_json(whole)
     assert {i: (s.x, s.tokens) for i, s in in_parts.series.items()} == {

@@ -34,7 +34,11 @@ pytestmark = [pytest.mark.llama_server, pytest.mark.promtool]
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "alerts" / "llamacpp-rules.yml"
-POOL = 4096
+# Two prompts of about 4,600 tokens overflow it. llama-server reads them one after the other and logs
+# each one's size when it starts reading it: the second one's size (the page) comes with about 4,096 cells
+# read, the abort at 8,192, seconds later on the slow model.
+POOL = 8192
+OVERFLOWING = 2
 CHILD_ARGS = ["-c", str(POOL), "-np", "4", "-kvu", "-lv", "4", "-t", "2"]
 CRITICAL = ("LlamaCppKVPoolOverflowAhead", "LlamaCppKVPoolSaturated")
 #: What the log alone says about a model: these families must not move when another model overflows.
@@ -149,17 +153,17 @@ def test_one_router_two_models(stack: Any) -> None:
 
     # 3. An overflow in alpha: the page names alpha, beta's series stay as they were.
     beta_before = {e.url: _log_view(_series(e.scrape(), "beta")) for e in (live, log_only)}
-    pool = stack_pool = ThreadPoolExecutor(4)
-    barrier = threading.Barrier(4)
+    pool = stack_pool = ThreadPoolExecutor(OVERFLOWING)
+    barrier = threading.Barrier(OVERFLOWING)
 
     def overflow_request() -> tuple[int, dict[str, Any]]:
-        barrier.wait()  # released together, so that all four prompts are in flight at once
+        barrier.wait()  # released together, so that both prompts are in flight at once
         return router.complete(  # type: ignore[no-any-return]
-            "alpha", make_prompt(1800), n_predict=8, timeout=120, ignore_eos=True, cache_prompt=False
+            "alpha", make_prompt(5500), n_predict=8, timeout=120, ignore_eos=True, cache_prompt=False
         )
 
     started = time.monotonic()
-    futures = [pool.submit(overflow_request) for _ in range(4)]
+    futures = [pool.submit(overflow_request) for _ in range(OVERFLOWING)]
     fired: list[dict[str, Any]] = []
 
     def paged() -> bool:
@@ -175,7 +179,7 @@ def test_one_router_two_models(stack: Any) -> None:
         f"requests aborted after {aborted_after:.1f} s; summary: {fired[0]['annotations']['summary'] if fired else '-'}"
     )
     stack_pool.shutdown()
-    assert [code for code, _ in answers] == [500] * 4, answers
+    assert [code for code, _ in answers] == [500] * OVERFLOWING, answers
     assert fired, "no critical alert fired before alpha's requests were aborted"
     assert {a["labels"].get("model") for a in fired} == {"alpha"}, fired
     assert all("model alpha" in a["annotations"]["summary"] for a in fired), fired
@@ -193,7 +197,10 @@ def test_one_router_two_models(stack: Any) -> None:
         assert _log_view(_series(text, "beta")) == beta_before[exporter.url]
         alpha = _series(text, "alpha")
         assert _of(alpha, "llamacpp_context_exceeded_total") == {"": 1.0}
-        assert alpha[("llamacpp_requests_aborted_total", (("model", "alpha"), ("reason", "context_exceeded")))] == 4
+        assert (
+            alpha[("llamacpp_requests_aborted_total", (("model", "alpha"), ("reason", "context_exceeded")))]
+            == OVERFLOWING
+        )
 
     # 4. beta unloaded: its series go; scraping does not load it again.
     router.unload("beta")

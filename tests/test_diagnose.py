@@ -35,7 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 SHARED = REPO.parent / "shared" / "captures" / "b11434"
 CAPTURE_ROOT = SHARED if SHARED.is_dir() else FIXTURES
-CAPTURES = sorted(p.name for p in CAPTURE_ROOT.iterdir() if (p / "llama-server.log").is_file())
+# The project's captures (the build corpus, with a capture.json, is tests/test_build_corpus.py's).
+CAPTURES = sorted(
+    p.name for p in CAPTURE_ROOT.iterdir() if (p / "llama-server.log").is_file() and not (p / "capture.json").exists()
+)
 
 
 # ------------------------------------------------------------------------------ the incident

@@ -405,8 +405,8 @@ class ServerState:
     def _request_started(self, s: SlotState, task: int) -> None:
         """A slot takes a task it was not running: a request starts (sampled for the concurrency histogram)."""
         if self.counting and not (s.processing and s.task == task):
-            s.processing, s.task = True, task
-            self.request_concurrency.observe(sum(1 for x in self.slots.values() if x.processing))
+            others = sum(1 for x in self.slots.values() if x.processing and x is not s)
+            self.request_concurrency.observe(others + 1)
 
     def _on_task_started(self, e: ev.TaskStarted) -> None:
         self._progress()

@@ -36,6 +36,6 @@ ENV PATH=/opt/llamacpp-exporter/bin:$PATH \
 USER 10001:10001
 EXPOSE 9778
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-m", "exporter.healthcheck"]
+    CMD ["python", "-m", "exporter.web.healthcheck"]
 ENTRYPOINT ["llamacpp-exporter"]
 CMD ["--help"]

@@ -15,18 +15,22 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter import __version__
-from exporter.collector import CheckpointCacheCollector, ExporterCollector, KVForecastCollector, ServerLogCollector
 from exporter.config import Config, parse_config
+from exporter.logs.pipeline import LogPipeline
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
-from exporter.pipeline import LogPipeline
-from exporter.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.metrics.checkpoints import CheckpointCacheCollector
+from exporter.metrics.exporter_health import ExporterCollector
+from exporter.metrics.forecast import KVForecastCollector
+from exporter.metrics.live import live_collectors
+from exporter.metrics.server_log import ServerLogCollector
+from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import ServerHttpReader
-from exporter.state import ServerState
-from exporter.web import make_app, start_server
+from exporter.web.server import make_app, start_server
 
 if TYPE_CHECKING:
     import tempfile
@@ -48,7 +52,7 @@ def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources 
     registry.register(KVForecastCollector(view))
     registry.register(CheckpointCacheCollector(view))
     registry.register(ExporterCollector(pipeline, live.statuses if live is not None else None))
-    for collector in live.collectors() if live is not None else []:
+    for collector in live_collectors(live) if live is not None else []:
         registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
@@ -96,7 +100,7 @@ def build_live_sources(
 
 
 def servers_registry(servers: ServersCollector) -> CollectorRegistry:
-    """A registry with every followed server's series (see `exporter.servers`) and the exporter's process metrics."""
+    """A registry with every followed server's series (`exporter.metrics.servers`) and the process metrics."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(servers)
     ProcessCollector(registry=registry)
@@ -171,7 +175,7 @@ async def serve(config: Config) -> int:
 
     security = None
     if config.web_config_file is not None:
-        from exporter.webconfig import WebConfigError, WebConfigWatcher
+        from exporter.web.webconfig import WebConfigError, WebConfigWatcher
 
         try:
             security = WebConfigWatcher(config.web_config_file)

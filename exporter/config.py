@@ -10,7 +10,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from exporter.flags import (
     DEFAULT_PORT,
@@ -24,7 +23,7 @@ from exporter.flags import (
 )
 from exporter.servers_file import ServersFileError, ServerSpec, read_servers_file
 
-__all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Config", "parse_config", "redact", "redact_url"]
+__all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Config", "parse_config"]
 
 
 @dataclass(frozen=True)
@@ -65,29 +64,6 @@ class Config:
     guard_queue_size: int = 64
     guard_queue_timeout: float = 120.0
     guard_max_body_bytes: int = 64 * 1024 * 1024
-
-
-def redact_url(url: str) -> str:
-    """`url` without the password of its user part (`http://user:***@host`), for pages and log lines."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
-    return parts._replace(netloc=netloc).geturl()
-
-
-def redact(text: str, url: str) -> str:
-    """`text` with the password of `url` (if it has one) replaced, wherever it appears."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return text
-    if not password:
-        return text
-    return text.replace(url, redact_url(url)).replace(password, "***")
 
 
 def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:

@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.samples import Sample
 
 from exporter.diagnose import diagnose_files
+from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
-from exporter.pipeline import LogPipeline
-from exporter.servers import log_collectors
-from exporter.state import ServerState
+from exporter.metrics.servers import log_collectors
+from exporter.model.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = sorted(p.parent for p in FIXTURES.glob("*/*/capture.json"))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.bounds import MIB
 from exporter.logs.parse import normalize, parse_message
-from exporter.state import ServerState
+from exporter.model.bounds import MIB
+from exporter.model.state import ServerState
 
 LOG = Path(__file__).parent / "fixtures" / "b11434" / "checkpoints-swa-lv4" / "llama-server.log"
 

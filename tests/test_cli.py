@@ -234,7 +234,7 @@ async def test_a_background_task_that_dies_says_so_in_one_line(caplog: pytest.Lo
 
 
 def test_credentials_in_the_server_url_are_redacted() -> None:
-    from exporter.config import redact, redact_url
+    from exporter.sources.server_http import redact, redact_url
 
     url = "http://admin:pa55@host:8080/x"
     assert redact_url(url) == "http://admin:***@host:8080/x"

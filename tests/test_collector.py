@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collector import ExporterCollector, KVForecastCollector, ServerLogCollector
 from exporter.logs.parse import parse_line
-from exporter.state import ServerState
+from exporter.metrics.exporter_health import ExporterCollector
+from exporter.metrics.forecast import KVForecastCollector
+from exporter.metrics.server_log import ServerLogCollector
+from exporter.model.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

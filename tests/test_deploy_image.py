@@ -92,7 +92,7 @@ def test_dockerfile_shape() -> None:
     assert re.search(r'^llamacpp-exporter = "exporter\.cli:main"$', pyproject, re.M), "console script renamed?"
     assert [a for w, a in final if w == "EXPOSE"] == [str(DEFAULT_PORT)]
     (healthcheck,) = [a for w, a in final if w == "HEALTHCHECK"]
-    assert '"-m", "exporter.healthcheck"' in healthcheck
+    assert '"-m", "exporter.web.healthcheck"' in healthcheck
 
 
 def test_build_context_builds_a_complete_wheel(tmp_path: Path) -> None:
@@ -146,10 +146,10 @@ def test_build_context_builds_a_complete_wheel(tmp_path: Path) -> None:
 
 
 def test_healthcheck_command(tmp_path: Path) -> None:
-    """`python -m exporter.healthcheck` (the HEALTHCHECK) passes against a running exporter and fails without one."""
+    """`python -m exporter.web.healthcheck` (the HEALTHCHECK) passes against a running exporter and fails without one."""
     port = free_port()
     env = {**os.environ, "LLAMACPP_EXPORTER_LISTEN_ADDRESS": f"0.0.0.0:{port}"}
-    check = [sys.executable, "-m", "exporter.healthcheck"]
+    check = [sys.executable, "-m", "exporter.web.healthcheck"]
     down = subprocess.run(check, capture_output=True, text=True, timeout=30, env=env, cwd=REPO_ROOT)
     assert down.returncode == 1 and f"127.0.0.1:{port}/healthz" in down.stderr
     with ExporterProcess(tmp_path / "llama-server.log", port=port, output_file=tmp_path / "exporter.out"):

@@ -1,4 +1,4 @@
-"""The KV pool forecast (exporter.forecast) against real b11434 logs and /slots snapshots.
+"""The KV pool forecast (exporter.model.forecast) against real b11434 logs and /slots snapshots.
 
 Ground truth is the log's own `new prompt … task.n_tokens = N` lines: the prompt demand of the
 requests in flight is the sum of their prompt sizes; at the default verbosity (those lines hidden)
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_message
-from exporter.slot import SlotState
+from exporter.model.forecast import forecast
+from exporter.model.slot import SlotState
+from exporter.model.state import ServerState
 from exporter.sources.live import merge_view
 from exporter.sources.server_http import HttpSnapshot, parse_slots
-from exporter.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 LV4_CAPTURES = sorted(p.name for p in FIXTURES.iterdir() if "lv4" in p.name)

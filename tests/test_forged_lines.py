@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from exporter.forecast import forecast
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_lines
+from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
-from exporter.pipeline import LogPipeline
-from exporter.state import ServerState
+from exporter.model.forecast import forecast
+from exporter.model.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 

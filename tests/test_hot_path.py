@@ -17,8 +17,8 @@ from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "pr
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_line, parse_line_events, parse_lines, parse_message
 from exporter.logs.tail import LogTailer
-from exporter.router import ROUTER_EVENTS
-from exporter.state import _HANDLERS
+from exporter.model.router import ROUTER_EVENTS
+from exporter.model.state import _HANDLERS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 LOGS = sorted(FIXTURES.glob("*/llama-server.log"))

@@ -14,7 +14,7 @@ import yaml
 from llama_harness import ExporterProcess, LlamaServer, http_json, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.servers import GLOBAL_FAMILIES
+from exporter.metrics.servers import GLOBAL_FAMILIES
 
 pytestmark = pytest.mark.llama_server
 

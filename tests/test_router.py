@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
-from exporter.pipeline import LogPipeline
-from exporter.router import MAX_CHILDREN, ServerLog
-from exporter.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.model.router import MAX_CHILDREN, ServerLog
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
-from exporter.state import ServerState
 
 ROUTER = Path(__file__).parent / "fixtures" / "router"
 LINES = (ROUTER / "router.log").read_text().splitlines()
@@ -133,7 +133,7 @@ def test_the_65th_child_is_refused_with_one_log_line_and_a_counter(
     path.write_text("\n".join(_many_children(MAX_CHILDREN + 1)) + "\n")
     state = ServerState()
     pipeline = LogPipeline(state, LogTailer(path))
-    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="exporter.logs.pipeline"):
         pipeline.replay_existing()
     router = pipeline.log.router
     assert len(router.children) == MAX_CHILDREN == 64

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.server_cmdline import VERBOSE_ALL, ServerCommandLine, pad, parse_command_line
+from exporter.model.server_cmdline import VERBOSE_ALL, ServerCommandLine, pad, parse_command_line
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 

@@ -20,13 +20,14 @@ from aiohttp.test_utils import TestServer
 from llama_harness import free_port
 from prometheus_client import CollectorRegistry
 
-from exporter.collector import ServerLogCollector
 from exporter.logs.parse import parse_line
+from exporter.metrics.live import live_collectors
+from exporter.metrics.server_log import ServerLogCollector
+from exporter.model.server_cmdline import parse_command_line
+from exporter.model.state import ServerState
 from exporter.sources import server_http
 from exporter.sources.live import LiveSources, merge_view
-from exporter.sources.server_cmdline import parse_command_line
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader, parse_props, parse_slots
-from exporter.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 LONG = FIXTURES / "exhaust-long-lv4"
@@ -295,7 +296,7 @@ async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[
     live = LiveSources(st, http=ServerHttpReader(url))
     reg = CollectorRegistry()
     reg.register(ServerLogCollector(live.view))
-    for c in live.collectors():
+    for c in live_collectors(live):
         reg.register(c)
     await live.refresh()
     assert reg.get_sample_value("llamacpp_slot_tokens_source", {"source": "slots_endpoint"}) == 1

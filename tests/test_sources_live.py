@@ -15,11 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.cli import build_live_sources, build_registry
 from exporter.config import parse_config
 from exporter.logs.parse import parse_line
+from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
-from exporter.pipeline import LogPipeline
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
-from exporter.state import ServerState
-from exporter.web import make_app
+from exporter.web.server import make_app
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 

@@ -18,10 +18,12 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.collector import ExporterCollector
+from exporter.metrics.exporter_health import ExporterCollector
+from exporter.metrics.gpu import NvmlCollector
+from exporter.metrics.live import live_collectors
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
-from exporter.sources.nvml import NvmlCollector, NvmlReader, NvmlSnapshot
-from exporter.state import ServerState
+from exporter.sources.nvml import NvmlReader, NvmlSnapshot
 
 GIB = 1024**3
 SERVER_PID = 4242
@@ -205,7 +207,7 @@ def test_library_missing() -> None:
 def _live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
     live = LiveSources(ServerState(), nvml=reader)
     reg = CollectorRegistry()
-    for c in live.collectors():
+    for c in live_collectors(live):
         reg.register(c)
     reg.register(
         ExporterCollector(

@@ -23,9 +23,10 @@ from llama_harness import wait_for
 from prometheus_client import CollectorRegistry
 
 from exporter.logs.events import BuildInfo, ServerStarting, SlotReleased, TaskStarted
+from exporter.metrics.process import ProcCollector
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
-from exporter.sources.procfs import ProcCollector, ProcReader, ProcSnapshot
-from exporter.state import ServerState
+from exporter.sources.procfs import ProcReader, ProcSnapshot
 
 PROC = Path(__file__).parent / "fixtures" / "proc"
 LOG = "/srv/llama/logs/llama-server.log"  # what llama-server 4242 in `single` names (relative to its cwd)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from exporter.logs.parse import normalize, parse_message
-from exporter.state import ServerState
+from exporter.model.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
 

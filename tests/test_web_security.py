@@ -20,7 +20,7 @@ import yaml
 from llama_harness import ExporterProcess, free_port, tail_text, wait_for
 from prom_harness import Prometheus, find_node_exporter, find_prometheus
 
-from exporter.webconfig import BasicAuth, WebConfigError, parse_web_config
+from exporter.web.webconfig import BasicAuth, WebConfigError, parse_web_config
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "b11434" / "exhaust-lv4" / "llama-server.log"
 PASSWORD = "correct horse battery staple"

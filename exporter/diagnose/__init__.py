@@ -21,7 +21,7 @@ Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a ll
 
 Modules: `core` (`Diagnoser`, the pure core: lines or parsed events in, a `Report` out; lines are
 parsed with `exporter.logs.parse`, and each run's state and counters are an
-`exporter.state.ServerState`, so the counts are the exporter's counters), `run` (one server run),
+`exporter.model.state.ServerState`, so the counts are the exporter's counters), `run` (one server run),
 `advice` (what to change), `report` (the dataclasses), `read` (the only I/O: files, gzip, standard
 input, patterns), `render` (text and JSON), `cli` (`main`).
 """

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation, RunSummary
-from exporter.request_sizes import RequestSummary
+from exporter.model.request_sizes import RequestSummary
 
-MIB = 1024 * 1024
 # Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
 _TYPE_BYTES: dict[str, float] = {
     "f32": 4.0,
@@ -169,7 +168,7 @@ def history_advice(runs: Sequence[RunSummary], requests: RequestSummary | None =
 def _pool_advice(requests: RequestSummary | None) -> list[str]:
     """The pool the requests needed (p99 size x p99 in flight together), when the pool was smaller.
 
-    >>> from exporter.request_sizes import RequestSummary
+    >>> from exporter.model.request_sizes import RequestSummary
     >>> (text,) = _pool_advice(RequestSummary(900, 3000, 90000, 150000, 159069, 1, 2.9, 3, 262144, 435000))
     >>> text[:95]
     'The requests needed a pool of about 435,000 cells (p99 request 150,000 tokens x p99 2.9 request'

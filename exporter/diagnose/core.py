@@ -23,7 +23,7 @@ from exporter.diagnose.report import (
 from exporter.diagnose.run import _STAMP_FIRST, FINGERPRINT_LINES, Fingerprint, PoolSeries, _Run, router_source
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
-from exporter.request_sizes import (
+from exporter.model.request_sizes import (
     CONCURRENCY_BUCKETS,
     REQUEST_TOKEN_BUCKETS,
     Histogram,

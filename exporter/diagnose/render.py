@@ -22,8 +22,8 @@ from exporter.diagnose.report import (
     RunSummary,
 )
 from exporter.logs import events as ev
+from exporter.model.bounds import MIB
 
-MIB = 1024 * 1024
 _DECODE_MESSAGES = {
     "context_exceeded": "Context size has been exceeded",
     "invalid_batch": "Invalid input batch",

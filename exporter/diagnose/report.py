@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.request_sizes import RequestSizes, RequestSummary
+from exporter.model.request_sizes import RequestSizes, RequestSummary
 
 SCHEMA = "llamacpp-exporter/diagnose/v6"
 

@@ -21,16 +21,16 @@ from exporter.diagnose.report import (
     RunReport,
     SlotAtAbort,
 )
-from exporter.forecast import forecast
 from exporter.logs import events as ev
-from exporter.router import PREFIX, router_port
-from exporter.state import ServerState
+from exporter.logs.parse import ANSI
+from exporter.model.bounds import MIB
+from exporter.model.forecast import forecast
+from exporter.model.router import PREFIX, router_port
+from exporter.model.state import ServerState
 
-MIB = 1024 * 1024
 # Parsed locally because the events do not carry them (exporter.logs.events.DecodeFatal has only the
 # reason): the offset and n_batch of the fatal decode line, and the elapsed-time stamp of a line.
 _FATAL_POS = re.compile(r"\b(?:off|i) = (\d+), n_batch = (\d+)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _STAMP = re.compile(r"^(?:\[\s*\d+\] )?(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
@@ -77,7 +77,7 @@ def elapsed_seconds(line: str) -> float | None:
     3725.1235
     """
     if "\x1b" in line:
-        line = _ANSI.sub("", line)
+        line = ANSI.sub("", line)
     m = _STAMP.match(line)
     if m is not None:
         return int(m[1]) * 60 + int(m[2]) + int(m[3]) / 1e3 + int(m[4]) / 1e6

@@ -21,7 +21,7 @@ from aiohttp import web
 from exporter.guard.admission import Pool
 from exporter.guard.books import GuardCollector
 from exporter.guard.proxy import Guard, GuardSettings, Pools
-from exporter.state import ServerState
+from exporter.model.state import ServerState
 
 __all__ = [
     "Guard",

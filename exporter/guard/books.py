@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from exporter.guard.admission import Admission
-from exporter.request_sizes import REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS, Histogram
 
 #: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
 OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "failed", "unsized")

@@ -521,7 +521,7 @@ class LineFormat:
 
     `code` is a bit set of what the line had: `LEVEL` (`I `), `TIMESTAMP` (`0.00.003.960 `), `JSONL` (a
     `--log-jsonl` object), `COLOURS` (a prefix in colour). A server start fixes its run's format; see
-    `exporter.provenance`.
+    `exporter.model.provenance`.
     """
 
     code: int
@@ -574,7 +574,7 @@ class Rejected:
     `reason` is bounded: `malformed` (a number that cannot be read, e.g. `1.2.3` or thousands of
     digits) from the parser; the state adds `out_of_range` (a slot id, count or size that the running
     server cannot have written), `format` (a line not written the way its run writes lines) and
-    `inconsistent` (a line that contradicts what the run said before; see `exporter.provenance`).
+    `inconsistent` (a line that contradicts what the run said before; see `exporter.model.provenance`).
     """
 
     reason: str

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from exporter.logs import events as ev
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
 # (`(?:x|)` rather than `(?:x)?`, and ASCII classes: the same matches, found faster by Python's regex engine.)
 # The mark is not llama-server's: `unwrap_marked` puts it where it removed JSONL wrapping or colours.
@@ -81,10 +81,10 @@ def unwrap_marked(line: str) -> str:
         msg = _jsonl_message(line)
         if msg is not None:
             msg = msg.split("\n", 1)[0]
-            return _JSONL_MARK + (_ANSI.sub("", msg) if "\x1b" in msg else msg).rstrip("\r")
+            return _JSONL_MARK + (ANSI.sub("", msg) if "\x1b" in msg else msg).rstrip("\r")
     if "\x1b" in line:
         mark = _COLOURS_MARK if line.startswith("\x1b[") else ""
-        return mark + _ANSI.sub("", line).rstrip("\r\n")
+        return mark + ANSI.sub("", line).rstrip("\r\n")
     return line.rstrip("\r\n")
 
 

@@ -25,20 +25,16 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from exporter.bounds import MIB
-from exporter.collector import SourceHealth
-from exporter.slot import SlotState
-from exporter.sources.nvml import NvmlCollector, NvmlReader, NvmlSnapshot
-from exporter.sources.procfs import ProcCollector, ProcReader, ProcSnapshot
-from exporter.sources.server_http import HttpSnapshot, ServerHttpCollector, ServerHttpReader
-from exporter.state import ServerState
+from exporter.model.bounds import MIB
+from exporter.model.slot import SlotState
+from exporter.model.state import ServerState
+from exporter.sources.nvml import NvmlReader, NvmlSnapshot
+from exporter.sources.procfs import ProcReader, ProcSnapshot
+from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +48,10 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 
 @dataclass
-class SourceStatus(SourceHealth):
-    """Health of one live source: `up` (from `SourceHealth`), last read duration, failed reads, last error."""
+class SourceStatus:
+    """Health of one live source: up, last read duration, failed reads, last error."""
 
+    up: bool = False
     name: str = ""
     duration_seconds: float | None = None
     failures: int = 0
@@ -253,17 +250,6 @@ class LiveSources:
                 "/slots" if self.slot_tokens_source() == "slots_endpoint" else "log estimates",
             )
 
-    def collectors(self) -> list[Collector]:
-        """Collectors for the live sources (register them next to the log collectors)."""
-        out: list[Collector] = [LiveCollector(self)]
-        if self.nvml_reader is not None:
-            out.append(NvmlCollector(lambda: self.nvml, lambda: self.pid))
-        if self.proc_reader is not None:
-            out.append(ProcCollector(lambda: self.proc))
-        if self.http_reader is not None:
-            out.append(ServerHttpCollector(lambda: self.http))
-        return out
-
 
 def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
     """A shallow copy of `state` with `/slots` and `/props` (and the command line) filling in. Pure.
@@ -316,65 +302,3 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
             mib = cfg.cache_ram_mib
             view.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
     return view
-
-
-class LiveCollector(Collector):
-    """Where slot tokens came from, llama-server's log verbosity, and the live sources' read health.
-
-    # HELP llamacpp_slot_tokens_source Where llamacpp_slot_tokens comes from: 1 for the source in use.
-    # TYPE llamacpp_slot_tokens_source gauge
-    llamacpp_slot_tokens_source{source="log"} 0.0
-    llamacpp_slot_tokens_source{source="slots_endpoint"} 1.0
-    # HELP llamacpp_log_verbosity llama-server's log verbosity (-lv); below 4 the KV pool size … are hidden.
-    # TYPE llamacpp_log_verbosity gauge
-    llamacpp_log_verbosity 3.0
-    # HELP llamacpp_exporter_source_read_duration_seconds Duration of the last read of the live source (seconds).
-    # TYPE llamacpp_exporter_source_read_duration_seconds gauge
-    llamacpp_exporter_source_read_duration_seconds{source="http"} 0.0021
-    # HELP llamacpp_exporter_source_read_failures_total Reads of the live source that failed.
-    # TYPE llamacpp_exporter_source_read_failures_total counter
-    llamacpp_exporter_source_read_failures_total{source="nvml"} 12.0
-    """
-
-    def __init__(self, live: LiveSources) -> None:
-        self._live = live
-
-    def collect(self) -> Iterator[Metric]:
-        """Yield the families."""
-        live = self._live
-        if live.state.slot_count is not None or (live.http is not None and live.http.slots):
-            used = live.slot_tokens_source()
-            source = GaugeMetricFamily(
-                "llamacpp_slot_tokens_source",
-                "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots "
-                "n_prompt_tokens, log = estimated from the log).",
-                labels=["source"],
-            )
-            for name in SLOT_TOKEN_SOURCES:
-                source.add_metric([name], 1 if name == used else 0)
-            yield source
-        level = live.effective_verbosity()
-        if level is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_log_verbosity",
-                "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint "
-                "and prompt cache lines are hidden (b9151+) and estimated.",
-                value=level,
-            )
-        duration = GaugeMetricFamily(
-            "llamacpp_exporter_source_read_duration_seconds",
-            "Duration of the last read of the live source (seconds).",
-            labels=["source"],
-        )
-        failures = CounterMetricFamily(
-            "llamacpp_exporter_source_read_failures",
-            "Reads of the live source that failed (see the exporter's log for why).",
-            labels=["source"],
-        )
-        for name, st in sorted(live.statuses.items()):
-            if st.duration_seconds is not None:
-                duration.add_metric([name], st.duration_seconds)
-            failures.add_metric([name], st.failures)
-        if live.statuses:
-            yield duration
-            yield failures

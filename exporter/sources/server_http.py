@@ -25,15 +25,12 @@ import asyncio
 import json
 import re
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from exporter.config import redact, redact_url
 
 ENDPOINTS = ("/health", "/slots", "/props", "/metrics")
 ROUTER_ENDPOINTS = ("/health", "/models")
@@ -99,6 +96,29 @@ class HttpSnapshot:
         for ep, msg in sorted(self.errors.items()):
             by_message.setdefault(msg, []).append(ep)
         return "; ".join(f"{', '.join(eps)}: {msg}" for msg, eps in by_message.items()) or None
+
+
+def redact_url(url: str) -> str:
+    """`url` without the password of its user part (`http://user:***@host`), for pages and log lines."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+    return parts._replace(netloc=netloc).geturl()
+
+
+def redact(text: str, url: str) -> str:
+    """`text` with the password of `url` (if it has one) replaced, wherever it appears."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return text
+    if not password:
+        return text
+    return text.replace(url, redact_url(url)).replace(password, "***")
 
 
 def _int(value: object) -> int | None:
@@ -307,40 +327,3 @@ def _message(body: object) -> str:
         if isinstance(err, str):
             return err
     return ""
-
-
-class ServerHttpCollector(Collector):
-    """Whether llama-server is up or loading, and what each endpoint answered, from the last read.
-
-    # HELP llamacpp_up 1 when llama-server answers /health with 200.
-    # TYPE llamacpp_up gauge
-    llamacpp_up 1.0
-    # HELP llamacpp_server_loading 1 while llama-server answers /health with 503 Loading model.
-    # TYPE llamacpp_server_loading gauge
-    llamacpp_server_loading 0.0
-    # HELP llamacpp_exporter_http_status Last HTTP status of each llama-server endpoint (0 = no answer).
-    # TYPE llamacpp_exporter_http_status gauge
-    llamacpp_exporter_http_status{endpoint="/slots"} 200.0
-    """
-
-    def __init__(self, snapshot: Callable[[], HttpSnapshot | None]) -> None:
-        self._snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        """Yield up, loading and the per-endpoint status."""
-        snap = self._snapshot() or HttpSnapshot()
-        yield GaugeMetricFamily("llamacpp_up", "1 when llama-server answers /health with 200.", value=int(snap.up))
-        yield GaugeMetricFamily(
-            "llamacpp_server_loading",
-            "1 while llama-server answers /health with 503 Loading model.",
-            value=int(snap.loading),
-        )
-        status = GaugeMetricFamily(
-            "llamacpp_exporter_http_status",
-            "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, "
-            "501 = endpoint disabled).",
-            labels=["endpoint"],
-        )
-        for ep in ROUTER_ENDPOINTS if "/models" in snap.status else ENDPOINTS:
-            status.add_metric([ep], snap.status.get(ep, 0))
-        yield status

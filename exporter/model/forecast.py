@@ -24,8 +24,8 @@ Idle slots are left out: with unified KV (b6925+) llama-server frees idle slots 
 batch (`try_clear_idle_slots`), and `--cache-idle-slots` clears them when a task starts. On older
 unified builds their cells stay and are counted as held.
 
-    >>> from exporter.slot import SlotState
-    >>> from exporter.state import ServerState
+    >>> from exporter.model.slot import SlotState
+    >>> from exporter.model.state import ServerState
     >>> st = ServerState(n_slots=2, n_ctx_slot=1000, kv_cells=1000, kv_unified=True)
     >>> st.slots = {0: SlotState(n_ctx=1000, tokens=300, processing=True, prompt_size=700,
     ...                          phase="prompt", prompt_size_source="new_prompt", prompt_rate=100.0)}
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.slot import SlotState
-from exporter.state import ServerState
+from exporter.model.slot import SlotState
+from exporter.model.state import ServerState
 
 HORIZONS = ("prompt", "limits", "max")
 #: How a processing slot's prompt size is known: the `new prompt` line, its progress lines, or not

@@ -1,10 +1,10 @@
-"""`python -m exporter.healthcheck`: exit 0 when the exporter in this container answers `/healthz`.
+"""`python -m exporter.web.healthcheck`: exit 0 when the exporter in this container answers `/healthz`.
 
 The container image's HEALTHCHECK. It reads the port from `LLAMACPP_EXPORTER_LISTEN_ADDRESS` (the
 image's way to change it; a `--listen-address` flag is not visible here) and asks 127.0.0.1, so it
 works whatever address the exporter binds. Only the standard library: it runs every 30 s.
 
-    $ python -m exporter.healthcheck; echo $?
+    $ python -m exporter.web.healthcheck; echo $?
     0
 """
 

@@ -1,4 +1,4 @@
-"""The request-size collector: what requests ask of the KV pool (exporter.request_sizes), per scrape."""
+"""The request-size collector: what requests ask of the KV pool (exporter.model.request_sizes), per scrape."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.request_sizes import Histogram
-from exporter.state import ServerState
+from exporter.model.request_sizes import Histogram
+from exporter.model.state import ServerState
 
 
 def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:

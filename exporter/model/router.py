@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_joined, parse_lines
-from exporter.state import ServerState
+from exporter.model.state import ServerState
 
 #: Router children followed at most per router (and so at most this many `model` label values per server).
 MAX_CHILDREN = 64

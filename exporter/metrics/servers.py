@@ -28,24 +28,20 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from exporter.collector import (
-    CheckpointCacheCollector,
-    ExporterCollector,
-    KVForecastCollector,
-    ServerLogCollector,
-    SourcesUpCollector,
-    _labelled_counter,
-    rejected_lines_family,
-    server_starts_family,
-)
-from exporter.pipeline import LogPipeline
-from exporter.request_collector import RequestSizeCollector
-from exporter.router import EXIT_OUTCOMES, RouterChild
+from exporter.logs.pipeline import LogPipeline
+from exporter.metrics.checkpoints import CheckpointCacheCollector
+from exporter.metrics.exporter_health import ExporterCollector, SourcesUpCollector
+from exporter.metrics.families import labelled_counter
+from exporter.metrics.forecast import KVForecastCollector
+from exporter.metrics.gpu import NvmlCollector
+from exporter.metrics.live import live_collectors
+from exporter.metrics.requests import RequestSizeCollector
+from exporter.metrics.server_log import ServerLogCollector, rejected_lines_family, server_starts_family
+from exporter.model.router import EXIT_OUTCOMES, RouterChild
+from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources, SourceStatus
-from exporter.sources.nvml import NvmlCollector
 from exporter.sources.procfs import ProcReader
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
-from exporter.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +108,7 @@ class FollowedServer:
         self._refreshing = asyncio.Lock()  # one refresh at a time: a second scrape must not close a child
         # whose reads the first one still awaits
         exporter = ExporterCollector(pipeline, live.statuses)
-        sources = live.collectors() + self._shared_nvml(live)
+        sources = live_collectors(live) + self._shared_nvml(live)
         self._own = [*log_collectors(live.view), exporter, *sources]
         self._router_own: list[Collector] = [exporter, RouterCollector(pipeline), *sources]
 
@@ -180,7 +176,7 @@ class FollowedServer:
             http_gate=_model_gate(lambda: self.live.http, child.name),
             unit=", ".join(f"{k} {v}" for k, v in {**self.labels, "model": child.name}.items()),
         )
-        collectors = [*log_collectors(live.view), SourcesUpCollector(live.statuses), *live.collectors()]
+        collectors = [*log_collectors(live.view), SourcesUpCollector(live.statuses), *live_collectors(live)]
         return _Child(child, live, collectors + self._shared_nvml(live))
 
     def statuses(self) -> Iterator[SourceStatus]:
@@ -251,7 +247,7 @@ class RouterCollector(Collector):
         yield CounterMetricFamily(
             "llamacpp_router_child_starts", "Router children started (spawn lines).", value=r.starts
         )
-        yield _labelled_counter(
+        yield labelled_counter(
             "llamacpp_router_child_exits",
             "Router children that ended, by outcome: unloaded (after the router's stop line: an unload or an "
             "eviction), crashed (the child ended without being asked to).",

@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.logs import events as ev
-from exporter.provenance import CHECKED, NotOwnLine, Provenance
-from exporter.request_sizes import CONCURRENCY_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
-from exporter.slot import Checkpoint, SlotState
-from exporter.sources.server_cmdline import ServerCommandLine
+from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
+from exporter.model.provenance import CHECKED, NotOwnLine, Provenance
+from exporter.model.request_sizes import CONCURRENCY_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.model.server_cmdline import ServerCommandLine
+from exporter.model.slot import Checkpoint, SlotState
 
 # llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
 _CLEARS_ABORTED_SLOTS_SINCE = 7078
@@ -111,7 +111,7 @@ class ServerState:
     prompt_eval_count: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    # What requests ask of the pool (exporter.request_sizes): at each release, and at each start.
+    # What requests ask of the pool (exporter.model.request_sizes): at each release, and at each start.
     request_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))

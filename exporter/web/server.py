@@ -1,6 +1,6 @@
 """aiohttp server: `/metrics`, a landing page at `/`, and `/healthz` for the sidecar's own probes.
 
-With `--web.config.file` (see `exporter.webconfig`) it speaks TLS, asks for basic auth on every page
+With `--web.config.file` (see `exporter.web.webconfig`) it speaks TLS, asks for basic auth on every page
 but `/healthz` (which then says only up or down, and why in words, to a caller without credentials),
 and adds the configured headers. Connections are held to limits that aiohttp lacks: a request head
 must arrive within `head_timeout` of the connection or of its first byte, an idle keep-alive
@@ -31,7 +31,7 @@ from prometheus_client.exposition import choose_encoder
 from exporter import __version__
 
 if TYPE_CHECKING:
-    from exporter.webconfig import WebConfigWatcher
+    from exporter.web.webconfig import WebConfigWatcher
 
 BeforeScrape = Callable[[], Awaitable[None]]
 log = logging.getLogger(__name__)

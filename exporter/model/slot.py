@@ -29,7 +29,7 @@ class SlotState:
     cache_base: int | None = None
     # Live context checkpoints in host RAM, oldest first (llama-server keeps them in a list per slot).
     checkpoints: list[Checkpoint] = field(default_factory=list)
-    # The current task's forecast inputs (exporter.forecast): the prompt's full size in tokens and how it
+    # The current task's forecast inputs (exporter.model.forecast): the prompt's full size in tokens and how it
     # is known (`new_prompt` line, or `progress` lines: X / P narrowed to the bounds the rounding of P
     # allows), and the slot's latest speeds in tokens/s as llama-server printed them.
     prompt_size: int | None = None

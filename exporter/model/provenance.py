@@ -21,7 +21,7 @@ server's own lines have, and a forged one lacks. A line that fails is rejected a
     failed or retried decode only while a slot is processing, a request aborted by a fatal error
     only for a task that was started, slot progress and a new context checkpoint only for the task
     the slot is running (or one that started). (Slot ids, counts and sizes that the server cannot
-    have are `out_of_range`, see `exporter.bounds`.)
+    have are `out_of_range`, see `exporter.model.bounds`.)
 
 What this cannot catch: a forged line that copies its run's prefix (a time stamp in the right shape,
 a level letter) and fits the run (names a slot's real task, or a retry while requests run); a forged
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.logs import events as ev
 
 if TYPE_CHECKING:
-    from exporter.state import ServerState
+    from exporter.model.state import ServerState
 
 #: Tasks remembered as started (besides each slot's current one): a request errors out shortly after it starts.
 RECENT_TASKS = 4096

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.logs import events as ev
 
 if TYPE_CHECKING:
-    from exporter.state import ServerState
+    from exporter.model.state import ServerState
 
 MIB = 1024 * 1024
 MAX_SLOTS = 1024

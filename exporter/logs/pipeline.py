@@ -17,8 +17,8 @@ from exporter.logs import events as ev
 from exporter.logs.follow import CatchUp, follow
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
-from exporter.router import ServerLog
-from exporter.state import ServerState
+from exporter.model.router import ServerLog
+from exporter.model.state import ServerState
 
 log = logging.getLogger(__name__)
 #: A log with this many lines and no line that only llama-server writes is reported as not understood.

@@ -1,0 +1,121 @@
+"""Host RAM outside the KV cache: context checkpoints, the prompt cache, prompt timings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from exporter.metrics.families import counter, labelled_counter
+from exporter.model.state import PROMPT_EVAL_BUCKETS, ServerState
+
+CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
+
+
+class CheckpointCacheCollector(Collector):
+    """Host RAM outside the KV cache: context checkpoints per slot, the prompt cache, prompt timings.
+
+    At `-lv 3` on b9829+ the checkpoint and prompt-cache lines are hidden (trace level): then those
+    families are left out and `llamacpp_checkpoint_lines_visible 0` says why, instead of zeros that
+    would look like truth.
+
+    # HELP llamacpp_checkpoint_bytes Host RAM held by the slot's live context checkpoints.
+    # TYPE llamacpp_checkpoint_bytes gauge
+    llamacpp_checkpoint_bytes{slot="0"} 786432000.0
+    # HELP llamacpp_prompt_eval_seconds Prompt evaluation time per request (prompt eval time lines).
+    # TYPE llamacpp_prompt_eval_seconds histogram
+    llamacpp_prompt_eval_seconds_bucket{le="0.005"} 4.0
+    """
+
+    def __init__(self, state: Callable[[], ServerState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield checkpoint, prompt-cache and timing families."""
+        st = self._state()
+        visible = st.checkpoint_lines_visible()
+        if visible is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_checkpoint_lines_visible",
+                "1 when the log shows checkpoint and prompt-cache lines; 0 when its verbosity hides them (use -lv 4).",
+                value=1 if visible else 0,
+            )
+        if visible is not False:
+            yield from self._checkpoints(st)
+            yield from self._prompt_cache(st)
+        yield from self._limits(st)
+        yield from self._timings(st)
+
+    def _limits(self, st: ServerState) -> Iterator[Metric]:
+        """Configuration, from start-up lines or the command line: true whatever the verbosity."""
+        if st.checkpoint_limit is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_checkpoint_limit",
+                "Maximum context checkpoints per slot (--ctx-checkpoints; 0 = disabled).",
+                value=st.checkpoint_limit,
+            )
+        if st.prompt_cache_limit_bytes is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_prompt_cache_limit_bytes",
+                "Prompt cache size limit (--cache-ram); +Inf = no limit, 0 = disabled.",
+                value=st.prompt_cache_limit_bytes,
+            )
+
+    def _checkpoints(self, st: ServerState) -> Iterator[Metric]:
+        count = st.slot_count
+        if count is not None:
+            n = GaugeMetricFamily("llamacpp_checkpoints", "Live context checkpoints of the slot.", labels=["slot"])
+            size = GaugeMetricFamily(
+                "llamacpp_checkpoint_bytes", "Host RAM held by the slot's live context checkpoints.", labels=["slot"]
+            )
+            for i in range(count):
+                s = st.slots.get(i)
+                n.add_metric([str(i)], len(s.checkpoints) if s else 0)
+                size.add_metric([str(i)], s.checkpoint_bytes if s else 0.0)
+            yield n
+            yield size
+        yield labelled_counter(
+            "llamacpp_checkpoint_events",
+            "Context checkpoint events: created, restored, invalidated, evicted, failed_restore.",
+            "event",
+            st.checkpoint_events,
+            CHECKPOINT_EVENTS,
+        )
+        yield counter(
+            "llamacpp_full_reprocess",
+            "'forcing full prompt re-processing': no usable checkpoint or cache, the prompt ran from scratch.",
+            st.full_reprocess,
+        )
+
+    def _prompt_cache(self, st: ServerState) -> Iterator[Metric]:
+        if st.prompt_cache_bytes is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_prompt_cache_bytes",
+                "Host RAM used by the prompt cache (last 'cache state' line).",
+                value=st.prompt_cache_bytes,
+            )
+        if st.prompt_cache_prompts is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_prompt_cache_prompts", "Prompts held in the prompt cache.", value=st.prompt_cache_prompts
+            )
+
+    def _timings(self, st: ServerState) -> Iterator[Metric]:
+        buckets: list[tuple[str, float]] = []
+        cumulative = 0
+        for bound, n in zip(PROMPT_EVAL_BUCKETS, st.prompt_eval_buckets, strict=True):
+            cumulative += n
+            buckets.append((str(bound), cumulative))
+        buckets.append(("+Inf", st.prompt_eval_count))
+        yield HistogramMetricFamily(
+            "llamacpp_prompt_eval_seconds",
+            "Prompt evaluation time per finished request ('prompt eval time' lines; cached tokens excluded).",
+            buckets=buckets,
+            sum_value=st.prompt_eval_seconds_sum,
+        )
+        yield counter("llamacpp_prompt_tokens", "Prompt tokens evaluated (cached tokens excluded).", st.prompt_tokens)
+        yield counter("llamacpp_generated_tokens", "Tokens generated ('eval time' lines).", st.generated_tokens)

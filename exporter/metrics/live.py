@@ -1,0 +1,87 @@
+"""Where slot tokens came from, the log verbosity and the live sources' read health (`exporter.sources.live`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.metrics.gpu import NvmlCollector
+from exporter.metrics.process import ProcCollector
+from exporter.metrics.server_http import ServerHttpCollector
+from exporter.sources.live import SLOT_TOKEN_SOURCES, LiveSources
+
+
+class LiveCollector(Collector):
+    """Where slot tokens came from, llama-server's log verbosity, and the live sources' read health.
+
+    # HELP llamacpp_slot_tokens_source Where llamacpp_slot_tokens comes from: 1 for the source in use.
+    # TYPE llamacpp_slot_tokens_source gauge
+    llamacpp_slot_tokens_source{source="log"} 0.0
+    llamacpp_slot_tokens_source{source="slots_endpoint"} 1.0
+    # HELP llamacpp_log_verbosity llama-server's log verbosity (-lv); below 4 the KV pool size … are hidden.
+    # TYPE llamacpp_log_verbosity gauge
+    llamacpp_log_verbosity 3.0
+    # HELP llamacpp_exporter_source_read_duration_seconds Duration of the last read of the live source (seconds).
+    # TYPE llamacpp_exporter_source_read_duration_seconds gauge
+    llamacpp_exporter_source_read_duration_seconds{source="http"} 0.0021
+    # HELP llamacpp_exporter_source_read_failures_total Reads of the live source that failed.
+    # TYPE llamacpp_exporter_source_read_failures_total counter
+    llamacpp_exporter_source_read_failures_total{source="nvml"} 12.0
+    """
+
+    def __init__(self, live: LiveSources) -> None:
+        self._live = live
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the families."""
+        live = self._live
+        if live.state.slot_count is not None or (live.http is not None and live.http.slots):
+            used = live.slot_tokens_source()
+            source = GaugeMetricFamily(
+                "llamacpp_slot_tokens_source",
+                "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots "
+                "n_prompt_tokens, log = estimated from the log).",
+                labels=["source"],
+            )
+            for name in SLOT_TOKEN_SOURCES:
+                source.add_metric([name], 1 if name == used else 0)
+            yield source
+        level = live.effective_verbosity()
+        if level is not None:
+            yield GaugeMetricFamily(
+                "llamacpp_log_verbosity",
+                "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint "
+                "and prompt cache lines are hidden (b9151+) and estimated.",
+                value=level,
+            )
+        duration = GaugeMetricFamily(
+            "llamacpp_exporter_source_read_duration_seconds",
+            "Duration of the last read of the live source (seconds).",
+            labels=["source"],
+        )
+        failures = CounterMetricFamily(
+            "llamacpp_exporter_source_read_failures",
+            "Reads of the live source that failed (see the exporter's log for why).",
+            labels=["source"],
+        )
+        for name, st in sorted(live.statuses.items()):
+            if st.duration_seconds is not None:
+                duration.add_metric([name], st.duration_seconds)
+            failures.add_metric([name], st.failures)
+        if live.statuses:
+            yield duration
+            yield failures
+
+
+def live_collectors(live: LiveSources) -> list[Collector]:
+    """Collectors for a server's live sources (register them next to its log collectors)."""
+    out: list[Collector] = [LiveCollector(live)]
+    if live.nvml_reader is not None:
+        out.append(NvmlCollector(lambda: live.nvml, lambda: live.pid))
+    if live.proc_reader is not None:
+        out.append(ProcCollector(lambda: live.proc))
+    if live.http_reader is not None:
+        out.append(ServerHttpCollector(lambda: live.http))
+    return out

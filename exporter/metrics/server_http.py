@@ -1,0 +1,47 @@
+"""Whether llama-server is up, and what each endpoint answered (`exporter.sources.server_http`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from exporter.sources.server_http import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot
+
+
+class ServerHttpCollector(Collector):
+    """Whether llama-server is up or loading, and what each endpoint answered, from the last read.
+
+    # HELP llamacpp_up 1 when llama-server answers /health with 200.
+    # TYPE llamacpp_up gauge
+    llamacpp_up 1.0
+    # HELP llamacpp_server_loading 1 while llama-server answers /health with 503 Loading model.
+    # TYPE llamacpp_server_loading gauge
+    llamacpp_server_loading 0.0
+    # HELP llamacpp_exporter_http_status Last HTTP status of each llama-server endpoint (0 = no answer).
+    # TYPE llamacpp_exporter_http_status gauge
+    llamacpp_exporter_http_status{endpoint="/slots"} 200.0
+    """
+
+    def __init__(self, snapshot: Callable[[], HttpSnapshot | None]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield up, loading and the per-endpoint status."""
+        snap = self._snapshot() or HttpSnapshot()
+        yield GaugeMetricFamily("llamacpp_up", "1 when llama-server answers /health with 200.", value=int(snap.up))
+        yield GaugeMetricFamily(
+            "llamacpp_server_loading",
+            "1 while llama-server answers /health with 503 Loading model.",
+            value=int(snap.loading),
+        )
+        status = GaugeMetricFamily(
+            "llamacpp_exporter_http_status",
+            "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, "
+            "501 = endpoint disabled).",
+            labels=["endpoint"],
+        )
+        for ep in ROUTER_ENDPOINTS if "/models" in snap.status else ENDPOINTS:
+            status.add_metric([ep], snap.status.get(ep, 0))
+        yield status

@@ -49,11 +49,11 @@ _TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
 
 
 def _processing(st: ServerState) -> bool:
-    return any(s.processing for s in st.slots.values())
+    return any(s.processing for s in st.run.slots.values())
 
 
 def _slot_processing(st: ServerState, slot: int) -> bool:
-    s = st.slots.get(slot)
+    s = st.run.slots.get(slot)
     return s is not None and s.processing
 
 
@@ -63,8 +63,8 @@ _PROGRESS = frozenset({ev.PromptProgress, ev.GenerationProgress, ev.CachedTokens
 # The other rules for runs followed from their start: a line of these kinds must fit what the run said before.
 _FITS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
     # In a cascade (a retry was believed), a slot is processing: the retries that follow need no search.
-    ev.KVRetry: lambda st, e: st.in_cascade or _processing(st),
-    ev.MemorySlotFailure: lambda st, e: st.in_cascade or _processing(st),
+    ev.KVRetry: lambda st, e: st.run.in_cascade or _processing(st),
+    ev.MemorySlotFailure: lambda st, e: st.run.in_cascade or _processing(st),
     ev.DecodeFatal: lambda st, e: _processing(st),
     ev.DecodeFailed: lambda st, e: st.provenance.failing or _processing(st),
     ev.RequestError: lambda st, e: e.reason not in ev.FATAL_REASONS or e.task in st.provenance.tasks,
@@ -137,16 +137,16 @@ class Provenance:
         if not self.from_start:
             pass
         elif kind in _PROGRESS:
-            s = st.slots.get(e.slot)
+            s = st.run.slots.get(e.slot)
             return None if (s is not None and s.task == e.task) or self.knows(e.task) else "inconsistent"
         else:
             fits = _FITS.get(kind)
             if fits is not None and not fits(st, e):
                 return "inconsistent"
         if kind is ev.SlotsInitialized:
-            return "inconsistent" if st.n_slots is not None else None
+            return "inconsistent" if st.run.n_slots is not None else None
         if kind is ev.SlotCreated:
-            return "inconsistent" if st.ready else None
+            return "inconsistent" if st.run.ready else None
         return None
 
     def admit(self, st: ServerState, kind: type[Any], e: Any) -> str | None:

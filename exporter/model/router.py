@@ -166,7 +166,7 @@ class ServerLog:
     def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router
         if isinstance(e, ev.RouterMode):
-            if not self.main.ready:  # said at start, before the router listens
+            if not self.main.run.ready:  # said at start, before the router listens
                 r.active = True
         elif isinstance(e, ev.ChildSpawned):
             if not 0 < e.port < 65536:

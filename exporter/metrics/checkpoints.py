@@ -12,7 +12,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter.metrics.families import counter, labelled_counter
-from exporter.model.state import PROMPT_EVAL_BUCKETS, ServerState
+from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
+from exporter.model.state import ServerState
 
 CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
 

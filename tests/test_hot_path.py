@@ -15,7 +15,14 @@ import pytest
 from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "prepend" import mode)
 
 from exporter.logs import events as ev
-from exporter.logs.parse import normalize, parse_line, parse_line_events, parse_lines, parse_message
+from exporter.logs.parse import (
+    line_starts_with,
+    normalize,
+    parse_line,
+    parse_line_events,
+    parse_lines,
+    parse_message,
+)
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import HANDLERS
 from exporter.model.router import ROUTER_EVENTS
@@ -81,6 +88,25 @@ def test_mixed_batch_of_wrappers() -> None:
     assert len(without_formats(parse_lines(lines))) == 6
     formats = [e.describe() for e in parse_lines(lines) if isinstance(e, ev.LineFormat)]
     assert formats == ["timestamp+level", "jsonl", "colours+timestamp+level", "timestamp+level"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n[1] x",
+        "\nx\n[1] x",
+        "\nx [1]\ny [2]",
+        "\n" + "a [b] " * 100 + "\n[9] tail",  # more than 64 brackets before the line that starts with one
+        "\n" + "a [b] " * 100 + "\nno bracket first",
+        "\n" + "\n".join("[" * i for i in range(1, 70)),
+        "\n",
+        "\n[",
+    ],
+)
+def test_line_starts_with_equals_the_plain_search(text: str) -> None:
+    """The memchr walk over a rare character agrees with searching for a newline and that character."""
+    assert line_starts_with(text, "[") == ("\n[" in text)
+    assert line_starts_with(text, "{") == ("\n{" in text)
 
 
 def test_every_event_type_has_a_state_handler() -> None:

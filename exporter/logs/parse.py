@@ -526,13 +526,6 @@ def _event(m: re.Match[str]) -> ev.Event:
         return ev.Rejected("malformed")
 
 
-# A line without the full prefix (router tag, time stamp, level letter) that could carry an event (one that
-# starts with a tab cannot: `sampler params` continuation lines): where there is none in a batch, every
-# event's line is written the same way, and the scan need not work out each line's format.
-_LINE_WITHOUT_PREFIX = re.compile(r"\n(?!\t|(?:\[[^\S\n]*\d+\] |)\d+\.\d{2}\.\d{3}\.\d{3} [IWEDT] )", re.ASCII)
-_PREFIXED = ev.LineFormat.TIMESTAMP | ev.LineFormat.LEVEL
-
-
 def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.Event]:
     """The events of the lines in `text`, each line preceded by "\\n"; with `formats`, a `LineFormat`
     before the first event and before each event whose line is written differently from the last one's.
@@ -542,12 +535,6 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     """
     events: list[ev.Event] = []
     last, lead_len, lead_first = -1, -1, ""
-    if formats and scan is _SCAN_LINES and _LINE_WITHOUT_PREFIX.search(text) is None:
-        # Every line has the prefix (the common case on b9151+): one format for all, said once.
-        events = _events(text, scan, formats=False)
-        if events:
-            events.insert(0, ev.LineFormat(_PREFIXED))
-        return events
     for m in scan.finditer(text):
         if formats:
             # A lead of the same length and first character as the last one is written the same way
@@ -571,9 +558,26 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     return events
 
 
+def line_starts_with(text: str, char: str) -> bool:
+    """Whether a line of `text` (lines separated by "\\n", the first one after it) starts with `char`.
+
+    For a character that is rare in a log (`[`, `{`): each one is found by a memchr and its line start
+    checked, several times cheaper than searching for "\\n" + char, which stops at every line; past a
+    few dozen, the rest of the text is searched that way (no text makes this slower than the search).
+    """
+    i = text.find(char, 1)
+    for _ in range(64):
+        if i < 0:
+            return False
+        if text[i - 1] == "\n":
+            return True
+        i = text.find(char, i + 1)
+    return i >= 0 and text.find("\n" + char, i - 1) >= 0
+
+
 def is_plain(text: str) -> bool:
     """No line in `text` needs `unwrap_marked`: no JSONL, colours or CR."""
-    return not ("\x1b" in text or "\r" in text or "\n{" in text)
+    return not ("\x1b" in text or "\r" in text or line_starts_with(text, "{"))
 
 
 def parse_lines(lines: Sequence[str]) -> list[ev.Event]:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
-from exporter.logs.parse import parse_joined, parse_lines
+from exporter.logs.parse import line_starts_with, parse_joined, parse_lines
 from exporter.model.state import ServerState
 
 #: Router children followed at most per router (and so at most this many `model` label values per server).
@@ -104,7 +104,7 @@ class ServerLog:
         independent of each other; only their order around the router's lines matters).
         """
         text = "\n" + "\n".join(lines)
-        if "\n[" not in text:  # no line with a prefix (the join is the parser's own: this costs one search)
+        if not line_starts_with(text, "["):  # no line with a prefix (the join is the parser's own)
             return self._main(parse_joined(text, lines))
         out: list[ev.Event] = []
         main: list[str] = []

@@ -37,7 +37,8 @@ def _progress(st: ServerState) -> None:
     """Work got done: the server is past start-up and any retry cascade has recovered."""
     run = st.run
     run.in_startup = False
-    _end_cascade(st, "recovered")
+    if run.in_cascade:
+        _end_cascade(st, "recovered")
 
 
 def _own_slot(
@@ -118,21 +119,22 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
         s.tokens = e.n_tokens
 
 
-def _on_slot_cleared_or_purged(st: ServerState, e: ev.SlotCleared | ev.SlotPurged) -> None:
+def _on_slot_cleared(st: ServerState, e: ev.SlotCleared) -> None:
+    st.run.slot(e.slot).clear()
+
+
+def _on_slot_purged(st: ServerState, e: ev.SlotPurged) -> None:
     run = st.run
-    s = run.slot(e.slot)
-    s.clear()
-    if isinstance(e, ev.SlotPurged) and st.counting:
+    run.slot(e.slot).clear()
+    if st.counting:
         st.slots_purged += 1
-    if isinstance(e, ev.SlotPurged) and not run.in_cascade:
-        run.in_cascade = True  # a purge is the first step of a cascade on unified KV
+    run.in_cascade = True  # a purge is the first step of a cascade on unified KV
 
 
 def _request_started(st: ServerState, s: SlotState, task: int) -> None:
     """A slot takes a task it was not running: a request starts (sampled for the concurrency histogram)."""
-    run = st.run
     if st.counting and not (s.processing and s.task == task):
-        others = sum(1 for x in run.slots.values() if x.processing and x is not s)
+        others = sum([x.processing for x in st.run.slots.values() if x is not s])
         st.request_concurrency.observe(others + 1)
 
 
@@ -167,23 +169,24 @@ def _on_new_prompt(st: ServerState, e: ev.NewPrompt) -> None:
         run.n_ctx_slot = e.n_ctx_slot
 
 
-def _on_kv_retry_or_memory_slot_failure(st: ServerState, e: ev.KVRetry | ev.MemorySlotFailure) -> None:
-    run = st.run
-    run.in_cascade = True
+def _on_kv_retry(st: ServerState, e: ev.KVRetry) -> None:
+    st.run.in_cascade = True
     if st.counting:
-        if isinstance(e, ev.KVRetry):
-            st.kv_retries += 1
-        else:
-            st.memory_slot_failures += 1
+        st.kv_retries += 1
+
+
+def _on_memory_slot_failure(st: ServerState, e: ev.MemorySlotFailure) -> None:
+    st.run.in_cascade = True
+    if st.counting:
+        st.memory_slot_failures += 1
 
 
 def _on_decode_fatal(st: ServerState, e: ev.DecodeFatal) -> None:
-    run = st.run
     if st.counting:
         st.decode_failures[e.reason] += 1
         if e.reason == "context_exceeded":
             st.context_exceeded += 1
-    run.in_cascade = True
+    st.run.in_cascade = True
     _end_cascade(st, "failed")
 
 
@@ -198,19 +201,18 @@ def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
 
 
 def _on_decode_failed(st: ServerState, e: ev.DecodeFailed) -> None:
-    run = st.run
     # b9752+: every in-flight slot was aborted; nothing is processing any more.
-    for s in run.slots.values():
+    for s in st.run.slots.values():
         s.processing = False
         s.new_task()
 
 
 def _on_all_slots_idle(st: ServerState, e: ev.AllSlotsIdle) -> None:
-    run = st.run
     _progress(st)
-    for s in run.slots.values():
+    for s in st.run.slots.values():
         s.processing, s.task = False, -1
-        s.new_task()
+        if s.phase is not None:  # (`new_task` has nothing to forget otherwise: the common idle case)
+            s.new_task()
 
 
 def _on_idle_slot_saved(st: ServerState, e: ev.IdleSlotSaved) -> None:
@@ -316,11 +318,8 @@ def _on_idle_slot_policy(st: ServerState, e: ev.IdleSlotPolicy) -> None:
     run.idle_slots_cleared_on_new_task = e.clear_on_new_task
 
 
-def _apply_timing(st: ServerState, e: ev.PromptEvalTiming | ev.GenerationTiming) -> None:
+def _on_prompt_eval_timing(st: ServerState, e: ev.PromptEvalTiming) -> None:
     if not st.counting:
-        return
-    if isinstance(e, ev.GenerationTiming):
-        st.generated_tokens += e.tokens
         return
     seconds = e.ms / 1000.0
     st.prompt_eval_count += 1
@@ -332,92 +331,113 @@ def _apply_timing(st: ServerState, e: ev.PromptEvalTiming | ev.GenerationTiming)
             break
 
 
+def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:
+    if st.counting:
+        st.generated_tokens += e.tokens
+
+
 def _count_checkpoint(st: ServerState, event: str) -> None:
     if st.counting:
         st.checkpoint_events[event] += 1
 
 
-def _apply_checkpoint(
-    st: ServerState,
-    e: ev.CheckpointConfig
-    | ev.CheckpointCreated
-    | ev.CheckpointRemoved
-    | ev.CheckpointSuperseded
-    | ev.CheckpointRestored
-    | ev.CheckpointRestoreFailed
-    | ev.FullReprocess,
-) -> None:
+def _on_checkpoint_config(st: ServerState, e: ev.CheckpointConfig) -> None:
+    st.run.checkpoint_limit = e.max_per_slot
+
+
+# The checkpoint lines name a slot: the slot exists from then on (`ServerRun.slot`), whatever the line says.
+
+
+def _on_checkpoint_created(st: ServerState, e: ev.CheckpointCreated) -> None:
     run = st.run
-    if isinstance(e, ev.CheckpointConfig):
+    checkpoints = run.slot(e.slot).checkpoints
+    checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
+    # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
+    while len(checkpoints) > e.index > 0 or len(checkpoints) > MAX_CHECKPOINTS:
+        checkpoints.pop(0)
+    if e.max_per_slot:
         run.checkpoint_limit = e.max_per_slot
-        return
-    s = run.slot(e.slot)
-    if isinstance(e, ev.CheckpointCreated):
-        s.checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
-        # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
-        while len(s.checkpoints) > e.index > 0 or len(s.checkpoints) > MAX_CHECKPOINTS:
-            s.checkpoints.pop(0)
-        if e.max_per_slot:
-            run.checkpoint_limit = e.max_per_slot
-        _count_checkpoint(st, "created")
-    elif isinstance(e, ev.CheckpointRemoved):
-        _remove_checkpoint(s.checkpoints, e.pos_min, e.pos_max, e.size_mib * MIB)
-        _count_checkpoint(st, e.reason)
-    elif isinstance(e, ev.CheckpointSuperseded):
-        _remove_checkpoint(s.checkpoints, None, e.n_tokens - 1, None)
-    elif isinstance(e, ev.CheckpointRestored):
-        _count_checkpoint(st, "restored")
-    elif isinstance(e, ev.CheckpointRestoreFailed):
-        _count_checkpoint(st, "failed_restore")
-    elif isinstance(e, ev.FullReprocess) and st.counting:
+    _count_checkpoint(st, "created")
+
+
+def _on_checkpoint_removed(st: ServerState, e: ev.CheckpointRemoved) -> None:
+    _remove_checkpoint(st.run.slot(e.slot).checkpoints, e.pos_min, e.pos_max, e.size_mib * MIB)
+    _count_checkpoint(st, e.reason)
+
+
+def _on_checkpoint_superseded(st: ServerState, e: ev.CheckpointSuperseded) -> None:
+    _remove_checkpoint(st.run.slot(e.slot).checkpoints, None, e.n_tokens - 1, None)
+
+
+def _on_checkpoint_restored(st: ServerState, e: ev.CheckpointRestored) -> None:
+    st.run.slot(e.slot)
+    _count_checkpoint(st, "restored")
+
+
+def _on_checkpoint_restore_failed(st: ServerState, e: ev.CheckpointRestoreFailed) -> None:
+    st.run.slot(e.slot)
+    _count_checkpoint(st, "failed_restore")
+
+
+def _on_full_reprocess(st: ServerState, e: ev.FullReprocess) -> None:
+    st.run.slot(e.slot)
+    if st.counting:
         st.full_reprocess += 1
 
 
-def _apply_prompt_cache(
-    st: ServerState,
-    e: ev.PromptCacheLimit
-    | ev.PromptCacheState
-    | ev.PromptSaved
-    | ev.PromptCacheCandidate
-    | ev.PromptLoaded
-    | ev.PromptCacheRemoved
-    | ev.SlotSelected,
-) -> None:
+def _on_slot_selected(st: ServerState, e: ev.SlotSelected) -> None:
     run = st.run
-    if isinstance(e, ev.SlotSelected):
-        run.selected_slot = e.slot
-        run.cache_candidates = []
-    elif isinstance(e, ev.PromptCacheLimit):
-        run.prompt_cache_limit_bytes = float("inf") if e.limit_mib is None else e.limit_mib * MIB
-        if run.prompt_cache_bytes is None:  # announced at start-up: the cache starts empty
-            run.prompt_cache_bytes, run.prompt_cache_prompts = 0.0, 0
-    elif isinstance(e, ev.PromptCacheState):
-        run.prompt_cache_prompts = e.prompts
-        run.prompt_cache_bytes = e.size_mib * MIB
-        if run.prompt_cache_limit_bytes not in (0.0, float("inf")):  # (None too)
-            run.prompt_cache_limit_bytes = e.limit_mib * MIB
-        # Bounded by the cache's own entry count, even if removal lines were missed.
-        while len(run.cache_entries) > e.prompts:
+    run.selected_slot = e.slot
+    run.cache_candidates = []
+
+
+def _on_prompt_cache_limit(st: ServerState, e: ev.PromptCacheLimit) -> None:
+    run = st.run
+    run.prompt_cache_limit_bytes = float("inf") if e.limit_mib is None else e.limit_mib * MIB
+    if run.prompt_cache_bytes is None:  # announced at start-up: the cache starts empty
+        run.prompt_cache_bytes, run.prompt_cache_prompts = 0.0, 0
+
+
+def _on_prompt_cache_state(st: ServerState, e: ev.PromptCacheState) -> None:
+    run = st.run
+    run.prompt_cache_prompts = e.prompts
+    run.prompt_cache_bytes = e.size_mib * MIB
+    if run.prompt_cache_limit_bytes is None or run.prompt_cache_limit_bytes not in (0.0, float("inf")):
+        run.prompt_cache_limit_bytes = e.limit_mib * MIB
+    # Bounded by the cache's own entry count, even if removal lines were missed.
+    entries = run.cache_entries
+    while len(entries) > e.prompts:
+        del entries[next(iter(entries))]
+
+
+def _on_prompt_saved(st: ServerState, e: ev.PromptSaved) -> None:
+    run = st.run
+    if run.selected_slot is not None:
+        # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
+        if len(run.cache_entries) >= MAX_CHECKPOINTS:  # forged saves without a cache state line
             del run.cache_entries[next(iter(run.cache_entries))]
-    elif isinstance(e, ev.PromptSaved):
-        if run.selected_slot is not None:
-            # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
-            if len(run.cache_entries) >= MAX_CHECKPOINTS:  # forged saves without a cache state line
-                del run.cache_entries[next(iter(run.cache_entries))]
-            run.cache_entries[e.length] = list(run.slot(run.selected_slot).checkpoints)
-    elif isinstance(e, ev.PromptCacheCandidate):
-        run.cache_candidates.append(e)
-    elif isinstance(e, ev.PromptLoaded):
-        chosen = next((c for c in run.cache_candidates if (c.f_keep, c.f_sim) == (e.f_keep, e.f_sim)), None)
-        if chosen is not None and run.selected_slot is not None:
-            # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
-            run.slot(run.selected_slot).checkpoints = run.cache_entries.pop(chosen.length, [])
-        run.cache_candidates = []
-    elif isinstance(e, ev.PromptCacheRemoved):
-        if e.length is not None:
-            run.cache_entries.pop(e.length, None)
-        elif run.cache_entries:
-            del run.cache_entries[next(iter(run.cache_entries))]
+        run.cache_entries[e.length] = list(run.slot(run.selected_slot).checkpoints)
+
+
+def _on_prompt_cache_candidate(st: ServerState, e: ev.PromptCacheCandidate) -> None:
+    st.run.cache_candidates.append(e)
+
+
+def _on_prompt_loaded(st: ServerState, e: ev.PromptLoaded) -> None:
+    run = st.run
+    chosen = next((c for c in run.cache_candidates if (c.f_keep, c.f_sim) == (e.f_keep, e.f_sim)), None)
+    if chosen is not None and run.selected_slot is not None:
+        # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
+        run.slot(run.selected_slot).checkpoints = run.cache_entries.pop(chosen.length, [])
+    run.cache_candidates = []
+
+
+def _on_prompt_cache_removed(st: ServerState, e: ev.PromptCacheRemoved) -> None:
+    entries = st.run.cache_entries
+    if e.length is not None:
+        entries.pop(e.length, None)
+    elif entries:
+        del entries[next(iter(entries))]
 
 
 HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
@@ -425,33 +445,33 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.PromptProgress: _on_prompt_progress,
     ev.CachedTokens: _on_cached_tokens,
     ev.SlotReleased: _on_slot_released,
-    ev.SlotCleared: _on_slot_cleared_or_purged,
-    ev.SlotPurged: _on_slot_cleared_or_purged,
+    ev.SlotCleared: _on_slot_cleared,
+    ev.SlotPurged: _on_slot_purged,
     ev.TaskStarted: _on_task_started,
     ev.NewPrompt: _on_new_prompt,
-    ev.KVRetry: _on_kv_retry_or_memory_slot_failure,
-    ev.MemorySlotFailure: _on_kv_retry_or_memory_slot_failure,
+    ev.KVRetry: _on_kv_retry,
+    ev.MemorySlotFailure: _on_memory_slot_failure,
     ev.DecodeFatal: _on_decode_fatal,
     ev.RequestError: _on_request_error,
     ev.DecodeFailed: _on_decode_failed,
     ev.AllSlotsIdle: _on_all_slots_idle,
     ev.TimingsHead: _on_timings_head,
-    ev.PromptEvalTiming: _apply_timing,
-    ev.GenerationTiming: _apply_timing,
-    ev.CheckpointConfig: _apply_checkpoint,
-    ev.CheckpointCreated: _apply_checkpoint,
-    ev.CheckpointRemoved: _apply_checkpoint,
-    ev.CheckpointSuperseded: _apply_checkpoint,
-    ev.CheckpointRestored: _apply_checkpoint,
-    ev.CheckpointRestoreFailed: _apply_checkpoint,
-    ev.FullReprocess: _apply_checkpoint,
-    ev.PromptCacheLimit: _apply_prompt_cache,
-    ev.PromptCacheState: _apply_prompt_cache,
-    ev.PromptSaved: _apply_prompt_cache,
-    ev.PromptCacheCandidate: _apply_prompt_cache,
-    ev.PromptLoaded: _apply_prompt_cache,
-    ev.PromptCacheRemoved: _apply_prompt_cache,
-    ev.SlotSelected: _apply_prompt_cache,
+    ev.PromptEvalTiming: _on_prompt_eval_timing,
+    ev.GenerationTiming: _on_generation_timing,
+    ev.CheckpointConfig: _on_checkpoint_config,
+    ev.CheckpointCreated: _on_checkpoint_created,
+    ev.CheckpointRemoved: _on_checkpoint_removed,
+    ev.CheckpointSuperseded: _on_checkpoint_superseded,
+    ev.CheckpointRestored: _on_checkpoint_restored,
+    ev.CheckpointRestoreFailed: _on_checkpoint_restore_failed,
+    ev.FullReprocess: _on_full_reprocess,
+    ev.PromptCacheLimit: _on_prompt_cache_limit,
+    ev.PromptCacheState: _on_prompt_cache_state,
+    ev.PromptSaved: _on_prompt_saved,
+    ev.PromptCacheCandidate: _on_prompt_cache_candidate,
+    ev.PromptLoaded: _on_prompt_loaded,
+    ev.PromptCacheRemoved: _on_prompt_cache_removed,
+    ev.SlotSelected: _on_slot_selected,
     ev.IdleSlotSaved: _on_idle_slot_saved,
     ev.ServerStarting: _on_server_starting,
     ev.BuildInfo: _on_build_info,

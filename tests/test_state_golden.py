@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_message
+from exporter.model.run import ServerRun
 from exporter.model.state import ServerState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "b11434"
@@ -171,3 +173,22 @@ def test_server_restart_resets_slots_and_counts_once() -> None:
     assert state.server_starts == 2
     assert state.run.pool_used() == 0
     assert state.kv_retries == 26  # counters survive a server restart
+
+
+def test_a_start_forgets_the_whole_run_and_keeps_the_counters() -> None:
+    """Everything the previous run said is gone at the next start banner; what the exporter counted stays."""
+    state = ServerState()
+    for line in _lines("checkpoints-swa-lv4"):
+        event = parse_message(normalize(line))
+        if event is not None:
+            state.apply(event)
+    old = state.run
+    assert old.slots and old.n_slots and old.build and old.kv_cells  # the run had said a lot
+    counted = (state.server_starts, sum(state.checkpoint_events.values()), state.request_tokens.count)
+    assert state.apply(ev.ServerStarting())
+    assert state.run is not old
+    assert state.run == ServerRun(in_startup=True, banners_seen={ev.ServerStarting})
+    assert (state.server_starts, sum(state.checkpoint_events.values()), state.request_tokens.count) == (
+        counted[0] + 1,
+        *counted[1:],
+    )

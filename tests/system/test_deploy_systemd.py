@@ -4,12 +4,12 @@ No systemd runs as pid 1 here, so the units are not started by systemd. Instead,
 is run: llama-server's ExecStart with the unit's Environment= settings (the real llama-server b11434),
 attached to a real systemd-journald as unit llama-server.service the way systemd attaches a service
 (see source_harness), and the exporter with its unit's ExecStart arguments reading that journal.
+How the two units fit together is read in process: tests/unit/test_deploy_systemd_units.py.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -17,14 +17,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from llama_harness import REPO_ROOT, free_port, http_json, run_concurrent_completions, wait_for
+from llama_harness import free_port, http_json, run_concurrent_completions, wait_for
 from source_harness import PrivateJournald, SourceExporter, find_journald
-
-from exporter.config import parse_config
-
-UNITS = REPO_ROOT / "deploy" / "systemd"
-SERVER_UNIT = UNITS / "llama-server.service"
-EXPORTER_UNIT = UNITS / "llamacpp-exporter.service"
+from systemd_units import EXPORTER_UNIT, SERVER_UNIT, environment, exec_start
 
 
 def _in_ci() -> bool:
@@ -35,37 +30,6 @@ def _missing(what: str) -> NoReturn:
     if _in_ci():
         pytest.fail(f"{what} (under CI)", pytrace=False)
     pytest.skip(what)
-
-
-def unit_settings(path: Path) -> dict[str, dict[str, list[str]]]:
-    """Section → key → values (a key may repeat, like Environment=), comments and blank lines dropped."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current: dict[str, list[str]] | None = None
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = sections.setdefault(line[1:-1], {})
-            continue
-        assert current is not None, f"{path.name}: {line!r} outside a section"
-        key, _, value = line.partition("=")
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
-
-
-def exec_start(path: Path) -> list[str]:
-    (line,) = unit_settings(path)["Service"]["ExecStart"]
-    return shlex.split(line)
-
-
-def environment(path: Path) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for value in unit_settings(path)["Service"].get("Environment", []):
-        for assignment in shlex.split(value):
-            key, _, val = assignment.partition("=")
-            env[key] = val
-    return env
 
 
 @pytest.mark.system
@@ -91,26 +55,6 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
         result.stdout + result.stderr
     )
-
-
-def test_units_fit_together() -> None:
-    server, exporter = unit_settings(SERVER_UNIT), unit_settings(EXPORTER_UNIT)
-    argv = exec_start(EXPORTER_UNIT)
-    assert argv[0] == "/usr/local/bin/llamacpp-exporter"
-    config = parse_config(argv[1:], {})
-    assert config.log_source == "journald" and config.journal_unit == SERVER_UNIT.name
-    server_argv = exec_start(SERVER_UNIT)
-    port = server_argv[server_argv.index("--port") + 1]
-    assert config.server_url == f"http://127.0.0.1:{port}"
-    assert server_argv[server_argv.index("-lv") + 1] == "4" and "--metrics" in server_argv
-    # Same user (for /proc/<pid>/environ and fd), journal read access, start order, no hard dependency.
-    assert exporter["Service"]["User"] == server["Service"]["User"]
-    assert exporter["Service"]["SupplementaryGroups"] == ["systemd-journal"]
-    assert exporter["Unit"]["After"] == [SERVER_UNIT.name] and "Requires" not in exporter["Unit"]
-    assert server["Service"]["LogRateLimitIntervalSec"] == ["0"]
-    # Nothing that would hide the GPU or llama-server's process from the exporter.
-    for forbidden in ("PrivateDevices", "ProtectProc", "PrivateUsers"):
-        assert forbidden not in exporter["Service"], forbidden
 
 
 @pytest.fixture

@@ -1,19 +1,17 @@
-"""Collector tests: exposition built from a captured log, a golden file, and promtool's lint."""
+"""Collector tests: exposition built from a captured log, and a golden file (promtool's lint of it:
+tests/real_server/test_exposition_promtool.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
+from expositions import LogStatus, log_registry, state_until
 from paths import FIXTURES
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.logs.parse import parse_line
 from exporter.metrics.exporter_health import ExporterCollector
-from exporter.metrics.forecast import KVForecastCollector
-from exporter.metrics.server_log import ServerLogCollector
 from exporter.model.state import ServerState
 
 
@@ -26,28 +24,10 @@ def _state(name: str, *, counting: bool = True) -> ServerState:
     return state
 
 
-def _registry(state: ServerState) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    registry.register(ServerLogCollector(lambda: state))
-    registry.register(KVForecastCollector(lambda: state))
-    return registry
-
-
-class _LogStatus:
-    up = True
-    lines = 414
-    replayed_lines = 0
-    truncations = 1
-    rotations = 0
-    lost_bytes = 0
-    long_lines = 0
-    understood = True
-
-
 @pytest.mark.parametrize("name", ["exhaust-lv4", "recover-purge-lv4", "exhaust-default-verbosity"])
 def test_exposition_matches_golden(name: str) -> None:
     """parse → state → exposition, byte for byte; UPDATE_GOLDEN=1 rewrites the files after a reviewed change."""
-    text = generate_latest(_registry(_state(name))).decode()
+    text = generate_latest(log_registry(_state(name))).decode()
     golden = FIXTURES / "golden" / f"{name}.prom"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.parent.mkdir(exist_ok=True)
@@ -56,7 +36,7 @@ def test_exposition_matches_golden(name: str) -> None:
 
 
 def test_seed_incident_values() -> None:
-    reg = _registry(_state("exhaust-lv4"))
+    reg = log_registry(_state("exhaust-lv4"))
     assert reg.get_sample_value("llamacpp_slots") == 4
     assert reg.get_sample_value("llamacpp_kv_pool_capacity_tokens") == 512
     assert reg.get_sample_value("llamacpp_kv_pool_overcommit_ratio") == 4.0
@@ -83,7 +63,7 @@ def test_seed_incident_values() -> None:
 
 def test_nothing_known_yet_still_exposes_counters_at_zero() -> None:
     """Before the first log line: no invented slots or pool, but every counter exists (rate() works)."""
-    reg = _registry(ServerState())
+    reg = log_registry(ServerState())
     assert reg.get_sample_value("llamacpp_slots") is None
     assert reg.get_sample_value("llamacpp_kv_pool_capacity_tokens") is None
     assert reg.get_sample_value("llamacpp_kv_retries_total") == 0
@@ -92,26 +72,16 @@ def test_nothing_known_yet_still_exposes_counters_at_zero() -> None:
 
 def test_exporter_self_metrics() -> None:
     registry = CollectorRegistry()
-    registry.register(ExporterCollector(_LogStatus()))
+    registry.register(ExporterCollector(LogStatus()))
     assert registry.get_sample_value("llamacpp_exporter_source_up", {"source": "log"}) == 1
     assert registry.get_sample_value("llamacpp_exporter_log_lines_total") == 414
     assert registry.get_sample_value("llamacpp_exporter_log_truncations_total") == 1
     assert registry.get_sample_value("llamacpp_exporter_build_info", {"version": "0.1.0"}) == 1
 
 
-def _state_until(name: str, last_line: int) -> ServerState:
-    state = ServerState()
-    lines = (FIXTURES / "b11434" / name / "llama-server.log").read_text(encoding="utf-8").splitlines()
-    for line in lines[:last_line]:
-        event = parse_line(line)
-        if event is not None:
-            state.apply(event)
-    return state
-
-
 def test_forecast_mid_fill() -> None:
     """exhaust-long-lv4 after its 21 s `n_gen` lines: four slots generating at their printed tg_3s speeds."""
-    reg = _registry(_state_until("exhaust-long-lv4", 328))
+    reg = log_registry(state_until("exhaust-long-lv4", 328))
     assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 4 * 339 + 4 * 7244 + 1
     assert reg.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "max"}) == 4 * 32768
     # No budget known (the log alone): at their limits they need what they hold, not four whole windows.
@@ -126,16 +96,6 @@ def test_forecast_mid_fill() -> None:
     assert reg.get_sample_value("llamacpp_kv_pool_full_eta_seconds") == pytest.approx((32768 - used) / rate)
     assert reg.get_sample_value("llamacpp_slot_demand_tokens", {"slot": "0", "horizon": "prompt"}) == 339 + 7244
     # After the abort nothing is in flight: demand 0, no ETA.
-    done = _registry(_state("exhaust-long-lv4"))
+    done = log_registry(_state("exhaust-long-lv4"))
     assert done.get_sample_value("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0
     assert done.get_sample_value("llamacpp_kv_pool_full_eta_seconds") is None
-
-
-@pytest.mark.promtool
-def test_promtool_check_metrics_is_silent(promtool_bin: Path) -> None:
-    registry = _registry(_state_until("exhaust-long-lv4", 328))
-    registry.register(ExporterCollector(_LogStatus()))
-    text = generate_latest(registry)
-    result = subprocess.run([str(promtool_bin), "check", "metrics"], input=text, capture_output=True, timeout=30)
-    assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
-    assert result.stdout.decode().strip() == "" and result.stderr.decode().strip() == ""

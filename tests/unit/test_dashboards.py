@@ -3,25 +3,24 @@ grafana-foundation-sdk (Grafana's own typed models), dashboard-linter's conventi
 incident needs to be visible at a glance, and the provisioning files.
 
 That every query returns data from a real Prometheus scraping the real exporter is checked in
-test_prometheus_e2e.py; that every metric it names is emitted, in test_alerts_metric_names.py.
+test_prometheus_e2e.py; that every metric it names is emitted, in test_alerts_metric_names.py; its
+queries run by promtool on given series, in test_dashboards_promtool.py (all in tests/real_server).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from dashboard_json import DASHBOARD, dashboard_json, panels_json, rows_json
 from paths import REPO
 from prom_harness import dashboard_queries, load_script, metric_names_in
 
 ROOT = REPO
-DASHBOARD = ROOT / "dashboards" / "llamacpp.json"
 PROVISIONING = ROOT / "dashboards" / "provisioning"
 dashboard_generator = load_script(ROOT / "dashboards" / "generate_dashboard.py")
 
@@ -51,15 +50,6 @@ ROUTER_METRICS = {
 #: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
 #: part of the core dashboard schema the SDK models (so its round trip drops them).
 PLUGIN_KEYS = {"builtIn", "step", "titleFormat", "tagKeys", "useValueForTime", "definition"}
-
-
-def _dashboard() -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-    return doc
-
-
-def _panels() -> list[dict[str, Any]]:
-    return [p for p in _dashboard()["panels"] if p["type"] != "row"]
 
 
 def _lost_in_round_trip(original: Any, back: Any, path: str = "$") -> list[str]:
@@ -102,7 +92,7 @@ def test_dashboard_round_trips_through_grafana_foundation_sdk() -> None:
     from grafana_foundation_sdk.models.prometheus import Dataquery
 
     plugins.register_default_plugins()
-    original = _dashboard()
+    original = dashboard_json()
     model = Dashboard.from_json(original)
     assert model.uid == "llamacpp-exporter"
     assert model.panels is not None and len(model.panels) == len(original["panels"])
@@ -117,7 +107,7 @@ def test_dashboard_round_trips_through_grafana_foundation_sdk() -> None:
 
 
 def test_stable_uid_and_variables() -> None:
-    d = _dashboard()
+    d = dashboard_json()
     assert d["uid"] == "llamacpp-exporter" and 8 <= len(d["uid"]) <= 40
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert list(variables) == ["datasource", "job", "instance", "server", "model"]
@@ -139,7 +129,7 @@ def test_stable_uid_and_variables() -> None:
 
 
 def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_queries() -> None:
-    for panel in _panels():
+    for panel in panels_json():
         title = panel["title"]
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
         assert panel["fieldConfig"]["defaults"].get("unit"), f"{title}: no unit"
@@ -218,18 +208,18 @@ def test_the_server_and_model_filters_catch_a_query_without_them() -> None:
 def test_pool_panels_name_the_model_and_router_and_gpu_sharing_are_shown() -> None:
     """The KV pool panels' titles carry $model; one panel shows each server's VRAM per GPU next to the GPU's
     free memory (which servers share a GPU); the router's children, starts, exits and refusals are plotted."""
-    pool = [p for p in _panels() if "llamacpp_kv_pool_capacity_tokens" in json.dumps(p["targets"])]
+    pool = [p for p in panels_json() if "llamacpp_kv_pool_capacity_tokens" in json.dumps(p["targets"])]
     assert len(pool) >= 2
     for panel in pool:
         assert panel["title"].endswith(" ($model)"), panel["title"]
-    sharing = next(p for p in _panels() if p["title"] == "GPU memory by server")
+    sharing = next(p for p in panels_json() if p["title"] == "GPU memory by server")
     (target,) = sharing["targets"]
     assert metric_names_in(target["expr"]) == {"llamacpp_process_gpu_memory_bytes", "llamacpp_gpu_memory_free_bytes"}
     assert "by (instance, gpu, server, model)" in target["expr"]
     assert all(f"{{{{{label}}}}}" in target["legendFormat"] for label in ("gpu", "server", "model"))
     plotted = {
         n
-        for p in _panels()
+        for p in panels_json()
         if p["title"].startswith("Router")
         for t in p["targets"]
         for n in metric_names_in(t["expr"])
@@ -239,80 +229,8 @@ def test_pool_panels_name_the_model_and_router_and_gpu_sharing_are_shown() -> No
     assert any("outcome" in t["expr"] and "{{outcome}}" in t["legendFormat"] for t in exits["targets"])
 
 
-def _target(title: str, ref: str = "A") -> str:
-    panel = next(p for p in _panels() if p["title"] == title)
-    return str(next(t["expr"] for t in panel["targets"] if t["refId"] == ref))
-
-
-def _substituted(expr: str, server: str = ".*", model: str = ".*") -> str:
-    for var, value in (
-        ("$__rate_interval", "5m"),
-        ("$job", "llamacpp"),
-        ("$instance", ".+"),
-        ("$server", server),
-        ("$model", model),
-    ):
-        expr = expr.replace(var, value)
-    return expr
-
-
-@pytest.mark.promtool
-def test_queries_keep_servers_and_models_apart_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
-    """The real PromQL engine (promtool) runs the dashboard's queries over a router with two children and
-    a lone server: the model variable selects one child, "All" also matches the lone server's unlabelled
-    series, GPU memory by server lists each child's VRAM per GPU next to that GPU's free memory, and the
-    router's panels read the router's own series."""
-    job = 'job="llamacpp"'
-    router, lone = f'{job}, instance="router-node:9778"', f'{job}, instance="single:9778"'
-    series = {
-        f'llamacpp_kv_pool_usage_ratio{{{router}, model="alpha"}}': "0.9",
-        f'llamacpp_kv_pool_usage_ratio{{{router}, model="beta"}}': "0.1",
-        f"llamacpp_kv_pool_usage_ratio{{{lone}}}": "0.5",
-        f'llamacpp_process_gpu_memory_bytes{{{router}, model="alpha", gpu="0", uuid="GPU-a"}}': "6",
-        f'llamacpp_process_gpu_memory_bytes{{{router}, model="beta", gpu="0", uuid="GPU-a"}}': "4",
-        f'llamacpp_gpu_memory_free_bytes{{{router}, gpu="0", uuid="GPU-a", name="L4"}}': "2",
-        f'llamacpp_gpu_memory_free_bytes{{{router}, gpu="1", uuid="GPU-b", name="L4"}}': "9",
-        f"llamacpp_router_children{{{router}}}": "2",
-        f'llamacpp_router_child_exits_total{{{router}, outcome="crashed"}}': "0+1x10",
-        f'llamacpp_router_child_exits_total{{{router}, outcome="unloaded"}}': "0x10",
-    }
-    usage = _target("KV pool usage ($model)")
-    gpu = _target("GPU memory by server")
-    exits = _target("Router children: starts, exits, refused", "B")
-    ratio = "llamacpp_kv_pool_usage_ratio"
-    cases: list[tuple[str, dict[str, float]]] = [
-        (_substituted(usage, model="alpha"), {f'{ratio}{{{router}, model="alpha"}}': 0.9}),
-        (
-            _substituted(usage),
-            {
-                f'{ratio}{{{router}, model="alpha"}}': 0.9,
-                f'{ratio}{{{router}, model="beta"}}': 0.1,
-                f"{ratio}{{{lone}}}": 0.5,
-            },
-        ),
-        (
-            _substituted(gpu),
-            {
-                '{gpu="0", instance="router-node:9778", model="alpha", what="llama-server"}': 6,
-                '{gpu="0", instance="router-node:9778", model="beta", what="llama-server"}': 4,
-                '{gpu="0", instance="router-node:9778", what="free"}': 2,
-                '{gpu="1", instance="router-node:9778", what="free"}': 9,
-            },
-        ),
-        (_substituted(_target("Router children")), {f"llamacpp_router_children{{{router}}}": 2}),
-        (
-            _substituted(exits),
-            {
-                '{instance="router-node:9778", outcome="crashed"}': 5,
-                '{instance="router-node:9778", outcome="unloaded"}': 0,
-            },
-        ),
-    ]
-    _promtool_expressions(promtool_bin, tmp_path, series, cases)
-
-
 def test_layout_has_unique_ids_and_no_overlaps() -> None:
-    panels = _dashboard()["panels"]
+    panels = dashboard_json()["panels"]
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids))
     cells: dict[tuple[int, int], str] = {}
@@ -327,7 +245,7 @@ def test_layout_has_unique_ids_and_no_overlaps() -> None:
 
 def _panel_with(*metrics: str) -> dict[str, Any]:
     """The one panel whose queries name all of ``metrics``."""
-    found = [p for p in _panels() if set(metrics) <= {n for t in p["targets"] for n in metric_names_in(t["expr"])}]
+    found = [p for p in panels_json() if set(metrics) <= {n for t in p["targets"] for n in metric_names_in(t["expr"])}]
     assert found, f"no panel plots {metrics}"
     return found[0]
 
@@ -341,7 +259,7 @@ def test_the_seed_incident_is_visible_at_a_glance() -> None:
     props = {p["id"]: p["value"] for p in capacity_override["properties"]}
     assert props["custom.stacking"]["mode"] == "none" and props["custom.lineWidth"] == 2  # a line, not a band
 
-    usage = next(p for p in _panels() if p["type"] == "timeseries" and p["title"] == "KV pool usage ($model)")
+    usage = next(p for p in panels_json() if p["type"] == "timeseries" and p["title"] == "KV pool usage ($model)")
     defaults = usage["fieldConfig"]["defaults"]
     assert defaults["unit"] == "percentunit"
     assert defaults["custom"]["thresholdsStyle"]["mode"].startswith("line")
@@ -356,7 +274,7 @@ def test_the_seed_incident_is_visible_at_a_glance() -> None:
     )
     assert events["fieldConfig"]["defaults"]["custom"]["drawStyle"] == "bars"
 
-    vram = next(p for p in _panels() if p["title"] == "Free VRAM per GPU")
+    vram = next(p for p in panels_json() if p["title"] == "Free VRAM per GPU")
     assert "{{gpu}}" in vram["targets"][0]["legendFormat"]
     assert 512 * 1024 * 1024 in {s["value"] for s in vram["fieldConfig"]["defaults"]["thresholds"]["steps"]}
     assert vram["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"].startswith("line")
@@ -367,12 +285,12 @@ def test_the_seed_incident_is_visible_at_a_glance() -> None:
     _panel_with("llamacpp_server_starts_total")
     _panel_with("llamacpp_exporter_source_up")
     _panel_with("llamacpp_exporter_log_lines_total")
-    annotations = {a["name"] for a in _dashboard()["annotations"]["list"]}
+    annotations = {a["name"] for a in dashboard_json()["annotations"]["list"]}
     assert {"Context size exceeded", "llama-server start", "Firing alerts"} <= annotations
 
 
 def test_queries_are_all_found() -> None:
-    assert len(dashboard_queries(_dashboard())) >= 45
+    assert len(dashboard_queries(dashboard_json())) >= 45
 
 
 def test_provisioning_loads_the_dashboard_with_no_clicks() -> None:
@@ -385,24 +303,13 @@ def test_provisioning_loads_the_dashboard_with_no_clicks() -> None:
     (provider,) = prov["providers"]
     assert provider["type"] == "file" and provider["options"]["path"].startswith("/")
     # The datasource variable picks the default Prometheus: no uid has to match.
-    assert _dashboard()["templating"]["list"][0]["current"] == {}
-
-
-def _rows() -> list[tuple[str, list[dict[str, Any]]]]:
-    """(row title, its panels) in order."""
-    rows: list[tuple[str, list[dict[str, Any]]]] = []
-    for p in _dashboard()["panels"]:
-        if p["type"] == "row":
-            rows.append((p["title"], []))
-        else:
-            rows[-1][1].append(p)
-    return rows
+    assert dashboard_json()["templating"]["list"][0]["current"] == {}
 
 
 def test_stat_targets_are_instant_only() -> None:
     """A stat shows the value now: with both `range` and `instant` Grafana runs two queries and every tile
     shows each series twice."""
-    stats = [p for p in _panels() if p["type"] == "stat"]
+    stats = [p for p in panels_json() if p["type"] == "stat"]
     assert len(stats) >= 8
     for panel in stats:
         for target in panel["targets"]:
@@ -412,7 +319,7 @@ def test_stat_targets_are_instant_only() -> None:
 def test_the_top_row_says_what_is_wrong_now() -> None:
     """First row, first line: the firing alerts, the demand ratio, the time to full, the pool usage and the
     server's state; loading is orange (not down), an exporter that cannot be scraped is red."""
-    title, top = _rows()[0]
+    title, top = rows_json()[0]
     assert title == "At a glance"
     first_line = [p for p in top if p["gridPos"]["y"] == top[0]["gridPos"]["y"]]
     names = [n for p in first_line for t in p["targets"] for n in metric_names_in(t["expr"])]
@@ -435,86 +342,9 @@ def test_stacked_panels_stack_one_instance_each() -> None:
     stacked panel is repeated per instance instead."""
     stacked = [
         p
-        for p in _panels()
+        for p in panels_json()
         if p["type"] == "timeseries" and p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] != "none"
     ]
     assert len(stacked) >= 4
     for panel in stacked:
         assert panel.get("repeat") == "instance" and "$instance" in panel["title"], panel["title"]
-
-
-@pytest.mark.promtool
-def test_the_top_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
-    """The real PromQL engine runs the llama-server tile, the time to full and the alert list: up 1, loading
-    2, exporter down -1; no ETA is 'not filling' (-1); an alert without an instance (a GPU's) is listed."""
-    job = 'job="llamacpp"'
-    series = {
-        f'up{{{job}, instance="a:9778"}}': "1x10",
-        f'llamacpp_up{{{job}, instance="a:9778"}}': "1x10",
-        f'llamacpp_server_loading{{{job}, instance="a:9778"}}': "0x10",
-        f'llamacpp_kv_pool_used_tokens{{{job}, instance="a:9778"}}': "100x10",
-        f'up{{{job}, instance="b:9778"}}': "1x10",
-        f'llamacpp_up{{{job}, instance="b:9778"}}': "0x10",
-        f'llamacpp_server_loading{{{job}, instance="b:9778"}}': "1x10",
-        f'llamacpp_kv_pool_used_tokens{{{job}, instance="b:9778"}}': "100x10",
-        f'llamacpp_kv_pool_full_eta_seconds{{{job}, instance="b:9778"}}': "42x10",
-        f'up{{{job}, instance="c:9778"}}': "0x10",
-        f'ALERTS{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", severity="warning"}}': "1x10",
-        f'ALERTS{{{job}, alertname="LlamaCppKVPoolSaturated", alertstate="pending", instance="a:9778"}}': "1x10",
-    }
-    top = _rows()[0][1]
-    server = next(p for p in top if p["title"] == "llama-server")["targets"][0]["expr"]
-    eta = next(p for p in top if p["title"] == "Pool full in")["targets"][0]["expr"]
-    alerts = next(p for p in top if p["title"] == "Firing alerts")["targets"][0]["expr"]
-    cases: list[tuple[str, dict[str, float]]] = [
-        (
-            _substituted(server),
-            {
-                f'{{{job}, instance="a:9778"}}': 1,
-                f'{{{job}, instance="b:9778"}}': 2,
-                f'{{{job}, instance="c:9778"}}': -1,
-            },
-        ),
-        (
-            _substituted(eta),
-            {
-                f'{{{job}, instance="a:9778"}}': -1,
-                f'llamacpp_kv_pool_full_eta_seconds{{{job}, instance="b:9778"}}': 42,
-            },
-        ),
-        (
-            _substituted(alerts),
-            {
-                f'ALERTS{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", '
-                'severity="warning"}': 1
-            },
-        ),
-    ]
-    _promtool_expressions(promtool_bin, tmp_path, series, cases)
-
-
-def _promtool_expressions(
-    promtool_bin: Path, tmp_path: Path, series: dict[str, str], cases: list[tuple[str, dict[str, float]]]
-) -> None:
-    """Evaluate each query at 5m over `series` (one sample a minute) with promtool; each gives its samples."""
-    tests = {
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": name, "values": values} for name, values in series.items()],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "5m",
-                        "exp_samples": [{"labels": labels, "value": value} for labels, value in expected.items()],
-                    }
-                    for expr, expected in cases
-                ],
-            }
-        ],
-    }
-    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False), encoding="utf-8")
-    out = subprocess.run(
-        [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr

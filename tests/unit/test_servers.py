@@ -4,16 +4,14 @@ boundary), and `--servers-file`."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from paths import B11434, REPO
+from fake_nvml import GIB, FakeNvml, h200
+from paths import B11434
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
-from test_sources_nvml import GIB, FakeNvml, _h200
 
 from exporter.logs import follow as follow_mod
 from exporter.logs.pipeline import LogPipeline
@@ -73,7 +71,7 @@ def _server(tmp_path: Path, name: str, pid: int, nvml: NvmlReader | None, owner:
 def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
     """gpu0 holds both servers (a: 100, b: 200), gpu1 only b (how much, NVML cannot tell: a MIG or vGPU
     device); NVML is read once for both."""
-    fake = FakeNvml([_h200(0, 100, [(100, 40 * GIB), (200, 50 * GIB)]), _h200(1, 60, [(200, None)])])
+    fake = FakeNvml([h200(0, 100, [(100, 40 * GIB), (200, 50 * GIB)]), h200(1, 60, [(200, None)])])
     a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
     b = _server(tmp_path, "b", 200, None, a.live)
     collector = ServersCollector([a, b])
@@ -105,7 +103,7 @@ def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
 def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     """No labels, and the families of the single-server collectors in their order (the golden files' test),
     NVML on: nothing added about GPU sharing."""
-    fake = FakeNvml([_h200(0, 100, [(100, 40 * GIB)])])
+    fake = FakeNvml([h200(0, 100, [(100, 40 * GIB)])])
     server = _server(tmp_path, "x", 100, NvmlReader(fake), None)
     one = FollowedServer({}, server.pipeline, server.live, children=NO_CHILDREN)
     collector = ServersCollector([one])
@@ -209,29 +207,3 @@ def test_servers_file() -> None:
 def test_servers_file_errors_name_the_entry(text: str, message: str) -> None:
     with pytest.raises(ServersFileError, match=message):
         parse_servers(text)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=REPO,
-    )
-
-
-def test_servers_file_flag_errors_are_one_line(tmp_path: Path) -> None:
-    bad = tmp_path / "servers.yml"
-    bad.write_text("servers:\n  - name: a\n    log_file: x\n    url: ftp://h\n")
-    for args, message in (
-        (["--servers-file", str(bad)], "--servers-file " + str(bad) + ": server 'a': url: expected an http(s) URL"),
-        (["--servers-file", str(tmp_path / "none.yml")], "cannot read"),
-        (["--servers-file", str(bad), "--log-file", "x"], "leave out --log-file"),
-        (["--servers-file", str(bad), "--demo"], "leave out --demo"),
-        (["--servers-file", str(bad), "--server-url", "http://h:1"], "leave out --server-url"),
-    ):
-        result = _cli(*args)
-        assert result.returncode == 2, result
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert message in result.stderr, result.stderr

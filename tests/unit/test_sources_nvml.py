@@ -8,109 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from expositions import SERVER_PID, nvml_live
+from fake_nvml import GIB, FakeNvml, h200
+from prometheus_client import CollectorRegistry
 
-from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.gpu import NvmlCollector
-from exporter.metrics.live import live_collectors
-from exporter.model.state import ServerState
-from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader, NvmlSnapshot
-
-GIB = 1024**3
-SERVER_PID = 4242
-
-
-@dataclass
-class FakeGpu:
-    name: str
-    uuid: str
-    total: int
-    used: int
-    processes: list[tuple[int, int | None]] = field(default_factory=list)
-
-
-class FakeNvml:
-    """The part of pynvml the reader uses. `fail` maps a function name to the error code it raises next."""
-
-    NVMLError = pynvml.NVMLError
-
-    def __init__(self, gpus: list[FakeGpu]) -> None:
-        self.gpus = gpus
-        self.initialized = False
-        self.init_calls = 0
-        self.shutdown_calls = 0
-        self.fail: dict[str, int] = {}
-        self.old_driver = False  # no *_v3 process API: the unversioned call raises NVMLLibraryMismatchError
-
-    def _check(self, fn: str) -> None:
-        code = self.fail.get(fn)
-        if code is not None:
-            raise pynvml.NVMLError(code)  # the real class picks the subclass, e.g. NVMLError_GpuIsLost
-        if fn != "nvmlInit" and not self.initialized:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-
-    def nvmlInit(self) -> None:
-        self.init_calls += 1
-        self._check("nvmlInit")
-        self.initialized = True
-
-    def nvmlShutdown(self) -> None:
-        self.shutdown_calls += 1
-        self.initialized = False
-
-    def nvmlDeviceGetCount(self) -> int:
-        self._check("nvmlDeviceGetCount")
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        self._check("nvmlDeviceGetHandleByIndex")
-        return index
-
-    def nvmlDeviceGetName(self, handle: int) -> str:
-        self._check("nvmlDeviceGetName")
-        return self.gpus[handle].name
-
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        self._check("nvmlDeviceGetUUID")
-        return self.gpus[handle].uuid.encode()  # old pynvml releases return bytes
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
-        self._check(f"nvmlDeviceGetMemoryInfo:{handle}")
-        self._check("nvmlDeviceGetMemoryInfo")
-        g = self.gpus[handle]
-        return SimpleNamespace(total=g.total, used=g.used, free=g.total - g.used)
-
-    def _procs(self, handle: int) -> list[SimpleNamespace]:
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.gpus[handle].processes]
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
-        self._check("nvmlDeviceGetComputeRunningProcesses")
-        if self.old_driver:
-            raise pynvml.NVMLLibraryMismatchError("Unversioned function called …")
-        return self._procs(handle)
-
-    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: int) -> list[SimpleNamespace]:
-        self._check("nvmlDeviceGetComputeRunningProcesses_v2")
-        return self._procs(handle)
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
-        self._check("nvmlDeviceGetGraphicsRunningProcesses")
-        return []
-
-
-def _h200(i: int, used_gib: int, processes: list[tuple[int, int | None]] | None = None) -> FakeGpu:
-    return FakeGpu(
-        "NVIDIA H200", f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd", 143771 * 1024**2, used_gib * GIB, processes or []
-    )
 
 
 def _registry(reader: NvmlReader, pid: int | None = SERVER_PID) -> tuple[CollectorRegistry, list[NvmlSnapshot]]:
@@ -126,7 +33,7 @@ def _gpu_labels(i: int, fake: FakeNvml) -> dict[str, str]:
 
 
 def test_one_gpu_values_in_bytes_and_the_server_matched_by_pid() -> None:
-    fake = FakeNvml([_h200(0, 140, [(999, 2 * GIB), (SERVER_PID, 135 * GIB)])])
+    fake = FakeNvml([h200(0, 140, [(999, 2 * GIB), (SERVER_PID, 135 * GIB)])])
     reader = NvmlReader(fake)
     reg, snaps = _registry(reader)
     snaps.append(reader.read())
@@ -143,7 +50,7 @@ def test_one_gpu_values_in_bytes_and_the_server_matched_by_pid() -> None:
 
 
 def test_several_gpus_and_a_server_that_uses_only_some() -> None:
-    fake = FakeNvml([_h200(0, 70, [(SERVER_PID, 60 * GIB)]), _h200(1, 1), _h200(2, 80, [(SERVER_PID, 70 * GIB)])])
+    fake = FakeNvml([h200(0, 70, [(SERVER_PID, 60 * GIB)]), h200(1, 1), h200(2, 80, [(SERVER_PID, 70 * GIB)])])
     reader = NvmlReader(fake)
     reg, snaps = _registry(reader)
     snaps.append(reader.read())
@@ -169,7 +76,7 @@ def test_no_gpu_gives_no_series_and_source_down() -> None:
 
 
 def test_unknown_pid_or_unavailable_process_memory_gives_no_process_series() -> None:
-    fake = FakeNvml([_h200(0, 10, [(SERVER_PID, None)])])  # WDDM / no pid namespace access: NVML cannot tell
+    fake = FakeNvml([h200(0, 10, [(SERVER_PID, None)])])  # WDDM / no pid namespace access: NVML cannot tell
     reader = NvmlReader(fake)
     reg, snaps = _registry(reader)
     snaps.append(reader.read())
@@ -181,11 +88,11 @@ def test_unknown_pid_or_unavailable_process_memory_gives_no_process_series() -> 
 
 
 def test_process_list_falls_back_to_the_older_api_and_tolerates_not_supported() -> None:
-    fake = FakeNvml([_h200(0, 10, [(SERVER_PID, 8 * GIB)])])
+    fake = FakeNvml([h200(0, 10, [(SERVER_PID, 8 * GIB)])])
     fake.old_driver = True
     snap = NvmlReader(fake).read()
     assert snap.ok and snap.gpus[0].processes == {SERVER_PID: 8 * GIB}
-    fake = FakeNvml([_h200(0, 10, [(SERVER_PID, 8 * GIB)])])
+    fake = FakeNvml([h200(0, 10, [(SERVER_PID, 8 * GIB)])])
     fake.fail["nvmlDeviceGetComputeRunningProcesses"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     fake.fail["nvmlDeviceGetGraphicsRunningProcesses"] = pynvml.NVML_ERROR_NOT_SUPPORTED
     snap = NvmlReader(fake).read()
@@ -198,39 +105,16 @@ def test_library_missing() -> None:
 
     snap = NvmlReader(loader=no_module).read()
     assert not snap.ok and snap.error is not None and "nvidia-ml-py" in snap.error
-    fake = FakeNvml([_h200(0, 1)])
+    fake = FakeNvml([h200(0, 1)])
     fake.fail["nvmlInit"] = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     snap = NvmlReader(fake).read()
     assert snap.error == "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
 
 
-def _live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
-    live = LiveSources(ServerState(), nvml=reader)
-    reg = CollectorRegistry()
-    for c in live_collectors(live):
-        reg.register(c)
-    reg.register(
-        ExporterCollector(
-            SimpleNamespace(
-                up=True,
-                lines=0,
-                replayed_lines=0,
-                truncations=0,
-                rotations=0,
-                lost_bytes=0,
-                long_lines=0,
-                understood=True,
-            ),
-            live.statuses,
-        )
-    )
-    return live, reg
-
-
 def test_gpu_lost_mid_run_is_reported_once_then_recovers(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="exporter.sources.live")
-    fake = FakeNvml([_h200(0, 10), _h200(1, 20), _h200(2, 30)])
-    live, reg = _live(NvmlReader(fake))
+    fake = FakeNvml([h200(0, 10), h200(1, 20), h200(2, 30)])
+    live, reg = nvml_live(NvmlReader(fake))
     up = {"source": "nvml"}
 
     asyncio.run(live.refresh())
@@ -255,7 +139,7 @@ def test_gpu_lost_mid_run_is_reported_once_then_recovers(caplog: pytest.LogCaptu
 
 
 def test_driver_unloaded_mid_run_is_retried() -> None:
-    fake = FakeNvml([_h200(0, 10)])
+    fake = FakeNvml([h200(0, 10)])
     reader = NvmlReader(fake)
     assert reader.read().ok
     fake.fail["nvmlDeviceGetCount"] = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
@@ -271,7 +155,7 @@ def test_real_pynvml_without_a_driver(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(pynvml.NVMLError_LibraryNotFound):
         pynvml.nvmlInit()
     caplog.set_level(logging.INFO)
-    live, reg = _live(NvmlReader())
+    live, reg = nvml_live(NvmlReader())
     for _ in range(3):
         asyncio.run(live.refresh())
     assert reg.get_sample_value("llamacpp_exporter_source_up", {"source": "nvml"}) == 0
@@ -280,13 +164,3 @@ def test_real_pynvml_without_a_driver(caplog: pytest.LogCaptureFixture) -> None:
     lines = [r.getMessage() for r in caplog.records if "nvml" in r.getMessage().lower()]
     assert lines == ["source nvml down: NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"]
     asyncio.run(live.close())
-
-
-def test_exposition_passes_promtool(promtool_bin: Path) -> None:
-    fake = FakeNvml([_h200(0, 70, [(SERVER_PID, 60 * GIB)]), _h200(1, 1)])
-    live, reg = _live(NvmlReader(fake))
-    asyncio.run(live.refresh())
-    text = generate_latest(reg)
-    assert b"llamacpp_gpu_memory_free_bytes" in text
-    lint = subprocess.run([str(promtool_bin), "check", "metrics"], input=text, capture_output=True, timeout=30)
-    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint

@@ -12,24 +12,22 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import importlib
-import importlib.util
 import io
 import json
 import random
 import re
-import sys
 import tracemalloc
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from big_log import build_log, distinct_run
 from diagnose_checks import (
     CAPTURE_ROOT,
     check_against_lines,
     log_lines,
 )
-from paths import B11434, REPO
+from paths import B11434
 
 from exporter import diagnose
 from exporter.diagnose import Diagnoser, Report, analyze, diagnose_file, render_text, to_json
@@ -585,24 +583,14 @@ def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
     assert report.failures_total == 1
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("diagnose_big", REPO / "bench" / "diagnose_big.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["diagnose_big"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_memory_stays_bounded(tmp_path: Path) -> None:
     """Structural check for acceptance 3: 4x the log does not need more memory (no per-line state).
 
-    bench/diagnose_big.py builds the log the same way and measures 1 GiB in a subprocess.
+    bench/diagnose_big.py builds the log the same way (support/big_log.py) and measures 1 GiB in a subprocess.
     """
-    bench = _bench()
     peaks = []
     for size_mb in (3, 12):
-        built = bench.build_log(tmp_path / f"{size_mb}.log", size_mb * 2**20)
+        built = build_log(tmp_path / f"{size_mb}.log", size_mb * 2**20)
         tracemalloc.start()
         try:
             report = diagnose_file(str(built.path))
@@ -742,7 +730,7 @@ def test_docstring_examples() -> None:
 
 def _again(text: str, k: int) -> str:
     """A capture as the k-th later start of its server (its first time stamp moved: see distinct_run)."""
-    return str(_bench().distinct_run(text.encode(), k).decode())
+    return str(distinct_run(text.encode(), k).decode())
 
 
 def _line_by_line(path: Path) -> Report:
@@ -848,7 +836,7 @@ def test_a_big_log_on_several_cores_gives_the_same_report(
     start line may follow a run that never printed its own `initializing ...`."""
     from exporter.diagnose import parallel
 
-    built = _bench().build_log(tmp_path / "big.log", 6 * 2**20, root=CAPTURE_ROOT)
+    built = build_log(tmp_path / "big.log", 6 * 2**20, root=CAPTURE_ROOT)
     path = built.path
     if mix == "odd":
         lines = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text().splitlines(keepends=True)
@@ -957,7 +945,7 @@ def test_a_big_file_that_is_not_a_log_is_refused_in_parts_too(tmp_path: Path, mo
     parts (a later part alone would find the log)."""
     from exporter.diagnose import parallel
 
-    built = _bench().build_log(tmp_path / "log", 4 * 2**20, root=CAPTURE_ROOT)
+    built = build_log(tmp_path / "log", 4 * 2**20, root=CAPTURE_ROOT)
     path = tmp_path / "binary-then-log"
     path.write_bytes(random.Random(7).randbytes(2**20) + built.path.read_bytes())
     monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)

@@ -10,12 +10,13 @@ this log::
 
     $ llamacpp-exporter diagnose llama-server.log
     ...
-      Failure 1 at line 354 (0:00:00.064 after start): Context size has been exceeded
-        slot  task  tokens at abort  share of pool
-           0    24              128         25.0 %
-        ...
-        sum                     513        100.2 %
-        overflow: 513 - 512 = 1 token, exactly the batch of 1 token that found no room (off = 3)
+        Failure 1 at line 354 (0:00:00.064 after start): Context size has been exceeded
+          ...
+          slot  task  tokens at abort  share of pool
+             0    24              128         25.0 %
+          ...
+           sum                    513        100.2 %
+          overflow: 513 - 512 = 1 token, exactly the batch of 1 token that found no room (off = 3)
 
 Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import importlib
 import io
 import json
 import random
@@ -717,15 +716,6 @@ def test_crash_loop_during_start_up_is_one_run_per_start() -> None:
     assert report.runs_total == 3
     assert [r.started for r in report.runs] == [True, True, True]
     assert [len(r.failures) for r in report.runs] == [0, 0, 1]
-
-
-def test_docstring_examples() -> None:
-    import doctest
-    import pkgutil
-
-    for info in pkgutil.iter_modules(diagnose.__path__):
-        module = importlib.import_module(f"exporter.diagnose.{info.name}")
-        assert doctest.testmod(module).failed == 0, info.name
 
 
 def _again(text: str, k: int) -> str:

@@ -3,7 +3,7 @@
 The names are collected from real scrapes of the real exporter process in real scenarios: the seed
 incident (`-c 512 -np 4 -kvu`, four requests aborted) and a context-checkpoint run (tiny gemma2 with
 `-ctxcp`), with the live sources on (`--server-url`, /proc). There is no GPU here, so the exporter runs
-with a stand-in `pynvml` module on its PYTHONPATH (prom_harness.FAKE_PYNVML): the NVML source and
+with the tests' fake `pynvml` module on its PYTHONPATH (support/fake_nvml.py): the NVML source and
 collector are the real code, fed by a fake library at the NVML boundary.
 
 Allowed besides: the recording rules' own names, and the series Prometheus makes itself (`up`,
@@ -13,15 +13,15 @@ Allowed besides: the recording rules' own names, and the series Prometheus makes
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from fake_nvml import pynvml_env, seed_incident_gpu
 from llama_harness import ExporterProcess, LlamaServer, http_json, make_prompt, run_concurrent_completions, wait_for
 from paths import REPO
-from prom_harness import dashboard_queries, metric_names_in, write_fake_pynvml
+from prom_harness import dashboard_queries, metric_names_in
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.llama_server
@@ -51,14 +51,11 @@ def _sample_names(scrape: str) -> set[str]:
     return {s.name for family in text_string_to_metric_families(scrape) for s in family.samples}
 
 
-def _exporter(srv: LlamaServer, fake_nvml: Path) -> ExporterProcess:
+def _exporter(srv: LlamaServer) -> ExporterProcess:
     return ExporterProcess(
         srv.log_file,
         ["--server-url", srv.url, "--pid", str(srv.pid)],
-        env={
-            "PYTHONPATH": os.pathsep.join([str(fake_nvml), os.environ.get("PYTHONPATH", "")]),
-            "FAKE_PYNVML_PIDS": str(srv.pid),
-        },
+        env=pynvml_env([seed_incident_gpu([srv.pid])]),
     )
 
 
@@ -68,12 +65,11 @@ def emitted(
 ) -> set[str]:
     """Sample names from scrapes taken before, during and after the two scenarios."""
     tmp = tmp_path_factory.mktemp("names")
-    fake_nvml = write_fake_pynvml(tmp / "fake-nvml")
     names: set[str] = set()
 
     with (
         LlamaServer(llama_server_bin, tiny_llama_model, SEED_ARGS, log_file=tmp / "seed.log") as srv,
-        _exporter(srv, fake_nvml) as exporter,
+        _exporter(srv) as exporter,
     ):
         names |= _sample_names(exporter.scrape())
         results = run_concurrent_completions(srv.url, n=4)
@@ -87,7 +83,7 @@ def emitted(
 
     with (
         LlamaServer(llama_server_bin, tiny_gemma2_model, [*CKPT_ARGS, "-lv", "4"], log_file=tmp / "ckpt.log") as srv,
-        _exporter(srv, fake_nvml) as exporter,
+        _exporter(srv) as exporter,
     ):
         base = make_prompt(300)
         for prompt in (base, base + "Another ten", base + "Another ten wor"):

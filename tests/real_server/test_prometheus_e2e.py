@@ -8,7 +8,7 @@ several seconds (attention over the whole unified pool slows generation as it fi
 window in which `LlamaCppKVPoolSaturated` must fire, and does, before the first abort line is written.
 
 A second llama-server (tiny gemma2, `-ctxcp`) gives the checkpoint panels data, and both exporters
-run with a stand-in `pynvml` (prom_harness.FAKE_PYNVML: no GPU here) so that the GPU panels have data.
+run with the tests' fake `pynvml` (support/fake_nvml.py: no GPU here) so that the GPU panels have data.
 
 Test copy of the rules: `LlamaCppKVPoolSaturated`'s `for:` is 0s (30s in production) and Prometheus
 scrapes every 1 s and evaluates every 0.5 s; everything else is the shipped files.
@@ -35,6 +35,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote_plus
 
 import pytest
+from fake_nvml import pynvml_env, seed_incident_gpu
 from llama_harness import ExporterProcess, LlamaServer, http_json, make_prompt, run_concurrent_completions, wait_for
 from paths import REPO
 from prom_harness import (
@@ -48,7 +49,6 @@ from prom_harness import (
     find_prometheus,
     load_script,
     prometheus_test_config,
-    write_fake_pynvml,
 )
 
 pytestmark = [pytest.mark.llama_server, pytest.mark.promtool]
@@ -97,7 +97,7 @@ class Incident:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def _exporter(srv: LlamaServer, fake_nvml: Path) -> ExporterProcess:
+def _exporter(srv: LlamaServer) -> ExporterProcess:
     return ExporterProcess(
         srv.log_file,
         # No --pid: the exporter finds each llama-server by the log file it writes.
@@ -108,10 +108,7 @@ def _exporter(srv: LlamaServer, fake_nvml: Path) -> ExporterProcess:
             "0.2",
             *os.environ.get("LLAMACPP_E2E_EXPORTER_ARGS", "").split(),
         ],
-        env={
-            "PYTHONPATH": os.pathsep.join([str(fake_nvml), os.environ.get("PYTHONPATH", "")]),
-            "FAKE_PYNVML_PIDS": str(srv.pid),
-        },
+        env=pynvml_env([seed_incident_gpu([srv.pid])]),
     )
 
 
@@ -158,7 +155,6 @@ def incident(
     prom_bin = find_prometheus() or _missing("prometheus")
     am_bin = find_alertmanager() or _missing("prometheus-alertmanager")
     tmp = tmp_path_factory.mktemp("prom-e2e")
-    fake_nvml = write_fake_pynvml(tmp / "fake-nvml")
     rules = tmp / "llamacpp-rules.yml"
     rules.write_text(rules_generator.render(rules_generator.Config(kv_saturated_for="0s")), encoding="utf-8")
 
@@ -170,12 +166,12 @@ def incident(
         ckpt = stack.enter_context(
             LlamaServer(llama_server_bin, tiny_gemma2_model, CKPT_ARGS, log_file=tmp / "ckpt.log")
         )
-        ckpt_exporter = stack.enter_context(_exporter(ckpt, fake_nvml))
+        ckpt_exporter = stack.enter_context(_exporter(ckpt))
         srv = stack.enter_context(
             LlamaServer(llama_server_bin, tiny_llama_model, INCIDENT_ARGS, log_file=tmp / "incident.log")
         )
         server_started = time.time()
-        exporter = stack.enter_context(_exporter(srv, fake_nvml))
+        exporter = stack.enter_context(_exporter(srv))
         instance = f"127.0.0.1:{exporter.port}"
         prom = stack.enter_context(
             Prometheus(

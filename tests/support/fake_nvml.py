@@ -1,18 +1,35 @@
-"""The tests' one fake NVML: the part of the `pynvml` module (nvidia-ml-py) the exporter uses, with the
-real module's error classes and codes."""
+"""The tests' one fake NVML: the part of the `pynvml` module (nvidia-ml-py) the exporter uses, at the
+library boundary, raising the real module's error classes with its codes. The exporter's own NVML reader
+and collector run unchanged on it, so they are what the tests check.
+
+In process, a test hands a ``FakeNvml`` to ``NvmlReader``. An exporter *process* imports it as
+``pynvml`` from ``fake_pynvml/`` (``pynvml_env`` gives the environment), with the GPUs the test
+describes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
 
 GIB = 1024**3
+MIB = 1024**2
+
+#: The folder whose ``pynvml`` module is this fake, for an exporter process (see ``pynvml_env``).
+PROCESS_MODULE_DIR = Path(__file__).resolve().parent / "fake_pynvml"
+#: The environment variable that carries the process's GPUs (JSON, a list of ``FakeGpu`` fields).
+GPUS_ENV = "FAKE_PYNVML_GPUS"
 
 
 @dataclass
 class FakeGpu:
+    """One GPU: memory in bytes, and (pid, bytes or None when NVML cannot tell) for each process on it."""
+
     name: str
     uuid: str
     total: int
@@ -24,6 +41,11 @@ class FakeNvml:
     """The part of pynvml the reader uses. `fail` maps a function name to the error code it raises next."""
 
     NVMLError = pynvml.NVMLError
+
+    @classmethod
+    def from_json(cls, text: str) -> FakeNvml:
+        """The GPUs ``pynvml_env`` wrote, initialised as a fresh library is."""
+        return cls([FakeGpu(**{**g, "processes": [tuple(p) for p in g["processes"]]}) for g in json.loads(text)])
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -90,6 +112,27 @@ class FakeNvml:
 
 
 def h200(i: int, used_gib: int, processes: list[tuple[int, int | None]] | None = None) -> FakeGpu:
+    """GPU ``i``: an H200 (143,771 MiB) with ``used_gib`` GiB used."""
     return FakeGpu(
         "NVIDIA H200", f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd", 143771 * 1024**2, used_gib * GIB, processes or []
     )
+
+
+def seed_incident_gpu(pids: list[int]) -> FakeGpu:
+    """A 22 GiB card with 170 MiB free, as in the seed incident; each of ``pids`` uses 20 GiB of it."""
+    total = 22 * GIB
+    return FakeGpu(
+        "NVIDIA GeForce RTX 2080 Ti (fake)",
+        "GPU-00000000-fake-0000-0000-000000000000",
+        total,
+        total - 170 * MIB,
+        [(pid, 20 * GIB) for pid in pids],
+    )
+
+
+def pynvml_env(gpus: list[FakeGpu]) -> dict[str, str]:
+    """The environment under which an exporter process imports this fake as ``pynvml``, with ``gpus``."""
+    return {
+        "PYTHONPATH": os.pathsep.join([str(PROCESS_MODULE_DIR), os.environ.get("PYTHONPATH", "")]),
+        GPUS_ENV: json.dumps([asdict(g) for g in gpus]),
+    }

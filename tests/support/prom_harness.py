@@ -361,72 +361,6 @@ def dashboard_queries(dashboard: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-#: A stand-in for the ``pynvml`` module (nvidia-ml-py) for an exporter *process* on a machine without
-#: an NVIDIA GPU: put the directory that holds it first on PYTHONPATH. One 22 GB card with 170 MiB
-#: free (the seed incident); the pids in $FAKE_PYNVML_PIDS (comma-separated) each use 20 GiB on it.
-FAKE_PYNVML = '''"""Fake pynvml for tests: one GPU, fixed memory figures. Not the real NVML."""
-import os
-from types import SimpleNamespace
-
-NVML_ERROR_UNINITIALIZED = 1
-
-
-class NVMLError(Exception):
-    def __init__(self, value=999):
-        super().__init__(f"fake NVML error {value}")
-        self.value = value
-
-
-_GIB = 1024**3
-_TOTAL = 22 * _GIB
-_FREE = 170 * 1024**2
-
-
-def nvmlInit():
-    pass
-
-
-def nvmlShutdown():
-    pass
-
-
-def nvmlDeviceGetCount():
-    return 1
-
-
-def nvmlDeviceGetHandleByIndex(index):
-    return index
-
-
-def nvmlDeviceGetMemoryInfo(handle):
-    return SimpleNamespace(total=_TOTAL, free=_FREE, used=_TOTAL - _FREE)
-
-
-def nvmlDeviceGetUUID(handle):
-    return "GPU-00000000-fake-0000-0000-000000000000"
-
-
-def nvmlDeviceGetName(handle):
-    return "NVIDIA GeForce RTX 2080 Ti (fake)"
-
-
-def nvmlDeviceGetComputeRunningProcesses(handle):
-    pids = [int(p) for p in os.environ.get("FAKE_PYNVML_PIDS", "").split(",") if p.strip()]
-    return [SimpleNamespace(pid=pid, usedGpuMemory=20 * _GIB) for pid in pids]
-
-
-def nvmlDeviceGetGraphicsRunningProcesses(handle):
-    return []
-'''
-
-
-def write_fake_pynvml(directory: Path) -> Path:
-    """Write ``pynvml.py`` (see :data:`FAKE_PYNVML`) into ``directory``; return the directory."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "pynvml.py").write_text(FAKE_PYNVML, encoding="utf-8")
-    return directory
-
-
 @dataclass
 class Notification:
     """One POST that reached the webhook receiver."""
@@ -506,5 +440,4 @@ __all__ = [
     "load_script",
     "metric_names_in",
     "prometheus_test_config",
-    "write_fake_pynvml",
 ]

@@ -18,7 +18,7 @@ deterministic corpus stitched from real llama-server b11434 captures (bench/make
   counts its lines; and single scrapes at random moments, 0.5-2 s apart as Prometheus' would be,
   with how many of the lines written before each it missed (as ms of writing).
 - scrape: /metrics response time with 4 slots, and with 64 slots plus 8 GPUs' worth of NVML series
-  (bench/fake_nvml stands in for pynvml), alternated.
+  (the tests' fake pynvml, tests/support/fake_nvml.py, stands in for NVML), alternated.
 - flood: 200,000 lines/s for 10 s while /metrics is scraped every 50 ms; RSS sampled.
 - diagnose: bench/diagnose_big.py on a 1 GiB log, when present.
 
@@ -52,6 +52,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
+sys.path.insert(0, str(REPO / "tests" / "support"))  # the tests' fake NVML
+
+from fake_nvml import GIB, FakeGpu, pynvml_env  # noqa: E402
+
 MTAIL_PROG = BENCH / "llama.mtail"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 RETRY_LINE = (
@@ -771,7 +775,19 @@ def bench_scrape(report: Report, args: argparse.Namespace) -> None:
     slots_log(small, 4)
     slots_log(big, 64)
     p4, p64 = free_port(), free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH / "fake_nvml"), str(REPO)])}
+    # A big inference box: 8 GPUs, each with another process and llama-server on it.
+    gpus = [
+        FakeGpu(
+            "NVIDIA H200 (bench stand-in)",
+            f"GPU-00000000-0000-0000-0000-{i:012d}",
+            141 * GIB,
+            (100 + 3 * i) * GIB,
+            [(1000 + i, 90 * GIB), (4242, 2 * GIB)],
+        )
+        for i in range(8)
+    ]
+    nvml = pynvml_env(gpus)
+    env = {**os.environ, **nvml, "PYTHONPATH": os.pathsep.join([nvml["PYTHONPATH"], str(REPO)])}
     a = Child("exporter-4", exporter_argv(small, p4), args.workdir)
     b = Child("exporter-64", exporter_argv(big, p64, nvml=True), args.workdir, env)
     # The 4-slot exporter again, behind basic auth (a bcrypt hash at cost 10, as htpasswd -B makes).

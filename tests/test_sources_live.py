@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from llama_harness import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import build_live_sources, build_registry
+from exporter.build import build_live_sources, build_registry
 from exporter.config import parse_config
 from exporter.logs.parse import parse_line
 from exporter.logs.pipeline import LogPipeline

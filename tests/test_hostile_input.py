@@ -194,7 +194,7 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
             pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 1 and "rejected as malformed" in rejected[0]
-        pipeline._report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
+        pipeline.report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 2 and "1000 log line(s)" in rejected[1]
     assert state.rejected == {"malformed": 1000}

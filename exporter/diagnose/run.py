@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.diagnose.advice import _advise
+from exporter.diagnose.advice import advise
 from exporter.diagnose.report import (
     Configuration,
     Counts,
@@ -35,7 +35,7 @@ _STAMP = re.compile(r"^(?:\[\s*\d+\] )?(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
-_STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
+STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
 # cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
 _PROGRESS = frozenset(
@@ -232,7 +232,7 @@ class _Predictable:
     sources: list[str]
 
 
-class _Run:
+class Run:
     """Accumulates one server run. Memory is bounded: counters, the slots, and at most N failures."""
 
     def __init__(
@@ -310,7 +310,7 @@ class _Run:
         """One point of the pool series: every slot's tokens now."""
         series = self.series
         assert series is not None
-        elapsed = elapsed_seconds(line) if line[:1] in _STAMP_FIRST else None
+        elapsed = elapsed_seconds(line) if line[:1] in STAMP_FIRST else None
         if not series.x:
             series.by_line = elapsed is None  # a run without time stamps is drawn by line number
         if series.by_line:
@@ -405,7 +405,7 @@ class _Run:
     def note_first_stamp(self, lines: Iterable[str]) -> None:
         """The run's first time stamp, where one of `lines` (none with an event) carries it."""
         for line in lines:
-            if line[:1] in _STAMP_FIRST:
+            if line[:1] in STAMP_FIRST:
                 self.note_stamp(line)
                 if self.first_elapsed is not None:
                     return
@@ -516,7 +516,7 @@ class _Run:
             largest_request_tokens=self.largest_request,
             requests_over_equal_share=self.over_share if self.over_share_known else None,
         )
-        recommendations, verdict, unknowns = _advise(config, counts)
+        recommendations, verdict, unknowns = advise(config, counts)
         duration = None
         if self.first_elapsed is not None and self.last_stamped_line:
             end = elapsed_seconds(self.last_stamped_line)
@@ -592,16 +592,16 @@ class _Run:
         )
 
 
-_RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
-    ev.SlotReleased: _Run._released,
-    ev.TaskStarted: _Run._task_started,
-    ev.NewPrompt: _Run._new_prompt,
-    ev.RequestError: _Run._request_error,
-    ev.MemorySlotFailure: _Run._memory_slot_failure,
-    ev.KVRetry: _Run._retry,
-    ev.SlotPurged: _Run._purged,
-    ev.DecodeFatal: _Run._decode_fatal,
-    ev.ServerReady: _Run._ready,
-    ev.KVCacheSection: _Run._kv_section,
-    ev.KVCacheSize: _Run._kv_size,
+_RUN_HANDLERS: dict[type, Callable[[Run, Any, int, str], None]] = {
+    ev.SlotReleased: Run._released,
+    ev.TaskStarted: Run._task_started,
+    ev.NewPrompt: Run._new_prompt,
+    ev.RequestError: Run._request_error,
+    ev.MemorySlotFailure: Run._memory_slot_failure,
+    ev.KVRetry: Run._retry,
+    ev.SlotPurged: Run._purged,
+    ev.DecodeFatal: Run._decode_fatal,
+    ev.ServerReady: Run._ready,
+    ev.KVCacheSection: Run._kv_section,
+    ev.KVCacheSize: Run._kv_size,
 }

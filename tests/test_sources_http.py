@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -206,15 +205,16 @@ async def test_api_key(fake: tuple[FakeServer, str]) -> None:
 async def test_a_slow_server_never_holds_the_scrape(fake: tuple[FakeServer, str]) -> None:
     server, url = fake
 
+    answered: list[bool] = []
+
     async def hang(r: web.Request) -> web.Response:
         await asyncio.sleep(30)
+        answered.append(True)
         return web.json_response([])
 
     server.slots = hang
-    started = time.monotonic()
     snap = await _read(url, timeout=0.3)
-    took = time.monotonic() - started
-    assert took < 2.0, took  # bounded by the timeout, not by the server
+    assert answered == []  # the read ended on its timeout, while the server still held the answer
     assert snap.up and not snap.ok and "no answer within 0.3s" in (snap.errors.get("/slots") or "")
 
 

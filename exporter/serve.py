@@ -43,13 +43,14 @@ class StartError(Exception):
         self.code = code
 
 
-async def serve(config: Config) -> int:
-    """Run until SIGINT/SIGTERM. Returns the process exit code."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # not on every platform
-            loop.add_signal_handler(sig, stop.set)
+async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # not on every platform
+                loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
         try:
             await start(config, stop, stack)

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from llamacpp_dashboard import glance, kv_pool, memory, requests, server
+from llamacpp_dashboard import glance, guard, kv_pool, memory, requests, server
 from llamacpp_dashboard.layout import Layout
 from llamacpp_dashboard.panels import BLUE, ORANGE, RED
 from llamacpp_dashboard.query import DS, selectors
@@ -22,6 +22,7 @@ ROWS: tuple[Callable[[Layout], None], ...] = (
     requests.request_sizes,
     server.server,
     server.router,
+    guard.guard,
     server.exporter_health,
 )
 

@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from prom_harness import dashboard_queries, load_script, metric_names_in
+from prom_harness import collector_samples, dashboard_queries, load_script, metric_names_in
+
+from exporter.guard.admission import Admission, Pool, Ticket
+from exporter.guard.books import OUTCOMES, GuardBooks, GuardCollector
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "dashboards" / "llamacpp.json"
@@ -45,6 +48,19 @@ ROUTER_METRICS = {
     "llamacpp_router_child_starts_total",
     "llamacpp_router_child_exits_total",
     "llamacpp_router_children_refused_total",
+}
+#: The guard's families (exporter/guard/books.py): it fronts one llama-server, so they are one per exporter
+#: target, never labelled server or model, and filtered by job and instance only.
+GUARD_METRICS = {
+    "llamacpp_guard_requests_total",
+    "llamacpp_guard_queue_requests",
+    "llamacpp_guard_in_flight_requests",
+    "llamacpp_guard_queue_wait_seconds_bucket",
+    "llamacpp_guard_queue_wait_seconds_sum",
+    "llamacpp_guard_queue_wait_seconds_count",
+    "llamacpp_guard_admitted_demand_tokens",
+    "llamacpp_guard_admitted_prompt_tokens",
+    "llamacpp_guard_pool_limit_tokens",
 }
 
 #: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
@@ -171,7 +187,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     per_server = False
     for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
         name = selector.split("{", 1)[0]
-        if name in GLOBAL_METRICS:
+        if name in GLOBAL_METRICS | GUARD_METRICS:
             assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
         elif name in ROUTER_METRICS:
             assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
@@ -184,7 +200,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
         kept = {label.strip() for label in grouping.split(",")}
         if name in ROUTER_METRICS:
             assert "server" in kept, f"{title}: by ({grouping}) ({name})"
-        elif name not in GLOBAL_METRICS:
+        elif name not in GLOBAL_METRICS | GUARD_METRICS:
             assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
     if per_server:
         assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"
@@ -517,3 +533,79 @@ def _promtool_expressions(
         [str(promtool_bin), "test", "rules", "tests.yml"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
+
+
+def _guard_collector() -> GuardCollector:
+    """The guard's real collector over real books and admission: per minute, 120 requests admitted, 60 queued,
+    6 refused, 3 preempted and replayed; waits of 0.5 s (240), 2.5 s (120) and 20.75 s (240); now one request of
+    400 + 100 tokens in flight and one waiting, on a pool of 1000 cells."""
+    books = GuardBooks()
+    for outcome, n in (("admitted", 120), ("queued", 60), ("refused", 6), ("preempted", 3), ("replayed", 3)):
+        for _ in range(n):
+            books.count(outcome)
+    for seconds, n in ((0.5, 240), (2.5, 120), (20.75, 240)):
+        for _ in range(n):
+            books.waited(seconds)
+    admission, pool = Admission(max_queue=2, max_wait=60.0), Pool(capacity=1000, slot_window=1000, unified=True)
+    assert admission.offer(Ticket(1, prompt=400, budget=100), pool, now=0.0).kind == "admit"
+    assert admission.offer(Ticket(2, prompt=450, budget=100), pool, now=0.0).kind == "queue"
+    return GuardCollector(books, lambda: [admission], lambda: pool.limit)
+
+
+def _guard_row() -> list[dict[str, Any]]:
+    (panels,) = [panels for title, panels in _rows() if title.startswith("Guard")]
+    return panels
+
+
+def test_the_guard_row_plots_what_the_guard_exports() -> None:
+    """One row for the guard: its requests by outcome (a rate), its queue, the queue wait's quantiles and the
+    demand it admitted against its pool limit; every name it queries is one the guard's collector exports."""
+    panels = _guard_row()
+    exported = {sample.name for sample in collector_samples(_guard_collector())}
+    queried = {n for p in panels for t in p["targets"] for n in metric_names_in(t["expr"])}
+    assert queried == GUARD_METRICS and exported >= GUARD_METRICS, (queried ^ GUARD_METRICS, GUARD_METRICS - exported)
+    outcomes = _panel_with("llamacpp_guard_requests_total")
+    assert "rate(" in outcomes["targets"][0]["expr"] and "{{outcome}}" in outcomes["targets"][0]["legendFormat"]
+    wait = _panel_with("llamacpp_guard_queue_wait_seconds_bucket")
+    assert sum("histogram_quantile(" in t["expr"] for t in wait["targets"]) == 2
+    pool = _panel_with("llamacpp_guard_admitted_demand_tokens", "llamacpp_guard_pool_limit_tokens")
+    (limit,) = pool["fieldConfig"]["overrides"]
+    assert limit["matcher"]["options"] == next(
+        t["refId"] for t in pool["targets"] if "llamacpp_guard_pool_limit_tokens" in t["expr"]
+    )
+
+
+@pytest.mark.promtool
+def test_the_guard_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
+    """The real PromQL engine runs the guard row's queries over the series the guard's real collector exports,
+    its counters growing by their value every minute: a query that names a metric, a label or a bucket the
+    guard does not export finds nothing and fails."""
+    job, instance = 'job="llamacpp"', 'instance="a:9778"'
+    series: dict[str, str] = {}
+    for sample in collector_samples(_guard_collector()):
+        labels = ", ".join([job, instance, *(f'{k}="{v}"' for k, v in sample.labels.items())])
+        growing = sample.name.endswith(("_total", "_bucket", "_sum", "_count"))
+        series[f"{sample.name}{{{labels}}}"] = f"0+{sample.value}x10" if growing else f"{sample.value}x10"
+    panels = {p["title"]: p for p in _guard_row()}
+
+    def target(title: str, ref: str = "A") -> str:
+        return _substituted(next(t["expr"] for t in panels[title]["targets"] if t["refId"] == ref))
+
+    per_minute = {"admitted": 120, "queued": 60, "refused": 6, "preempted": 3, "replayed": 3}
+    gauge = f"{{{instance}, {job}}}"
+    cases: list[tuple[str, dict[str, float]]] = [
+        (
+            target("Guard: requests by outcome"),
+            {f'{{{instance}, outcome="{o}"}}': per_minute.get(o, 0) / 60 for o in OUTCOMES},
+        ),
+        (target("Guard: queue and requests in flight"), {f"llamacpp_guard_queue_requests{gauge}": 1}),
+        (target("Guard: queue and requests in flight", "B"), {f"llamacpp_guard_in_flight_requests{gauge}": 1}),
+        # Buckets 0.5, 1, 2.5, 20, 30: half the waits end by 1.75 s and 95 % by 28.75 s (linear within a bucket).
+        (target("Guard: queue wait"), {f"{{{instance}}}": 1.75}),
+        (target("Guard: queue wait", "B"), {f"{{{instance}}}": 28.75}),
+        (target("Guard: queue wait", "C"), {f"{{{instance}}}": (240 * 0.5 + 120 * 2.5 + 240 * 20.75) / 600}),
+        (target("Guard: demand admitted vs pool"), {f"llamacpp_guard_admitted_demand_tokens{gauge}": 500}),
+        (target("Guard: demand admitted vs pool", "B"), {f"llamacpp_guard_admitted_prompt_tokens{gauge}": 400}),
+        (target("Guard: demand admitted vs pool", "C"), {f"llamacpp_guard_pool_limit_tokens{gauge}": 1000}),
+    ]
+    _promtool_expressions(promtool_bin, tmp_path, series, cases)

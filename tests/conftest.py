@@ -18,9 +18,9 @@ from typing import NoReturn
 
 import pytest
 
-# Make the helper modules next to this file importable as plain modules (`import llama_harness`),
-# whatever rootdir/import mode pytest runs with.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Make the helper modules in support/ importable as plain modules (`import llama_harness`), whatever
+# folder a test is in and whatever rootdir/import mode pytest runs with.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from llama_harness import find_llama_server
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama

@@ -240,7 +240,7 @@ class Diagnoser:
             self._child_names[str(e.port)] = e.name
         elif isinstance(e, ev.ChildExited) and source is None:
             self._child_exited(e)
-        restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.n_slots is not None
+        restart = isinstance(e, ev.SlotsInitialized) and run is not None and run.state.run.n_slots is not None
         banner = ev.banner_line(e) if kind in ev.BANNERS else None  # type: ignore[arg-type]
         if banner is not None or restart:
             # A new server process, unless this is one more banner line of a start already seen (a banner
@@ -265,7 +265,7 @@ class Diagnoser:
             del self._child_names[port]
         child = self._current.pop(port, None) if port is not None else None
         if child is not None:
-            self._close(child, next_start=not child.state.exiting)
+            self._close(child, next_start=not child.state.run.exiting)
 
     @property
     def keeps_series(self) -> bool:

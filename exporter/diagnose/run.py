@@ -319,7 +319,7 @@ class Run:
             return
         else:
             x = elapsed
-        slots = self.state.slots
+        slots = self.state.run.slots
         tokens = tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
         series.add(x, tokens, keep=keep)
 
@@ -391,7 +391,7 @@ class Run:
         capacity, _ = st.pool_capacity()
         # Cheap first: no slot's prompt demand exceeds what it holds or its prompt's size, so while
         # those fit the pool the forecast (the costly part, on every new prompt) need not be made.
-        if not capacity or sum(max(s.tokens, s.prompt_size or 0) for s in st.slots.values()) <= capacity:
+        if not capacity or sum(max(s.tokens, s.prompt_size or 0) for s in st.run.slots.values()) <= capacity:
             self.predictable = None
             return
         f = forecast(st)
@@ -423,7 +423,7 @@ class Run:
 
     def _equal_share(self) -> int | None:
         pool, _ = self.state.pool_capacity()
-        n = self.state.slot_count
+        n = self.state.run.slot_count
         return pool // n if pool and n else None
 
     # -- failures
@@ -438,8 +438,8 @@ class Run:
         # also address errors to idle slots' stale task ids: a release counts when its task got an error.
         aborted = [r for r in a.releases if r.task in errored] if errored else list(a.releases)
         pool, _ = self.state.pool_capacity()
-        unified = self.state.kv_unified
-        n_slots = self.state.slot_count
+        unified = self.state.run.kv_unified
+        n_slots = self.state.run.slot_count
         total = sum(r.n_tokens for r in aborted)
         slots = [
             SlotAtAbort(r.slot, r.task, r.n_tokens, r.n_tokens / pool if pool else None)
@@ -508,7 +508,7 @@ class Run:
             idle_slots_purged=st.slots_purged,
             cascades_recovered=st.cascades["recovered"],
             cascades_failed=st.cascades["failed"],
-            cascade_unfinished=st.in_cascade,
+            cascade_unfinished=st.run.in_cascade,
             aborts=st.decode_failures["context_exceeded"],
             decode_failures=dict(sorted(st.decode_failures.items())),
             aborted_requests=sum(st.requests_aborted[r] for r in ev.FATAL_REASONS),
@@ -545,20 +545,20 @@ class Run:
         st = self.state
         in_flight = [
             InFlight(slot, s.task, s.prompt_size, s.tokens)
-            for slot, s in sorted(st.slots.items())
-            if s.processing and not st.exiting
+            for slot, s in sorted(st.run.slots.items())
+            if s.processing and not st.run.exiting
         ]
-        if self.started and not st.ready:
-            how = "failed_start" if next_start or st.exiting else "log_ends_starting"
-        elif st.exiting:
+        if self.started and not st.run.ready:
+            how = "failed_start" if next_start or st.run.exiting else "log_ends_starting"
+        elif st.run.exiting:
             how = "clean"
         elif next_start:
             how = "died_mid_request" if in_flight else "died_idle"
         else:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
-        m = st.memory_projection
+        m = st.run.memory_projection
         memory = MemoryFigures(m.kind, m.used_mib, m.available_mib) if m is not None else None
-        return Ending(how, st.start_error, in_flight, st.pool_used(), pool, memory)
+        return Ending(how, st.run.start_error, in_flight, st.run.pool_used(), pool, memory)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -569,20 +569,20 @@ class Run:
             k_pc, v_pc = full.k_mib * MIB / cells, full.v_mib * MIB / cells
             if full.k_mib + full.v_mib > 0:
                 rel = 0.01 / (full.k_mib + full.v_mib)  # two values, each rounded to ±0.005 MiB
-        kv_bytes = round(st.kv_k_bytes + st.kv_v_bytes) if (st.kv_k_bytes or st.kv_v_bytes) else None
+        kv_bytes = round(st.run.kv_k_bytes + st.run.kv_v_bytes) if (st.run.kv_k_bytes or st.run.kv_v_bytes) else None
         return Configuration(
-            build=st.build,
-            model=st.model,
-            verbosity=st.verbosity,
-            n_slots=st.slot_count,
-            n_ctx_slot=st.n_ctx_slot,
-            kv_unified=st.kv_unified,
+            build=st.run.build,
+            model=st.run.model,
+            verbosity=st.run.verbosity,
+            n_slots=st.run.slot_count,
+            n_ctx_slot=st.run.n_ctx_slot,
+            kv_unified=st.run.kv_unified,
             pool_cells=pool,
             pool_source=source,
-            per_slot_cap=st.per_slot_cap.cap if st.per_slot_cap else None,
+            per_slot_cap=st.run.per_slot_cap.cap if st.run.per_slot_cap else None,
             overcommit=overcommit,
-            type_k=st.type_k,
-            type_v=st.type_v,
+            type_k=st.run.type_k,
+            type_v=st.run.type_v,
             kv_bytes=kv_bytes,
             kv_bytes_per_cell=(k_pc + v_pc) if k_pc is not None and v_pc is not None else None,
             k_bytes_per_cell=k_pc,

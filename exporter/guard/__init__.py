@@ -39,10 +39,10 @@ __all__ = [
 def pool_from(s: ServerState) -> Pool:
     """What the exporter's state says of a pool: its capacity, one slot's window, whether it is shared."""
     capacity, _ = s.pool_capacity()
-    unified = s.kv_unified
+    unified = s.run.kv_unified
     if unified is None and s.command_line is not None:
         unified = s.command_line.kv_unified
-    return Pool(capacity=capacity, slot_window=s.n_ctx_slot, unified=unified)
+    return Pool(capacity=capacity, slot_window=s.run.n_ctx_slot, unified=unified)
 
 
 def pool_of(state: Callable[[], ServerState]) -> Callable[[], Pool]:

@@ -209,12 +209,12 @@ class LogPipeline:
 
     def _report_hidden_lines(self) -> None:
         """Say once per server start when the log's verbosity hides checkpoint and prompt-cache lines."""
-        visible = self.state.checkpoint_lines_visible()
+        visible = self.state.run.checkpoint_lines_visible()
         if visible is False and not self._warned_hidden:
             log.warning(
                 "llama-server logs at -lv %s: checkpoint and prompt-cache lines are hidden (trace level on b9829+); "
                 "their metrics are left out (llamacpp_checkpoint_lines_visible 0). Run llama-server with -lv 4.",
-                self.state.verbosity,
+                self.state.run.verbosity,
             )
         self._warned_hidden = visible is False
 

@@ -44,7 +44,7 @@ class KVForecastCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield the forecast families."""
         st = self._state()
-        count = st.slot_count
+        count = st.run.slot_count
         if count is None:
             return
         f = forecast(st)

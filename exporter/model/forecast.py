@@ -164,13 +164,14 @@ def slot_demand(slot_id: int, s: SlotState, window: int | None) -> SlotDemand:
 def forecast(state: ServerState) -> Forecast:
     """The forecast for a server state (the live view, with `/slots` merged in, where there is one)."""
     capacity, _ = state.pool_capacity()
-    frees_idle = state.kv_unified is not True or state.build is None or state.build >= _FREES_IDLE_SLOTS_SINCE
+    run = state.run
+    frees_idle = run.kv_unified is not True or run.build is None or run.build >= _FREES_IDLE_SLOTS_SINCE
     demands: list[SlotDemand] = []
     idle_held = 0
-    for slot_id in sorted(state.slots):
-        s = state.slots[slot_id]
+    for slot_id in sorted(run.slots):
+        s = run.slots[slot_id]
         if s.processing:
-            window = state.slot_context(slot_id) or capacity
+            window = run.slot_context(slot_id) or capacity
             demands.append(slot_demand(slot_id, s, window))
         elif not frees_idle:
             idle_held += s.tokens

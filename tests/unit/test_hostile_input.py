@@ -65,11 +65,11 @@ def _apply_all(state: ServerState, lines: list[str]) -> None:
 def test_a_poison_line_is_rejected_and_counted(line: str, reason: str) -> None:
     state = ServerState()
     _apply_all(state, _captured("exhaust-lv4")[:200])  # a running server: 4 slots, 512 cells
-    before = (state.n_slots, dict(state.slots), state.kv_cells)
+    before = (state.run.n_slots, dict(state.run.slots), state.run.kv_cells)
     _apply_all(state, [f"0.00.100.000 I {line}"])  # in its run's format: the poison is the number
     assert state.rejected == {reason: 1}
-    assert (state.n_slots, state.kv_cells) == (before[0], before[2])
-    assert set(state.slots) <= set(range(4))
+    assert (state.run.n_slots, state.run.kv_cells) == (before[0], before[2])
+    assert set(state.run.slots) <= set(range(4))
     # The lines after it still count: the rest of the log gives what it gives without the poison.
     _apply_all(state, _captured("exhaust-lv4")[200:])
     clean = ServerState()
@@ -89,7 +89,7 @@ def test_slot_ids_and_counts_are_bounded_before_the_server_says_how_many_slots()
     state = ServerState()
     lines = [f"slot launch_slot_: id {i} | task {i} | processing task, is_child = 0" for i in range(0, 5000, 3)]
     _apply_all(state, lines)
-    assert len(state.slots) <= MAX_SLOTS and all(i < MAX_SLOTS for i in state.slots)
+    assert len(state.run.slots) <= MAX_SLOTS and all(i < MAX_SLOTS for i in state.run.slots)
     assert state.rejected["out_of_range"] == sum(1 for i in range(0, 5000, 3) if i >= MAX_SLOTS)
 
 
@@ -136,8 +136,8 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
         state.provenance.new_file = True  # what the pipeline does when the file is rewritten
         _apply_all(state, restart)
         assert state.kv_retries == before + 1  # a valid line after the garbage still counts
-        assert len(state.slots) <= MAX_SLOTS
-        for s in state.slots.values():
+        assert len(state.run.slots) <= MAX_SLOTS
+        for s in state.run.slots.values():
             assert 0 <= s.tokens <= MAX_TOKENS
             assert 0 <= s.checkpoint_bytes <= MAX_BYTES * 64
         f = forecast(state)
@@ -355,7 +355,7 @@ def test_fuzz_through_the_follower(tmp_path: Path) -> None:
             timeout=30,
             what="the restarted server's retries",
         )
-        assert exp.sample("llamacpp_slots") == expected.n_slots
+        assert exp.sample("llamacpp_slots") == expected.run.n_slots
         status = Path(f"/proc/{exp._proc.pid}/status").read_text() if exp._proc else ""
         rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
         assert rss_kib < 200 * 1024, rss_kib

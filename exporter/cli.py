@@ -323,6 +323,8 @@ async def _start_guard(config: Config, server: FollowedServer, registry: Collect
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
     # What a gateway reads as the server's queue includes the requests the guard holds back.
     server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
+    # The forecast counts the prompts the guard measured at arrival, before the log says their size.
+    server.measured = g.measured
     log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
     return running
 

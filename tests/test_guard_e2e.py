@@ -24,6 +24,7 @@ from llama_harness import (
     free_port,
     http_json,
     http_request,
+    make_prompt,
     run_concurrent_completions,
     wait_for,
 )
@@ -573,3 +574,54 @@ def test_a_chat_prompt_is_counted_as_the_server_counts_it(guarded: Guarded) -> N
     assert status == 200
     prompt_tokens = answer["usage"]["prompt_tokens"]
     assert guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") == before + prompt_tokens
+
+
+# ---------------------------------------------------------------------------------------- the forecast
+
+# One slot's window is the whole 8,192-cell pool; a prompt past half of it is counted with the tokenizer. A
+# batch of 4,096 tokens takes seconds on 2 cores: the log's first progress line comes with the second batch.
+FORECAST_POOL = ("-c", "8192", "-np", "2", "-kvu", "-t", "2", "-b", "4096", "-ub", "512")
+_PROGRESS = "prompt processing, n_tokens"
+
+
+def test_the_forecast_has_a_prompts_size_through_the_guard_before_the_log_does(
+    llama_server_bin: Path, slow_model: Path, tmp_path: Path
+) -> None:
+    """At the default verbosity the log sizes a prompt only with its second batch (a progress line); through
+    the guard the exact size is in the pool's demand while the log still has no line that could give it."""
+    with LlamaServer(llama_server_bin, slow_model, FORECAST_POOL, log_file=tmp_path / "llama-server.log") as server:
+        exporter, port = start_guarded(server, tmp_path)
+        try:
+            prompt = make_prompt(5000)
+            _, tokens = http_json(server.url + "/tokenize", body={"content": prompt, "add_special": True})
+            size = len(tokens["tokens"])
+            assert size > 4096  # two batches: the first alone is read without a line at the default verbosity
+            wait_for(lambda: exporter.sample("llamacpp_kv_pool_capacity_tokens") == 8192, timeout=30)
+            before = len(server.log_lines(_PROGRESS))
+            assert exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0
+            results: list[tuple[int, bytes]] = []
+            body = {"prompt": prompt, "n_predict": 8, "cache_prompt": False}
+            worker = threading.Thread(
+                target=lambda: results.append(
+                    http_request(f"http://127.0.0.1:{port}/completion", body=body, timeout=300)
+                )
+            )
+            worker.start()
+            seen: list[int] = []
+
+            def exact() -> bool:
+                demand = exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"})
+                seen.append(len(server.log_lines(_PROGRESS)))  # what the log says at that moment
+                return demand == size
+
+            wait_for(exact, timeout=60)
+            assert seen[-1] == before, "the log had a progress line before the demand was exact"
+            assert exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "limits"}) == size + 8
+            assert exporter.sample("llamacpp_kv_pool_demand_ratio", {"horizon": "prompt"}) == size / 8192
+            worker.join(300)
+            assert results and results[0][0] == 200
+            # The log did size it, later: its progress line came with the second batch.
+            assert len(server.log_lines(_PROGRESS)) > before
+            wait_for(lambda: exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0, timeout=30)
+        finally:
+            exporter.stop()

@@ -28,6 +28,7 @@ from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
 from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
+from exporter.model.forecast import Measured
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +201,15 @@ class Guard:
             a = self.admissions[key] = Admission(max_queue=self.settings.max_queue, max_wait=self.settings.max_wait)
         return a
 
+    def measured(self, key: str | None = None) -> list[Measured]:
+        """The requests in flight to one pool whose prompts were counted with the server's tokenizer (for the
+        exporter's forecast: exact from their arrival on, where the log says a prompt's size much later)."""
+        return [
+            Measured(t.prompt, t.budget if t.budget_known else None, t.tasks)
+            for t in self.admission(key).in_flight.values()
+            if t.exact
+        ]
+
     def pool(self, key: str | None = None) -> Pool:
         """The exporter's view of a pool; a slot window from `/props` where the log has not said it yet."""
         p = self.pools.pool(key)
@@ -312,6 +322,7 @@ class Guard:
             self.books.sized(ticket.prompt)
         decision = books.offer(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
+            ticket.exact = False
             self._unsized[ticket.id] = (ticket, p, raw, headers)
         self._refine_if_tight(key)
         if decision.kind == "forward":

@@ -295,7 +295,7 @@ async def serve(config: Config) -> int:
 async def _start_guard(config: Config, server: FollowedServer, registry: CollectorRegistry) -> RunningGuard | None:
     """Start the guard in front of --server-url and add its families to `registry`; None (said on stderr) when
     its port cannot be bound."""
-    from exporter.guard import GuardCollector, GuardSettings, ServerPools, start_guard
+    from exporter.guard import GuardCollector, GuardSettings, Limits, ServerPools, start_guard
 
     assert config.guard_listen is not None
     host, port = config.guard_listen
@@ -306,6 +306,7 @@ async def _start_guard(config: Config, server: FollowedServer, registry: Collect
         max_queue=config.guard_queue_size,
         max_wait=config.guard_queue_timeout,
         max_body_bytes=config.guard_max_body_bytes,
+        body_timeout=config.guard_head_timeout,
     )
     try:
         pools = ServerPools(
@@ -314,7 +315,8 @@ async def _start_guard(config: Config, server: FollowedServer, registry: Collect
                 {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
             ),
         )
-        running = await start_guard(settings, pools, host, port)
+        limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
+        running = await start_guard(settings, pools, host, port, limits)
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
         print(f"llamacpp-exporter: error: --guard.listen-address {host}:{port}: {why}", file=sys.stderr)

@@ -64,6 +64,9 @@ class Config:
     guard_queue_size: int = 64
     guard_queue_timeout: float = 120.0
     guard_max_body_bytes: int = 64 * 1024 * 1024
+    guard_max_connections: int = 256
+    guard_head_timeout: float = 10.0
+    guard_keepalive_timeout: float = 75.0
 
 
 def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:
@@ -217,4 +220,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         guard_queue_size=ns.guard_queue_size,
         guard_queue_timeout=ns.guard_queue_timeout,
         guard_max_body_bytes=ns.guard_max_body_bytes,
+        guard_max_connections=ns.guard_max_connections,
+        guard_head_timeout=ns.guard_head_timeout,
+        guard_keepalive_timeout=ns.guard_keepalive_timeout,
     )

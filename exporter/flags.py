@@ -511,3 +511,33 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         dest="guard_max_body_bytes",
         metavar="BYTES",
     )
+    flags.add(
+        g,
+        "--guard.max-connections",
+        "client connections open at once at most (fewer where the file descriptor limit needs it: each may hold "
+        "one to llama-server); past it the oldest one that has not sent its request is closed, else new ones "
+        "wait to be accepted.",
+        type=_positive_int,
+        fallback="256",
+        dest="guard_max_connections",
+        metavar="N",
+    )
+    flags.add(
+        g,
+        "--guard.head-timeout",
+        "seconds a client has to send a request's head, from its connection or the head's first byte; a "
+        "slower one is disconnected (its body and the answer take as long as they need).",
+        type=_positive_float,
+        fallback="10",
+        dest="guard_head_timeout",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--guard.keepalive-timeout",
+        "seconds an idle keep-alive connection stays open between two requests.",
+        type=_positive_float,
+        fallback="75",
+        dest="guard_keepalive_timeout",
+        metavar="SECONDS",
+    )

@@ -166,7 +166,7 @@ async def start_guard(
     config: Config, server: FollowedServer, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
 ) -> None:
     """Start the guard in front of --server-url and add its families to `registry`."""
-    from exporter.guard import GuardCollector, GuardSettings, ServerPools
+    from exporter.guard import GuardCollector, GuardSettings, Limits, ServerPools
     from exporter.guard import start_guard as start_proxy
 
     assert config.guard_listen is not None
@@ -178,6 +178,7 @@ async def start_guard(
         max_queue=config.guard_queue_size,
         max_wait=config.guard_queue_timeout,
         max_body_bytes=config.guard_max_body_bytes,
+        body_timeout=config.guard_head_timeout,
     )
     try:
         pools = ServerPools(
@@ -186,7 +187,8 @@ async def start_guard(
                 {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
             ),
         )
-        running = await start_proxy(settings, pools, host, port)
+        limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
+        running = await start_proxy(settings, pools, host, port, limits)
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
         raise StartError(f"--guard.listen-address {host}:{port}: {why}") from None
@@ -195,6 +197,8 @@ async def start_guard(
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
     # What a gateway reads as the server's queue includes the requests the guard holds back.
     server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
+    # The forecast counts the prompts the guard measured at arrival, before the log says their size.
+    server.measured = g.measured
     log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
 
 

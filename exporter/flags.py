@@ -502,6 +502,11 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         dest="guard_queue_timeout",
         metavar="SECONDS",
     )
+    _add_guard_client_flags(g, flags)
+
+
+def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
+    """What the guard accepts from a client: body size, connections, slow heads and idle keep-alives."""
     flags.add(
         g,
         "--guard.max-body-bytes",

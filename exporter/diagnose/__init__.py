@@ -28,18 +28,9 @@ input, patterns), `render` (text and JSON), `cli` (`main`).
 """
 
 from exporter.diagnose.cli import PROG, build_parser, main
-from exporter.diagnose.core import Diagnoser, _lines_of, analyze
-from exporter.diagnose.read import (
-    MAX_LINE_BYTES,
-    SNIFF_BYTES,
-    InputError,
-    ReadStats,
-    diagnose_file,
-    diagnose_files,
-    input_files,
-    read_blocks,
-    read_lines,
-)
+from exporter.diagnose.core import Diagnoser, analyze, lines_of
+from exporter.diagnose.inputs import diagnose_file, diagnose_files, input_files
+from exporter.diagnose.read import MAX_LINE_BYTES, SNIFF_BYTES, InputError, ReadStats, read_blocks, read_lines
 from exporter.diagnose.render import render_text, to_json
 from exporter.diagnose.report import (
     ENDINGS,
@@ -84,13 +75,13 @@ __all__ = [
     "Report",
     "RunReport",
     "SlotAtAbort",
-    "_lines_of",
     "analyze",
     "build_parser",
     "diagnose_file",
     "diagnose_files",
     "elapsed_seconds",
     "input_files",
+    "lines_of",
     "main",
     "read_blocks",
     "read_lines",

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.diagnose.advice import _advise
+from exporter.diagnose.advice import advise
 from exporter.diagnose.report import (
     Configuration,
     Counts,
@@ -35,7 +35,7 @@ _STAMP = re.compile(r"^(?:\[\s*\d+\] )?(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
-_STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
+STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
 # cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
 _PROGRESS = frozenset(
@@ -232,7 +232,7 @@ class _Predictable:
     sources: list[str]
 
 
-class _Run:
+class Run:
     """Accumulates one server run. Memory is bounded: counters, the slots, and at most N failures."""
 
     def __init__(
@@ -310,7 +310,7 @@ class _Run:
         """One point of the pool series: every slot's tokens now."""
         series = self.series
         assert series is not None
-        elapsed = elapsed_seconds(line) if line[:1] in _STAMP_FIRST else None
+        elapsed = elapsed_seconds(line) if line[:1] in STAMP_FIRST else None
         if not series.x:
             series.by_line = elapsed is None  # a run without time stamps is drawn by line number
         if series.by_line:
@@ -319,7 +319,7 @@ class _Run:
             return
         else:
             x = elapsed
-        slots = self.state.slots
+        slots = self.state.run.slots
         tokens = tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
         series.add(x, tokens, keep=keep)
 
@@ -391,7 +391,7 @@ class _Run:
         capacity, _ = st.pool_capacity()
         # Cheap first: no slot's prompt demand exceeds what it holds or its prompt's size, so while
         # those fit the pool the forecast (the costly part, on every new prompt) need not be made.
-        if not capacity or sum(max(s.tokens, s.prompt_size or 0) for s in st.slots.values()) <= capacity:
+        if not capacity or sum(max(s.tokens, s.prompt_size or 0) for s in st.run.slots.values()) <= capacity:
             self.predictable = None
             return
         f = forecast(st)
@@ -405,7 +405,7 @@ class _Run:
     def note_first_stamp(self, lines: Iterable[str]) -> None:
         """The run's first time stamp, where one of `lines` (none with an event) carries it."""
         for line in lines:
-            if line[:1] in _STAMP_FIRST:
+            if line[:1] in STAMP_FIRST:
                 self.note_stamp(line)
                 if self.first_elapsed is not None:
                     return
@@ -423,7 +423,7 @@ class _Run:
 
     def _equal_share(self) -> int | None:
         pool, _ = self.state.pool_capacity()
-        n = self.state.slot_count
+        n = self.state.run.slot_count
         return pool // n if pool and n else None
 
     # -- failures
@@ -438,8 +438,8 @@ class _Run:
         # also address errors to idle slots' stale task ids: a release counts when its task got an error.
         aborted = [r for r in a.releases if r.task in errored] if errored else list(a.releases)
         pool, _ = self.state.pool_capacity()
-        unified = self.state.kv_unified
-        n_slots = self.state.slot_count
+        unified = self.state.run.kv_unified
+        n_slots = self.state.run.slot_count
         total = sum(r.n_tokens for r in aborted)
         slots = [
             SlotAtAbort(r.slot, r.task, r.n_tokens, r.n_tokens / pool if pool else None)
@@ -508,7 +508,7 @@ class _Run:
             idle_slots_purged=st.slots_purged,
             cascades_recovered=st.cascades["recovered"],
             cascades_failed=st.cascades["failed"],
-            cascade_unfinished=st.in_cascade,
+            cascade_unfinished=st.run.in_cascade,
             aborts=st.decode_failures["context_exceeded"],
             decode_failures=dict(sorted(st.decode_failures.items())),
             aborted_requests=sum(st.requests_aborted[r] for r in ev.FATAL_REASONS),
@@ -516,7 +516,7 @@ class _Run:
             largest_request_tokens=self.largest_request,
             requests_over_equal_share=self.over_share if self.over_share_known else None,
         )
-        recommendations, verdict, unknowns = _advise(config, counts)
+        recommendations, verdict, unknowns = advise(config, counts)
         duration = None
         if self.first_elapsed is not None and self.last_stamped_line:
             end = elapsed_seconds(self.last_stamped_line)
@@ -545,20 +545,20 @@ class _Run:
         st = self.state
         in_flight = [
             InFlight(slot, s.task, s.prompt_size, s.tokens)
-            for slot, s in sorted(st.slots.items())
-            if s.processing and not st.exiting
+            for slot, s in sorted(st.run.slots.items())
+            if s.processing and not st.run.exiting
         ]
-        if self.started and not st.ready:
-            how = "failed_start" if next_start or st.exiting else "log_ends_starting"
-        elif st.exiting:
+        if self.started and not st.run.ready:
+            how = "failed_start" if next_start or st.run.exiting else "log_ends_starting"
+        elif st.run.exiting:
             how = "clean"
         elif next_start:
             how = "died_mid_request" if in_flight else "died_idle"
         else:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
-        m = st.memory_projection
+        m = st.run.memory_projection
         memory = MemoryFigures(m.kind, m.used_mib, m.available_mib) if m is not None else None
-        return Ending(how, st.start_error, in_flight, st.pool_used(), pool, memory)
+        return Ending(how, st.run.start_error, in_flight, st.run.pool_used(), pool, memory)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state
@@ -569,20 +569,20 @@ class _Run:
             k_pc, v_pc = full.k_mib * MIB / cells, full.v_mib * MIB / cells
             if full.k_mib + full.v_mib > 0:
                 rel = 0.01 / (full.k_mib + full.v_mib)  # two values, each rounded to ±0.005 MiB
-        kv_bytes = round(st.kv_k_bytes + st.kv_v_bytes) if (st.kv_k_bytes or st.kv_v_bytes) else None
+        kv_bytes = round(st.run.kv_k_bytes + st.run.kv_v_bytes) if (st.run.kv_k_bytes or st.run.kv_v_bytes) else None
         return Configuration(
-            build=st.build,
-            model=st.model,
-            verbosity=st.verbosity,
-            n_slots=st.slot_count,
-            n_ctx_slot=st.n_ctx_slot,
-            kv_unified=st.kv_unified,
+            build=st.run.build,
+            model=st.run.model,
+            verbosity=st.run.verbosity,
+            n_slots=st.run.slot_count,
+            n_ctx_slot=st.run.n_ctx_slot,
+            kv_unified=st.run.kv_unified,
             pool_cells=pool,
             pool_source=source,
-            per_slot_cap=st.per_slot_cap.cap if st.per_slot_cap else None,
+            per_slot_cap=st.run.per_slot_cap.cap if st.run.per_slot_cap else None,
             overcommit=overcommit,
-            type_k=st.type_k,
-            type_v=st.type_v,
+            type_k=st.run.type_k,
+            type_v=st.run.type_v,
             kv_bytes=kv_bytes,
             kv_bytes_per_cell=(k_pc + v_pc) if k_pc is not None and v_pc is not None else None,
             k_bytes_per_cell=k_pc,
@@ -592,16 +592,16 @@ class _Run:
         )
 
 
-_RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
-    ev.SlotReleased: _Run._released,
-    ev.TaskStarted: _Run._task_started,
-    ev.NewPrompt: _Run._new_prompt,
-    ev.RequestError: _Run._request_error,
-    ev.MemorySlotFailure: _Run._memory_slot_failure,
-    ev.KVRetry: _Run._retry,
-    ev.SlotPurged: _Run._purged,
-    ev.DecodeFatal: _Run._decode_fatal,
-    ev.ServerReady: _Run._ready,
-    ev.KVCacheSection: _Run._kv_section,
-    ev.KVCacheSize: _Run._kv_size,
+_RUN_HANDLERS: dict[type, Callable[[Run, Any, int, str], None]] = {
+    ev.SlotReleased: Run._released,
+    ev.TaskStarted: Run._task_started,
+    ev.NewPrompt: Run._new_prompt,
+    ev.RequestError: Run._request_error,
+    ev.MemorySlotFailure: Run._memory_slot_failure,
+    ev.KVRetry: Run._retry,
+    ev.SlotPurged: Run._purged,
+    ev.DecodeFatal: Run._decode_fatal,
+    ev.ServerReady: Run._ready,
+    ev.KVCacheSection: Run._kv_section,
+    ev.KVCacheSize: Run._kv_size,
 }

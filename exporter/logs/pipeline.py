@@ -104,7 +104,7 @@ class LogPipeline:
         self.lines += len(batch)
         self._report_hidden_lines()
         if self.state.rejected:
-            self._report_rejected()
+            self.report_rejected()
         if self.understood is False and not self._warned_unrecognized:
             self._report_unrecognized()
 
@@ -115,7 +115,7 @@ class LogPipeline:
             self.lines + self.replayed_lines,
         )
 
-    def _report_rejected(self, now: float | None = None) -> None:
+    def report_rejected(self, now: float | None = None) -> None:
         """Log rejected lines once per reason when they start, then at most every REJECT_LOG_INTERVAL seconds."""
         now = time.monotonic() if now is None else now
         for reason, count in self.state.rejected.items():
@@ -209,12 +209,12 @@ class LogPipeline:
 
     def _report_hidden_lines(self) -> None:
         """Say once per server start when the log's verbosity hides checkpoint and prompt-cache lines."""
-        visible = self.state.checkpoint_lines_visible()
+        visible = self.state.run.checkpoint_lines_visible()
         if visible is False and not self._warned_hidden:
             log.warning(
                 "llama-server logs at -lv %s: checkpoint and prompt-cache lines are hidden (trace level on b9829+); "
                 "their metrics are left out (llamacpp_checkpoint_lines_visible 0). Run llama-server with -lv 4.",
-                self.state.verbosity,
+                self.state.run.verbosity,
             )
         self._warned_hidden = visible is False
 

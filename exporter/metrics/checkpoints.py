@@ -12,7 +12,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter.metrics.families import counter, labelled_counter
-from exporter.model.state import PROMPT_EVAL_BUCKETS, ServerState
+from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
+from exporter.model.state import ServerState
 
 CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
 
@@ -38,7 +39,7 @@ class CheckpointCacheCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield checkpoint, prompt-cache and timing families."""
         st = self._state()
-        visible = st.checkpoint_lines_visible()
+        visible = st.run.checkpoint_lines_visible()
         if visible is not None:
             yield GaugeMetricFamily(
                 "llamacpp_checkpoint_lines_visible",
@@ -53,28 +54,28 @@ class CheckpointCacheCollector(Collector):
 
     def _limits(self, st: ServerState) -> Iterator[Metric]:
         """Configuration, from start-up lines or the command line: true whatever the verbosity."""
-        if st.checkpoint_limit is not None:
+        if st.run.checkpoint_limit is not None:
             yield GaugeMetricFamily(
                 "llamacpp_checkpoint_limit",
                 "Maximum context checkpoints per slot (--ctx-checkpoints; 0 = disabled).",
-                value=st.checkpoint_limit,
+                value=st.run.checkpoint_limit,
             )
-        if st.prompt_cache_limit_bytes is not None:
+        if st.run.prompt_cache_limit_bytes is not None:
             yield GaugeMetricFamily(
                 "llamacpp_prompt_cache_limit_bytes",
                 "Prompt cache size limit (--cache-ram); +Inf = no limit, 0 = disabled.",
-                value=st.prompt_cache_limit_bytes,
+                value=st.run.prompt_cache_limit_bytes,
             )
 
     def _checkpoints(self, st: ServerState) -> Iterator[Metric]:
-        count = st.slot_count
+        count = st.run.slot_count
         if count is not None:
             n = GaugeMetricFamily("llamacpp_checkpoints", "Live context checkpoints of the slot.", labels=["slot"])
             size = GaugeMetricFamily(
                 "llamacpp_checkpoint_bytes", "Host RAM held by the slot's live context checkpoints.", labels=["slot"]
             )
             for i in range(count):
-                s = st.slots.get(i)
+                s = st.run.slots.get(i)
                 n.add_metric([str(i)], len(s.checkpoints) if s else 0)
                 size.add_metric([str(i)], s.checkpoint_bytes if s else 0.0)
             yield n
@@ -93,15 +94,15 @@ class CheckpointCacheCollector(Collector):
         )
 
     def _prompt_cache(self, st: ServerState) -> Iterator[Metric]:
-        if st.prompt_cache_bytes is not None:
+        if st.run.prompt_cache_bytes is not None:
             yield GaugeMetricFamily(
                 "llamacpp_prompt_cache_bytes",
                 "Host RAM used by the prompt cache (last 'cache state' line).",
-                value=st.prompt_cache_bytes,
+                value=st.run.prompt_cache_bytes,
             )
-        if st.prompt_cache_prompts is not None:
+        if st.run.prompt_cache_prompts is not None:
             yield GaugeMetricFamily(
-                "llamacpp_prompt_cache_prompts", "Prompts held in the prompt cache.", value=st.prompt_cache_prompts
+                "llamacpp_prompt_cache_prompts", "Prompts held in the prompt cache.", value=st.run.prompt_cache_prompts
             )
 
     def _timings(self, st: ServerState) -> Iterator[Metric]:

@@ -37,7 +37,7 @@ class LiveCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield the families."""
         live = self._live
-        if live.state.slot_count is not None or (live.http is not None and live.http.slots):
+        if live.state.run.slot_count is not None or (live.http is not None and live.http.slots):
             used = live.slot_tokens_source()
             source = GaugeMetricFamily(
                 "llamacpp_slot_tokens_source",

@@ -62,7 +62,7 @@ class RequestSizeCollector(Collector):
         yield GaugeMetricFamily(
             "llamacpp_requests_in_flight",
             "Requests llama-server is processing now (slots with a task).",
-            value=sum(1 for s in st.slots.values() if s.processing),
+            value=sum(1 for s in st.run.slots.values() if s.processing),
         )
         if st.requests_deferred is not None or st.requests_guard_queued is not None:
             yield GaugeMetricFamily(

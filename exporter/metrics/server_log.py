@@ -56,22 +56,22 @@ class ServerLogCollector(Collector):
     def _info(self, st: ServerState) -> Iterator[Metric]:
         _, source = st.pool_capacity()
         info = InfoMetricFamily("llamacpp_server", "What llama-server runs, from its start-up log lines.")
-        kv_unified = "unknown" if st.kv_unified is None else str(st.kv_unified).lower()
+        kv_unified = "unknown" if st.run.kv_unified is None else str(st.run.kv_unified).lower()
         info.add_metric(
             [],
             {
-                "build": f"b{st.build}" if st.build is not None else "unknown",
-                "model": st.model or "unknown",
+                "build": f"b{st.run.build}" if st.run.build is not None else "unknown",
+                "model": st.run.model or "unknown",
                 "kv_unified": kv_unified,
-                "type_k": st.type_k or "unknown",
-                "type_v": st.type_v or "unknown",
+                "type_k": st.run.type_k or "unknown",
+                "type_v": st.run.type_v or "unknown",
                 "capacity_source": source,
             },
         )
         yield info
 
     def _slots(self, st: ServerState) -> Iterator[Metric]:
-        count = st.slot_count
+        count = st.run.slot_count
         if count is None:
             return
         yield GaugeMetricFamily("llamacpp_slots", "Number of slots (parallel sequences, -np).", value=count)
@@ -86,9 +86,9 @@ class ServerLogCollector(Collector):
         )
         busy = GaugeMetricFamily("llamacpp_slot_processing", "1 while the slot has a task.", labels=["slot"])
         for i in range(count):
-            s = st.slots.get(i)
+            s = st.run.slots.get(i)
             label = [str(i)]
-            n_ctx = st.slot_context(i)
+            n_ctx = st.run.slot_context(i)
             if n_ctx is not None:
                 ctx.add_metric(label, n_ctx)
             tokens.add_metric(label, s.tokens if s else 0)
@@ -99,7 +99,7 @@ class ServerLogCollector(Collector):
 
     def _pool(self, st: ServerState) -> Iterator[Metric]:
         capacity, _ = st.pool_capacity()
-        used = st.pool_used()
+        used = st.run.pool_used()
         yield GaugeMetricFamily(
             "llamacpp_kv_pool_used_tokens",
             "KV cells held by all slots (sum of llamacpp_slot_tokens).",
@@ -121,19 +121,19 @@ class ServerLogCollector(Collector):
                 "Slots x per-slot context / pool capacity; above 1 the slots were promised more than the pool holds.",
                 value=over,
             )
-        if st.kv_k_bytes or st.kv_v_bytes:
+        if st.run.kv_k_bytes or st.run.kv_v_bytes:
             kv = GaugeMetricFamily(
                 "llamacpp_kv_cache_bytes",
                 "KV cache memory from the llama_kv_cache size line.",
                 labels=["kind"],
             )
-            kv.add_metric(["k"], st.kv_k_bytes)
-            kv.add_metric(["v"], st.kv_v_bytes)
+            kv.add_metric(["k"], st.run.kv_k_bytes)
+            kv.add_metric(["v"], st.run.kv_v_bytes)
             yield kv
         active = GaugeMetricFamily(
             "llamacpp_kv_cascade_active", "1 while a KV retry cascade is in progress (batch halving)."
         )
-        active.add_metric([], 1 if st.in_cascade else 0)
+        active.add_metric([], 1 if st.run.in_cascade else 0)
         yield active
 
     def _counters(self, st: ServerState) -> Iterator[Metric]:

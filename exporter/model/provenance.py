@@ -33,12 +33,10 @@ that fits the run. The prefix is on by default from b9151; on older builds, run 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from exporter.logs import events as ev
-
-if TYPE_CHECKING:
-    from exporter.model.state import ServerState
+from exporter.model.run import ServerRun
 
 #: Tasks remembered as started (besides each slot's current one): a request errors out shortly after it starts.
 RECENT_TASKS = 4096
@@ -48,12 +46,8 @@ _STARTS = ev.BANNERS
 _TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
 
 
-def _processing(st: ServerState) -> bool:
-    return any(s.processing for s in st.slots.values())
-
-
-def _slot_processing(st: ServerState, slot: int) -> bool:
-    s = st.slots.get(slot)
+def _slot_processing(run: ServerRun, slot: int) -> bool:
+    s = run.slots.get(slot)
     return s is not None and s.processing
 
 
@@ -61,14 +55,14 @@ def _slot_processing(st: ServerState, slot: int) -> bool:
 _PROGRESS = frozenset({ev.PromptProgress, ev.GenerationProgress, ev.CachedTokens, ev.SlotReleased})
 
 # The other rules for runs followed from their start: a line of these kinds must fit what the run said before.
-_FITS: dict[type[Any], Callable[[ServerState, Any], bool]] = {
+_FITS: dict[type[Any], Callable[[Provenance, ServerRun, Any], bool]] = {
     # In a cascade (a retry was believed), a slot is processing: the retries that follow need no search.
-    ev.KVRetry: lambda st, e: st.in_cascade or _processing(st),
-    ev.MemorySlotFailure: lambda st, e: st.in_cascade or _processing(st),
-    ev.DecodeFatal: lambda st, e: _processing(st),
-    ev.DecodeFailed: lambda st, e: st.provenance.failing or _processing(st),
-    ev.RequestError: lambda st, e: e.reason not in ev.FATAL_REASONS or e.task in st.provenance.tasks,
-    ev.CheckpointCreated: lambda st, e: _slot_processing(st, e.slot),
+    ev.KVRetry: lambda p, run, e: run.in_cascade or run.processing(),
+    ev.MemorySlotFailure: lambda p, run, e: run.in_cascade or run.processing(),
+    ev.DecodeFatal: lambda p, run, e: run.processing(),
+    ev.DecodeFailed: lambda p, run, e: p.failing or run.processing(),
+    ev.RequestError: lambda p, run, e: e.reason not in ev.FATAL_REASONS or e.task in p.tasks,
+    ev.CheckpointCreated: lambda p, run, e: _slot_processing(run, e.slot),
 }
 
 #: Kinds that `Provenance.admit` must see even when their line is in the run's format; for the others, a
@@ -124,7 +118,7 @@ class Provenance:
         self.timings = 0
         self.failing = False
 
-    def check(self, st: ServerState, kind: type[Any], e: Any) -> str | None:
+    def check(self, run: ServerRun, kind: type[Any], e: Any) -> str | None:
         """Why `e` (of type `kind`) is not the running server's own line; None when it fits. No side effects."""
         if kind in _TIMINGS and e.continuation:
             return None if self.timings > 0 else "inconsistent"
@@ -137,24 +131,24 @@ class Provenance:
         if not self.from_start:
             pass
         elif kind in _PROGRESS:
-            s = st.slots.get(e.slot)
+            s = run.slots.get(e.slot)
             return None if (s is not None and s.task == e.task) or self.knows(e.task) else "inconsistent"
         else:
             fits = _FITS.get(kind)
-            if fits is not None and not fits(st, e):
+            if fits is not None and not fits(self, run, e):
                 return "inconsistent"
         if kind is ev.SlotsInitialized:
-            return "inconsistent" if st.n_slots is not None else None
+            return "inconsistent" if run.n_slots is not None else None
         if kind is ev.SlotCreated:
-            return "inconsistent" if st.ready else None
+            return "inconsistent" if run.ready else None
         return None
 
-    def admit(self, st: ServerState, kind: type[Any], e: Any) -> str | None:
+    def admit(self, run: ServerRun, kind: type[Any], e: Any) -> str | None:
         """`check`, and take note of what an admitted line tells about the lines after it."""
         if self.line_format == self.run_format:  # the common case, in one call
             fits = _FITS.get(kind)
             if fits is not None:  # the bulk of a cascade: its retries
-                if self.from_start and not fits(st, e):
+                if self.from_start and not fits(self, run, e):
                     return "inconsistent"
                 if kind is ev.DecodeFatal:
                     self.failing = True
@@ -164,7 +158,7 @@ class Provenance:
                 return None
             if kind in _TIMINGS and not e.continuation:
                 return None
-        reason = self.check(st, kind, e)
+        reason = self.check(run, kind, e)
         if reason is not None:
             return reason
         if kind in _TIMINGS and e.continuation:

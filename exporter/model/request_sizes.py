@@ -31,6 +31,27 @@ from dataclasses import dataclass, field
 REQUEST_TOKEN_BUCKETS: tuple[float, ...] = tuple(float(64 << i) for i in range(15))
 #: Requests in flight together: each count up to 8, then coarser (more slots than 64 share one bucket).
 CONCURRENCY_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 64)
+#: Prompt evaluation time in seconds: from a cached few-token prompt (ms) to a full re-processing of a
+#: long context (minutes).
+PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 
 
 @dataclass

@@ -154,9 +154,9 @@ class ServerLog:
             kind = type(e)
             if kind in ROUTER_EVENTS:
                 # The router's lines are checked like any other: written the way its run writes lines.
-                reason = main.provenance.check(main, kind, e)
+                reason = main.provenance.check(main.run, kind, e)
                 if reason is not None:
-                    main._reject(reason)
+                    main.reject(reason)
                 else:
                     self._router_event(e)  # type: ignore[arg-type]
             elif apply(e) and kind is ev.ServerStarting and self.router.active:
@@ -166,11 +166,11 @@ class ServerLog:
     def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router
         if isinstance(e, ev.RouterMode):
-            if not self.main.ready:  # said at start, before the router listens
+            if not self.main.run.ready:  # said at start, before the router listens
                 r.active = True
         elif isinstance(e, ev.ChildSpawned):
             if not 0 < e.port < 65536:
-                self.main._reject("out_of_range")
+                self.main.reject("out_of_range")
                 return
             r.active = True
             same = r.by_name(e.name)  # the router runs one instance per name: an old one is gone

@@ -20,41 +20,14 @@ restart of the exporter can never make a counter jump and fire an alert.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from exporter.logs import events as ev
-from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
-from exporter.model.provenance import CHECKED, NotOwnLine, Provenance
-from exporter.model.request_sizes import CONCURRENCY_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.model.handlers import DISPATCH
+from exporter.model.provenance import NotOwnLine, Provenance
+from exporter.model.request_sizes import CONCURRENCY_BUCKETS, PROMPT_EVAL_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.model.run import ServerRun
 from exporter.model.server_cmdline import ServerCommandLine
-from exporter.model.slot import Checkpoint, SlotState
-
-# llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
-_CLEARS_ABORTED_SLOTS_SINCE = 7078
-
-
-# Seconds; from a cached few-token prompt (ms) to a full re-processing of a long context (minutes).
-PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-)
 
 
 @dataclass
@@ -63,34 +36,8 @@ class ServerState:
 
     counting: bool = True
 
-    # Configuration of the running server process (reset at every start).
-    build: int | None = None
-    commit: str | None = None
-    verbosity: int | None = None
-    model: str | None = None
-    ready: bool = False
-    exiting: bool = False  # the server said it is shutting down (`cleaning up before exit`)
-    start_error: str | None = None  # why the start failed, where the log says
-    # What the server projected at start (`common_params_fit_impl: projected to use …`, -lv 4), if logged.
-    memory_projection: ev.MemoryProjection | None = None
-    n_slots: int | None = None
-    n_ctx_slot: int | None = None
-    kv_unified: bool | None = None
-    context: dict[str, int] = field(default_factory=dict)
-    kv_cells: int | None = None
-    kv_streams: int | None = None
-    kv_k_bytes: float = 0.0
-    kv_v_bytes: float = 0.0
-    type_k: str | None = None
-    type_v: str | None = None
-    per_slot_cap: ev.PerSlotCap | None = None
-    idle_slots_cleared_on_new_task: bool | None = None
-    slots: dict[int, SlotState] = field(default_factory=dict)
-    in_cascade: bool = False
-    checkpoint_limit: int | None = None
-    prompt_cache_bytes: float | None = None
-    prompt_cache_prompts: int | None = None
-    prompt_cache_limit_bytes: float | None = None  # inf = no limit, 0 = disabled
+    # What the running server process said about itself; replaced whole at every start (`start_run`).
+    run: ServerRun = field(default_factory=ServerRun)
 
     # Counters (exporter lifetime; never reset by a server restart).
     rejected: Counter[str] = field(default_factory=Counter)  # lines not applied, by bounded reason
@@ -116,15 +63,6 @@ class ServerState:
     request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))
 
-    _in_startup: bool = False
-    _banners_seen: set[object] = field(default_factory=set)  # banner lines of the start in progress (`ev.banner_line`)
-    _prompt_throughput: float | None = None  # the latest prompt speed measured between two progress lines
-    _kv_section_swa: bool = False
-    _aborted_tasks: set[int] = field(default_factory=set)
-    _selected_slot: int | None = None
-    # Prompt-cache entries by prompt length, with the checkpoints they carry (moved back into a slot on load).
-    _cache_entries: dict[int, list[Checkpoint]] = field(default_factory=dict)
-    _cache_candidates: list[ev.PromptCacheCandidate] = field(default_factory=list)
     # Live sources (set at scrape time by exporter.sources; still no I/O here).
     command_line: ServerCommandLine | None = None
     capacity_override: int | None = None  # --kv-pool-capacity
@@ -136,20 +74,6 @@ class ServerState:
 
     # ------------------------------------------------------------------ derived values
 
-    @property
-    def slot_count(self) -> int | None:
-        """Number of slots: from the start-up lines, else the highest slot id seen."""
-        if self.n_slots is not None:
-            return self.n_slots
-        return max(self.slots) + 1 if self.slots else None
-
-    def slot_context(self, slot: int) -> int | None:
-        """The slot's context limit (`n_ctx_slot`)."""
-        s = self.slots.get(slot)
-        if s is not None and s.n_ctx is not None:
-            return s.n_ctx
-        return self.n_ctx_slot
-
     def pool_capacity(self) -> tuple[int | None, str]:
         """KV cells in the pool (all streams) and where the figure came from.
 
@@ -158,12 +82,13 @@ class ServerState:
         unified KV every slot is promised the whole pool, and the `--kv-unified-per-slot` capping line
         names the pool size it capped.
         """
-        if self.kv_cells is not None:
-            return self.kv_cells * (self.kv_streams or 1), "log_kv_cache"
-        n_ctx = self.context.get("n_ctx")
+        run = self.run
+        if run.kv_cells is not None:
+            return run.kv_cells * (run.kv_streams or 1), "log_kv_cache"
+        n_ctx = run.context.get("n_ctx")
         if n_ctx is not None:
-            unified = self.kv_unified if self.kv_unified is not None else bool(self.context.get("kv_unified", 1))
-            seq, n_seq = self.context.get("n_ctx_seq"), self.context.get("n_seq_max")
+            unified = run.kv_unified if run.kv_unified is not None else bool(run.context.get("kv_unified", 1))
+            seq, n_seq = run.context.get("n_ctx_seq"), run.context.get("n_seq_max")
             if not unified and seq and n_seq:
                 return seq * n_seq, "log_context"
             return n_ctx, "log_context"
@@ -174,25 +99,21 @@ class ServerState:
             return cmdline, "command_line"
         if self.capacity_override is not None:
             return self.capacity_override, "flag"
-        if self.per_slot_cap is not None and self.kv_unified:
-            return self.per_slot_cap.requested, "log_slots"
-        if self.n_ctx_slot is not None and self.kv_unified is not None:
-            if self.kv_unified:
-                return self.n_ctx_slot, "log_slots"
-            if self.n_slots:
-                return self.n_ctx_slot * self.n_slots, "log_slots"
+        if run.per_slot_cap is not None and run.kv_unified:
+            return run.per_slot_cap.requested, "log_slots"
+        if run.n_ctx_slot is not None and run.kv_unified is not None:
+            if run.kv_unified:
+                return run.n_ctx_slot, "log_slots"
+            if run.n_slots:
+                return run.n_ctx_slot * run.n_slots, "log_slots"
         return None, "unknown"
-
-    def pool_used(self) -> int:
-        """Cells held by all slots (log estimate)."""
-        return sum(s.tokens for s in self.slots.values())
 
     def overcommit_ratio(self) -> float | None:
         """Slots × per-slot promise / pool capacity; 1.0 means every slot can get its full window."""
         capacity, _ = self.pool_capacity()
-        n, per_slot = self.slot_count, self.n_ctx_slot
-        if per_slot is None and self.slots:
-            known = [s.n_ctx for s in self.slots.values() if s.n_ctx is not None]
+        n, per_slot = self.run.slot_count, self.run.n_ctx_slot
+        if per_slot is None and self.run.slots:
+            known = [s.n_ctx for s in self.run.slots.values() if s.n_ctx is not None]
             per_slot = max(known) if known else None
         if not capacity or n is None or per_slot is None:
             return None
@@ -200,77 +121,26 @@ class ServerState:
 
     # ------------------------------------------------------------------ applying events
 
-    def _slot(self, slot: int) -> SlotState:
-        s = self.slots.get(slot)
-        if s is None:
-            s = self.slots[slot] = SlotState(n_ctx=self.n_ctx_slot)
-        return s
-
-    def _count_start(self, banner: object | None = None) -> None:
-        """A new server process: forget its predecessor's slots and configuration, keep counters.
+    def start_run(self, banner: object | None = None) -> None:
+        """A new server process: a fresh `ServerRun` replaces its predecessor's; counters stay.
 
         Several banner lines belong to one start; one that this start already printed, or the first
         one in a new file (llama-server truncates its log as it starts), is the next start: a server
         that died while it started and was started again.
         """
+        run = self.run
         if (
-            self._in_startup
+            run.in_startup
             and banner is not None
-            and banner not in self._banners_seen
+            and banner not in run.banners_seen
             and not self.provenance.new_file  # the first start in a new file is a new run
         ):
-            self._banners_seen.add(banner)
+            run.banners_seen.add(banner)
             return
         if self.counting:
             self._count_log_start()
-        for name in (
-            "build",
-            "commit",
-            "verbosity",
-            "model",
-            "n_slots",
-            "n_ctx_slot",
-            "kv_unified",
-            "kv_cells",
-            "kv_streams",
-            "type_k",
-            "type_v",
-            "per_slot_cap",
-            "idle_slots_cleared_on_new_task",
-            "checkpoint_limit",
-            "prompt_cache_bytes",
-            "prompt_cache_prompts",
-            "prompt_cache_limit_bytes",
-            "_selected_slot",
-            "_prompt_throughput",
-        ):
-            setattr(self, name, None)
-        self._cache_entries = {}
-        self._cache_candidates = []
-        self.ready = False
-        self.exiting = False
-        self.start_error = None
-        self.memory_projection = None
-        self.context = {}
-        self.kv_k_bytes = self.kv_v_bytes = 0.0
-        self.slots = {}
-        self.in_cascade = False
-        self._aborted_tasks = set()
-        self._kv_section_swa = False
-        self._in_startup = True
-        self._banners_seen = {banner} if banner is not None else set()
+        self.run = ServerRun(in_startup=True, banners_seen={banner} if banner is not None else set())
         self.provenance.start()
-
-    def _end_cascade(self, outcome: str) -> None:
-        if self.in_cascade:
-            self.in_cascade = False
-            if self.counting:
-                self.cascades[outcome] += 1
-
-    def _progress(self) -> None:
-        """Work got done: the server is past start-up and any retry cascade has recovered."""
-        self._in_startup = False
-        self._end_cascade("recovered")
 
     def apply(self, e: ev.Event) -> bool:
         """Apply one event (a dict lookup by the event's type, not a chain of isinstance checks).
@@ -280,386 +150,47 @@ class ServerState:
         stop the pipeline. Returns False for a rejected event.
         """
         kind = type(e)
-        entry = _DISPATCH.get(kind)
+        entry = DISPATCH.get(kind)
         if entry is None:
             if isinstance(e, ev.LineFormat):
                 self.provenance.line_format = e.code
             elif isinstance(e, ev.Rejected):
-                self._reject(e.reason)
+                self.reject(e.reason)
                 return False
             return True
         handler, check, checked = entry
-        if check is not None and not check(self, e):
-            self._reject("out_of_range")
+        if check is not None and not check(self.run, e):
+            self.reject("out_of_range")
             return False
         provenance = self.provenance
         if checked or provenance.line_format != provenance.run_format:
-            reason = provenance.admit(self, kind, e)
+            reason = provenance.admit(self.run, kind, e)
             if reason is not None:
-                self._reject(reason)
+                self.reject(reason)
                 return False
         try:
             handler(self, e)
         except NotOwnLine:
-            self._reject("inconsistent")
+            self.reject("inconsistent")
             return False
         except Exception as exc:  # a bug must cost one line, not the pipeline
             self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
-            self._reject("unexpected")
+            self.reject("unexpected")
             return False
         return True
 
     def accepts(self, e: ev.Event) -> bool:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""
         kind = type(e)
-        if kind not in _DISPATCH:
+        if kind not in DISPATCH:
             return kind is not ev.Rejected
-        check = _DISPATCH[kind][1]
-        return (check is None or check(self, e)) and self.provenance.check(self, kind, e) is None
+        check = DISPATCH[kind][1]
+        return (check is None or check(self.run, e)) and self.provenance.check(self.run, kind, e) is None
 
-    def _reject(self, reason: str) -> None:
+    def reject(self, reason: str) -> None:
+        """Count a line that is not applied, by its (bounded) reason."""
         if self.counting:
             self.rejected[reason] += 1
-
-    def _tokens_ok(self, slot: int, n: int) -> bool:
-        """A slot id this server has and a token count its window can hold."""
-        if slot >= (self.n_slots or MAX_SLOTS):
-            return False
-        s = self.slots.get(slot)
-        return n <= ((s.n_ctx if s is not None else None) or self.n_ctx_slot or MAX_TOKENS)
-
-    def _own_slot(self, e: ev.GenerationProgress | ev.PromptProgress | ev.CachedTokens | ev.SlotReleased) -> SlotState:
-        """Work got done on the slot a line names, for the task it names (`NotOwnLine` if the run never started it)."""
-        s = self.slots.get(e.slot)
-        if (s is None or s.task != e.task) and not self.provenance.knows(e.task):
-            raise NotOwnLine  # checked here, where the slot is at hand, rather than before every such line
-        self._progress()
-        return s if s is not None else self._slot(e.slot)
-
-    def _on_generation_progress(self, e: ev.GenerationProgress) -> None:
-        s = self._own_slot(e)
-        s.processing, s.task = True, e.task
-        # With context shift a request may generate past its window; the slot never holds more than it.
-        s.tokens = max(s.tokens, min(s.prompt_tokens + e.n_decoded, s.n_ctx or MAX_TOKENS))
-        s.phase = "generation"
-        s.generation_rate = e.rate
-
-    def _on_prompt_progress(self, e: ev.PromptProgress) -> None:
-        s = self._own_slot(e)
-        if s.task != e.task:
-            s.new_task()
-            self._request_started(s, e.task)
-        s.processing, s.task = True, e.task
-        n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
-        s.tokens = max(s.tokens, n)
-        self._prompt_turn(e.slot)
-        measured = s.note_prompt_progress(e, n, self._prompt_throughput)
-        if measured is not None:
-            self._prompt_throughput = measured
-
-    def _prompt_turn(self, slot_id: int) -> None:
-        """A slot reads prompt tokens: every lower slot that was reading its prompt has finished it.
-
-        llama-server fills each batch greedily in slot order (generated tokens first, then each slot's
-        prompt until it ends or the batch is full), so concurrent prompts are read one after another.
-        Neither level's lines say when a prompt's last batch was queued; the next slot's turn does.
-        """
-        for other_id, other in self.slots.items():
-            if other_id < slot_id and other.processing and other.phase == "prompt" and other.prompt_size is not None:
-                other.tokens = max(other.tokens, other.prompt_size)
-                other.phase, other.prompt_rate = "generation", None
-
-    def _on_cached_tokens(self, e: ev.CachedTokens) -> None:
-        s = self._own_slot(e)
-        s.processing, s.task = True, e.task
-        if s.cache_base is None:
-            s.cache_base = e.n_tokens
-            s.tokens = e.n_tokens
-        else:
-            # Long prompts repeat this line per batch with the running total.
-            s.tokens = max(s.tokens, e.n_tokens)
-
-    def _on_slot_released(self, e: ev.SlotReleased) -> None:
-        s = self._own_slot(e)
-        if self.counting:
-            self.request_tokens.observe(e.n_tokens)
-            if s.task == e.task and s.prompt_size is not None:
-                self.request_prompt_tokens.observe(s.prompt_size)
-        s.processing, s.task, s.cache_base = False, -1, None
-        s.new_task()
-        aborted = e.task in self._aborted_tasks
-        self._aborted_tasks.discard(e.task)
-        if aborted and (self.build is None or self.build >= _CLEARS_ABORTED_SLOTS_SINCE):
-            s.clear()
-        else:
-            s.tokens = e.n_tokens
-
-    def _on_slot_cleared_or_purged(self, e: ev.SlotCleared | ev.SlotPurged) -> None:
-        s = self._slot(e.slot)
-        s.clear()
-        if isinstance(e, ev.SlotPurged) and self.counting:
-            self.slots_purged += 1
-        if isinstance(e, ev.SlotPurged) and not self.in_cascade:
-            self.in_cascade = True  # a purge is the first step of a cascade on unified KV
-
-    def _request_started(self, s: SlotState, task: int) -> None:
-        """A slot takes a task it was not running: a request starts (sampled for the concurrency histogram)."""
-        if self.counting and not (s.processing and s.task == task):
-            others = sum(1 for x in self.slots.values() if x.processing and x is not s)
-            self.request_concurrency.observe(others + 1)
-
-    def _on_task_started(self, e: ev.TaskStarted) -> None:
-        self._progress()
-        s = self._slot(e.slot)
-        s.new_task()
-        self._request_started(s, e.task)
-        s.processing, s.task, s.cache_base = True, e.task, None
-        s.prompt_tokens, s.phase = 0, "prompt"
-        if self._clears_idle_slots():
-            for other_id, other in self.slots.items():
-                if other_id != e.slot and not other.processing:
-                    other.clear()
-
-    def _on_new_prompt(self, e: ev.NewPrompt) -> None:
-        self._progress()
-        s = self._slot(e.slot)
-        if s.task != e.task:
-            s.new_task()
-        self._request_started(s, e.task)
-        s.processing, s.task, s.cache_base = True, e.task, None
-        s.prompt_tokens = e.n_prompt_tokens
-        s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
-        s.prompt_rate = self._prompt_throughput  # its turn: it is read at the server's current prompt speed
-        self._prompt_turn(e.slot)
-        s.n_ctx = e.n_ctx_slot
-        if self.n_ctx_slot is None:
-            self.n_ctx_slot = e.n_ctx_slot
-
-    def _on_kv_retry_or_memory_slot_failure(self, e: ev.KVRetry | ev.MemorySlotFailure) -> None:
-        self.in_cascade = True
-        if self.counting:
-            if isinstance(e, ev.KVRetry):
-                self.kv_retries += 1
-            else:
-                self.memory_slot_failures += 1
-
-    def _on_decode_fatal(self, e: ev.DecodeFatal) -> None:
-        if self.counting:
-            self.decode_failures[e.reason] += 1
-            if e.reason == "context_exceeded":
-                self.context_exceeded += 1
-        self.in_cascade = True
-        self._end_cascade("failed")
-
-    def _on_request_error(self, e: ev.RequestError) -> None:
-        if self.counting:
-            self.requests_aborted[e.reason] += 1
-        if e.reason in ev.FATAL_REASONS:
-            if len(self._aborted_tasks) >= 4 * MAX_SLOTS:  # forged errors for tasks that never end
-                self._aborted_tasks.clear()
-            self._aborted_tasks.add(e.task)
-
-    def _on_decode_failed(self, e: ev.DecodeFailed) -> None:
-        # b9752+: every in-flight slot was aborted; nothing is processing any more.
-        for s in self.slots.values():
-            s.processing = False
-            s.new_task()
-
-    def _on_all_slots_idle(self, e: ev.AllSlotsIdle) -> None:
-        self._progress()
-        for s in self.slots.values():
-            s.processing, s.task = False, -1
-            s.new_task()
-
-    def _on_idle_slot_saved(self, e: ev.IdleSlotSaved) -> None:
-        pass  # the `clearing prompt` line that follows carries the change
-
-    def _on_timings_head(self, e: ev.TimingsHead) -> None:
-        pass  # the timings lines that follow carry the figures (and `provenance` believes them)
-
-    def _on_server_starting(self, e: ev.ServerStarting) -> None:
-        self._count_start(ev.ServerStarting)
-
-    def _on_build_info(self, e: ev.BuildInfo) -> None:
-        self._count_start(ev.banner_line(e))
-        # Build 0 is a tree built without its build number (in-process servers, vendored copies): unknown.
-        self.build, self.commit = e.build or None, e.commit
-
-    def _on_verbosity(self, e: ev.Verbosity) -> None:
-        self._count_start(ev.Verbosity)
-        self.verbosity = e.level
-
-    def _on_model_loading(self, e: ev.ModelLoading) -> None:
-        self.model = e.model
-
-    def _on_server_ready(self, e: ev.ServerReady) -> None:
-        self.ready = True
-        self._in_startup = False
-
-    def _on_server_exiting(self, e: ev.ServerExiting) -> None:
-        self.exiting = True
-
-    def _on_model_load_failed(self, e: ev.ModelLoadFailed) -> None:
-        self.model = e.model
-        self.start_error = f"failed to load model '{e.model}'"
-
-    def _on_memory_projection(self, e: ev.MemoryProjection) -> None:
-        self.memory_projection = e
-
-    def _on_slots_initialized(self, e: ev.SlotsInitialized) -> None:
-        self.n_slots = e.n_slots
-        if e.n_ctx_slot is not None:
-            self.n_ctx_slot = e.n_ctx_slot
-        if e.kv_unified is not None:
-            self.kv_unified = e.kv_unified
-        for i in range(e.n_slots):
-            self._slot(i).n_ctx = self.n_ctx_slot
-
-    def _on_slot_created(self, e: ev.SlotCreated) -> None:
-        self._slot(e.slot).n_ctx = e.n_ctx
-        if self.n_ctx_slot is None:
-            self.n_ctx_slot = e.n_ctx
-
-    def _on_context_param(self, e: ev.ContextParam) -> None:
-        self.context[e.name] = e.value
-        if e.name == "kv_unified":
-            self.kv_unified = bool(e.value)
-
-    def _on_kv_cache_section(self, e: ev.KVCacheSection) -> None:
-        self._kv_section_swa = e.swa
-
-    def _on_kv_cache_size(self, e: ev.KVCacheSize) -> None:
-        self.kv_k_bytes += e.k_mib * MIB
-        self.kv_v_bytes += e.v_mib * MIB
-        self.type_k, self.type_v = e.type_k, e.type_v
-        if not self._kv_section_swa and e.cells is not None:
-            self.kv_cells = e.cells
-            self.kv_streams = e.streams
-            if e.streams is not None and e.seqs is not None and self.kv_unified is None:
-                self.kv_unified = e.streams == 1 and e.seqs > 1
-
-    def _on_per_slot_cap(self, e: ev.PerSlotCap) -> None:
-        self.per_slot_cap = e
-        self.n_ctx_slot = e.cap
-
-    def _on_idle_slot_policy(self, e: ev.IdleSlotPolicy) -> None:
-        self.idle_slots_cleared_on_new_task = e.clear_on_new_task
-
-    def _apply_timing(self, e: ev.PromptEvalTiming | ev.GenerationTiming) -> None:
-        if not self.counting:
-            return
-        if isinstance(e, ev.GenerationTiming):
-            self.generated_tokens += e.tokens
-            return
-        seconds = e.ms / 1000.0
-        self.prompt_eval_count += 1
-        self.prompt_eval_seconds_sum += seconds
-        self.prompt_tokens += e.tokens
-        for i, bound in enumerate(PROMPT_EVAL_BUCKETS):
-            if seconds <= bound:
-                self.prompt_eval_buckets[i] += 1
-                break
-
-    def _count_checkpoint(self, event: str) -> None:
-        if self.counting:
-            self.checkpoint_events[event] += 1
-
-    def _apply_checkpoint(
-        self,
-        e: ev.CheckpointConfig
-        | ev.CheckpointCreated
-        | ev.CheckpointRemoved
-        | ev.CheckpointSuperseded
-        | ev.CheckpointRestored
-        | ev.CheckpointRestoreFailed
-        | ev.FullReprocess,
-    ) -> None:
-        if isinstance(e, ev.CheckpointConfig):
-            self.checkpoint_limit = e.max_per_slot
-            return
-        s = self._slot(e.slot)
-        if isinstance(e, ev.CheckpointCreated):
-            s.checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
-            # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
-            while len(s.checkpoints) > e.index > 0 or len(s.checkpoints) > MAX_CHECKPOINTS:
-                s.checkpoints.pop(0)
-            if e.max_per_slot:
-                self.checkpoint_limit = e.max_per_slot
-            self._count_checkpoint("created")
-        elif isinstance(e, ev.CheckpointRemoved):
-            _remove_checkpoint(s.checkpoints, e.pos_min, e.pos_max, e.size_mib * MIB)
-            self._count_checkpoint(e.reason)
-        elif isinstance(e, ev.CheckpointSuperseded):
-            _remove_checkpoint(s.checkpoints, None, e.n_tokens - 1, None)
-        elif isinstance(e, ev.CheckpointRestored):
-            self._count_checkpoint("restored")
-        elif isinstance(e, ev.CheckpointRestoreFailed):
-            self._count_checkpoint("failed_restore")
-        elif isinstance(e, ev.FullReprocess) and self.counting:
-            self.full_reprocess += 1
-
-    def _apply_prompt_cache(
-        self,
-        e: ev.PromptCacheLimit
-        | ev.PromptCacheState
-        | ev.PromptSaved
-        | ev.PromptCacheCandidate
-        | ev.PromptLoaded
-        | ev.PromptCacheRemoved
-        | ev.SlotSelected,
-    ) -> None:
-        if isinstance(e, ev.SlotSelected):
-            self._selected_slot = e.slot
-            self._cache_candidates = []
-        elif isinstance(e, ev.PromptCacheLimit):
-            self.prompt_cache_limit_bytes = float("inf") if e.limit_mib is None else e.limit_mib * MIB
-            if self.prompt_cache_bytes is None:  # announced at start-up: the cache starts empty
-                self.prompt_cache_bytes, self.prompt_cache_prompts = 0.0, 0
-        elif isinstance(e, ev.PromptCacheState):
-            self.prompt_cache_prompts = e.prompts
-            self.prompt_cache_bytes = e.size_mib * MIB
-            if self.prompt_cache_limit_bytes is None or self.prompt_cache_limit_bytes not in (0.0, float("inf")):
-                self.prompt_cache_limit_bytes = e.limit_mib * MIB
-            # Bounded by the cache's own entry count, even if removal lines were missed.
-            while len(self._cache_entries) > e.prompts:
-                del self._cache_entries[next(iter(self._cache_entries))]
-        elif isinstance(e, ev.PromptSaved):
-            if self._selected_slot is not None:
-                # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
-                if len(self._cache_entries) >= MAX_CHECKPOINTS:  # forged saves without a cache state line
-                    del self._cache_entries[next(iter(self._cache_entries))]
-                self._cache_entries[e.length] = list(self._slot(self._selected_slot).checkpoints)
-        elif isinstance(e, ev.PromptCacheCandidate):
-            self._cache_candidates.append(e)
-        elif isinstance(e, ev.PromptLoaded):
-            chosen = next((c for c in self._cache_candidates if (c.f_keep, c.f_sim) == (e.f_keep, e.f_sim)), None)
-            if chosen is not None and self._selected_slot is not None:
-                # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
-                self._slot(self._selected_slot).checkpoints = self._cache_entries.pop(chosen.length, [])
-            self._cache_candidates = []
-        elif isinstance(e, ev.PromptCacheRemoved):
-            if e.length is not None:
-                self._cache_entries.pop(e.length, None)
-            elif self._cache_entries:
-                del self._cache_entries[next(iter(self._cache_entries))]
-
-    def checkpoint_lines_visible(self) -> bool | None:
-        """Whether the log shows checkpoint and prompt-cache lines (TRC on b9829+: only at -lv 4)."""
-        if self.verbosity is None:
-            return None
-        return self.verbosity >= 4 or (self.build is not None and self.build < 9829)
-
-    def _clears_idle_slots(self) -> bool:
-        """Whether starting a task clears the other idle slots (unified KV + `--cache-idle-slots`)."""
-        if self.kv_unified is not True:
-            return False
-        if self.idle_slots_cleared_on_new_task is not None:
-            return self.idle_slots_cleared_on_new_task
-        # At -lv 3 on b9829+ the policy line is hidden; the feature is on by default since b8852.
-        # At -lv 4 and above its absence means it is off (`--no-cache-idle-slots`).
-        return self.verbosity is not None and self.verbosity <= 3 and (self.build or 9829) >= 8852
-
-    # ------------------------------------------------------------------ live sources (exporter.sources)
 
     def apply_command_line(self, cfg: ServerCommandLine | None) -> None:
         """The running server's argv/environment (from /proc): a pool-capacity fallback when the log hides it."""
@@ -688,13 +219,13 @@ class ServerState:
             self._unmatched_process_starts += 1
         # The new process has empty slots; its banner (when it comes) resets again and matches this start.
         counting, self.counting = self.counting, False
-        self._in_startup = False
+        self.run.in_startup = False
         try:
-            self._count_start()
+            self.start_run()
             self.provenance.from_start = False  # the log has not shown this start yet: nothing to check against
         finally:
             self.counting = counting
-            self._in_startup = False
+            self.run.in_startup = False
 
     def _count_log_start(self) -> None:
         """A start banner in the log: count it unless a new process already counted this start."""
@@ -704,73 +235,3 @@ class ServerState:
         self.server_starts += 1
         if self._process is not None:
             self._unmatched_log_starts += 1
-
-
-# Which method of ServerState applies which event.
-_HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
-    ev.GenerationProgress: ServerState._on_generation_progress,
-    ev.PromptProgress: ServerState._on_prompt_progress,
-    ev.CachedTokens: ServerState._on_cached_tokens,
-    ev.SlotReleased: ServerState._on_slot_released,
-    ev.SlotCleared: ServerState._on_slot_cleared_or_purged,
-    ev.SlotPurged: ServerState._on_slot_cleared_or_purged,
-    ev.TaskStarted: ServerState._on_task_started,
-    ev.NewPrompt: ServerState._on_new_prompt,
-    ev.KVRetry: ServerState._on_kv_retry_or_memory_slot_failure,
-    ev.MemorySlotFailure: ServerState._on_kv_retry_or_memory_slot_failure,
-    ev.DecodeFatal: ServerState._on_decode_fatal,
-    ev.RequestError: ServerState._on_request_error,
-    ev.DecodeFailed: ServerState._on_decode_failed,
-    ev.AllSlotsIdle: ServerState._on_all_slots_idle,
-    ev.TimingsHead: ServerState._on_timings_head,
-    ev.PromptEvalTiming: ServerState._apply_timing,
-    ev.GenerationTiming: ServerState._apply_timing,
-    ev.CheckpointConfig: ServerState._apply_checkpoint,
-    ev.CheckpointCreated: ServerState._apply_checkpoint,
-    ev.CheckpointRemoved: ServerState._apply_checkpoint,
-    ev.CheckpointSuperseded: ServerState._apply_checkpoint,
-    ev.CheckpointRestored: ServerState._apply_checkpoint,
-    ev.CheckpointRestoreFailed: ServerState._apply_checkpoint,
-    ev.FullReprocess: ServerState._apply_checkpoint,
-    ev.PromptCacheLimit: ServerState._apply_prompt_cache,
-    ev.PromptCacheState: ServerState._apply_prompt_cache,
-    ev.PromptSaved: ServerState._apply_prompt_cache,
-    ev.PromptCacheCandidate: ServerState._apply_prompt_cache,
-    ev.PromptLoaded: ServerState._apply_prompt_cache,
-    ev.PromptCacheRemoved: ServerState._apply_prompt_cache,
-    ev.SlotSelected: ServerState._apply_prompt_cache,
-    ev.IdleSlotSaved: ServerState._on_idle_slot_saved,
-    ev.ServerStarting: ServerState._on_server_starting,
-    ev.BuildInfo: ServerState._on_build_info,
-    ev.Verbosity: ServerState._on_verbosity,
-    ev.ModelLoading: ServerState._on_model_loading,
-    ev.ServerReady: ServerState._on_server_ready,
-    ev.ServerExiting: ServerState._on_server_exiting,
-    ev.ModelLoadFailed: ServerState._on_model_load_failed,
-    ev.MemoryProjection: ServerState._on_memory_projection,
-    ev.SlotsInitialized: ServerState._on_slots_initialized,
-    ev.SlotCreated: ServerState._on_slot_created,
-    ev.ContextParam: ServerState._on_context_param,
-    ev.KVCacheSection: ServerState._on_kv_cache_section,
-    ev.KVCacheSize: ServerState._on_kv_cache_size,
-    ev.PerSlotCap: ServerState._on_per_slot_cap,
-    ev.IdleSlotPolicy: ServerState._on_idle_slot_policy,
-}
-
-
-# One lookup per event on the hot path: its handler, its bounds check, and whether provenance looks at it.
-_DISPATCH: dict[
-    type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerState, Any], bool] | None, bool]
-] = {kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in _HANDLERS.items()}
-
-
-def _remove_checkpoint(
-    checkpoints: list[Checkpoint], pos_min: int | None, pos_max: int, size_bytes: float | None
-) -> None:
-    """Remove the checkpoint the log line names; fall back to the oldest if we never saw it created."""
-    for i, c in enumerate(checkpoints):
-        if c.pos_max == pos_max and (pos_min is None or c.pos_min == pos_min):
-            del checkpoints[i]
-            return
-    if size_bytes is not None and checkpoints:
-        checkpoints.pop(0)

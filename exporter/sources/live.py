@@ -218,8 +218,8 @@ class LiveSources:
 
     def effective_verbosity(self) -> int | None:
         """llama-server's log verbosity: from the log, else from its command line (llama-server's default is 3)."""
-        if self.state.verbosity is not None:
-            return self.state.verbosity
+        if self.state.run.verbosity is not None:
+            return self.state.run.verbosity
         cfg = self.state.command_line
         if cfg is None:
             return None
@@ -230,7 +230,7 @@ class LiveSources:
         level = self.effective_verbosity()
         if level is None:
             return
-        build = self.state.build or (self.http.build if self.http else None)
+        build = self.state.run.build or (self.http.build if self.http else None)
         hidden = level < FULL_VERBOSITY and (build is None or build >= _VERBOSITY_LINE_SINCE)
         if (level, hidden) == self._verbosity_reported:
             return
@@ -260,12 +260,13 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
       `/props` first, then from llama-server's command line.
     """
     view = copy.copy(state)
+    view.run = run = copy.copy(state.run)  # the view fills in its own run, never the state's
     cfg = state.command_line
     live = http.slots if http is not None and http.up else None
     if live:
         slots: dict[int, SlotState] = {}
         for ls in live:
-            s = state.slots.get(ls.id) or SlotState(n_ctx=state.n_ctx_slot)
+            s = state.run.slots.get(ls.id) or SlotState(n_ctx=state.run.n_ctx_slot)
             slots[ls.id] = dataclasses.replace(
                 s,
                 tokens=s.tokens if ls.tokens is None else ls.tokens,
@@ -274,31 +275,31 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
                 generation_budget=ls.generation_budget,
                 prompt_size=(ls.n_cached and s.size_with_cache(ls.n_cached)) or s.prompt_size,
             )
-        view.slots = slots
-        view.n_slots = max(ls.id for ls in live) + 1
+        run.slots = slots
+        run.n_slots = max(ls.id for ls in live) + 1
     props = http if http is not None and http.up else None
     if props is not None and props.deferred is not None:
         view.requests_deferred = props.deferred
-    if view.build is None and props is not None:
-        view.build = props.build
-    if view.model is None and props is not None:
-        view.model = props.model
-    if view.n_slots is None:
-        view.n_slots = (props.total_slots if props else None) or (cfg.slot_count() if cfg else None)
-    if view.n_ctx_slot is None:
-        view.n_ctx_slot = (props.n_ctx_slot if props else None) or (cfg.slot_context() if cfg else None)
+    if run.build is None and props is not None:
+        run.build = props.build
+    if run.model is None and props is not None:
+        run.model = props.model
+    if run.n_slots is None:
+        run.n_slots = (props.total_slots if props else None) or (cfg.slot_count() if cfg else None)
+    if run.n_ctx_slot is None:
+        run.n_ctx_slot = (props.n_ctx_slot if props else None) or (cfg.slot_context() if cfg else None)
     if cfg is not None:
-        if view.kv_unified is None:
-            view.kv_unified = cfg.unified()
-        if view.type_k is None:
-            view.type_k = cfg.type_k or "f16"  # llama-server's default cache type
-        if view.type_v is None:
-            view.type_v = cfg.type_v or "f16"
-        if view.verbosity is None and cfg.verbosity is not None:
-            view.verbosity = cfg.verbosity
-        if view.checkpoint_limit is None and cfg.ctx_checkpoints is not None:
-            view.checkpoint_limit = cfg.ctx_checkpoints
-        if view.prompt_cache_limit_bytes is None and cfg.cache_ram_mib is not None:
+        if run.kv_unified is None:
+            run.kv_unified = cfg.unified()
+        if run.type_k is None:
+            run.type_k = cfg.type_k or "f16"  # llama-server's default cache type
+        if run.type_v is None:
+            run.type_v = cfg.type_v or "f16"
+        if run.verbosity is None and cfg.verbosity is not None:
+            run.verbosity = cfg.verbosity
+        if run.checkpoint_limit is None and cfg.ctx_checkpoints is not None:
+            run.checkpoint_limit = cfg.ctx_checkpoints
+        if run.prompt_cache_limit_bytes is None and cfg.cache_ram_mib is not None:
             mib = cfg.cache_ram_mib
-            view.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
+            run.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
     return view

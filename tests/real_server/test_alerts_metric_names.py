@@ -21,8 +21,10 @@ import yaml
 from fake_nvml import pynvml_env, seed_incident_gpu
 from llama_harness import ExporterProcess, LlamaServer, http_json, make_prompt, run_concurrent_completions, wait_for
 from paths import REPO
-from prom_harness import dashboard_queries, metric_names_in
+from prom_harness import collector_samples, dashboard_queries, metric_names_in
 from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.guard.books import GuardBooks, GuardCollector
 
 pytestmark = pytest.mark.llama_server
 
@@ -149,8 +151,9 @@ ONLY_IN_ROUTER_MODE = {
     "llamacpp_router_child_exits_total",
     "llamacpp_router_children_refused_total",
 }
-#: The guard's families, emitted only with --guard.listen-address; test_guard_e2e.py scrapes them from a real guard.
-ONLY_WITH_THE_GUARD = {"llamacpp_guard_queue_requests"}
+#: The guard's families, emitted only with --guard.listen-address: what its collector puts on /metrics (a pool
+#: limit known); test_guard_e2e.py scrapes them from a real guard.
+ONLY_WITH_THE_GUARD = {s.name for s in collector_samples(GuardCollector(GuardBooks(), lambda: [], lambda: 1))}
 
 
 def test_every_queried_metric_is_emitted(emitted: set[str]) -> None:
@@ -163,6 +166,18 @@ def test_router_families_are_queried_and_only_they_are_exempt() -> None:
     queried = {name for _, expr in _queries() for name in metric_names_in(expr)}
     assert queried >= ONLY_IN_ROUTER_MODE
     assert {n for n in queried if n.startswith("llamacpp_router_")} == ONLY_IN_ROUTER_MODE
+
+
+def test_the_guard_exemption_is_only_the_guards_families() -> None:
+    """The guard's exemption is its collector's own names, and the rules and dashboard query its main ones."""
+    assert ONLY_WITH_THE_GUARD and all(n.startswith("llamacpp_guard_") for n in ONLY_WITH_THE_GUARD)
+    queried = {name for _, expr in _queries() for name in metric_names_in(expr)}
+    assert {
+        "llamacpp_guard_requests_total",
+        "llamacpp_guard_queue_requests",
+        "llamacpp_guard_queue_wait_seconds_bucket",
+        "llamacpp_guard_admitted_demand_tokens",
+    } <= queried
 
 
 def test_the_check_catches_a_name_that_is_not_emitted(emitted: set[str]) -> None:

@@ -16,9 +16,9 @@ import pytest
 from llama_harness import ExporterProcess, free_port, http_request, wait_for
 from paths import REPO
 
-from exporter.cli import _report_crash
 from exporter.config import DEFAULT_PORT, parse_config
 from exporter.logs.tail import LogTailer
+from exporter.serve import report_crash
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -223,7 +223,7 @@ async def test_a_background_task_that_dies_says_so_in_one_line(caplog: pytest.Lo
         raise RuntimeError("boom")
 
     task = asyncio.create_task(broken(), name="log pipeline")
-    task.add_done_callback(_report_crash)
+    task.add_done_callback(report_crash)
     with caplog.at_level(logging.ERROR):
         await asyncio.wait({task})
         await asyncio.sleep(0)  # done callbacks run on the next loop iteration

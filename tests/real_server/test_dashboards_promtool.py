@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dashboard_json import panels_json, rows_json
+from dashboard_json import guard_row_json, panels_json, rows_json
+from expositions import guard_collector
+from prom_harness import collector_samples
+
+from exporter.guard.books import OUTCOMES
 
 
 @pytest.mark.promtool
@@ -158,3 +162,39 @@ def _substituted(expr: str, server: str = ".*", model: str = ".*") -> str:
 def _target(title: str, ref: str = "A") -> str:
     panel = next(p for p in panels_json() if p["title"] == title)
     return str(next(t["expr"] for t in panel["targets"] if t["refId"] == ref))
+
+
+@pytest.mark.promtool
+def test_the_guard_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
+    """The real PromQL engine runs the guard row's queries over the series the guard's real collector exports,
+    its counters growing by their value every minute: a query that names a metric, a label or a bucket the
+    guard does not export finds nothing and fails."""
+    job, instance = 'job="llamacpp"', 'instance="a:9778"'
+    series: dict[str, str] = {}
+    for sample in collector_samples(guard_collector()):
+        labels = ", ".join([job, instance, *(f'{k}="{v}"' for k, v in sample.labels.items())])
+        growing = sample.name.endswith(("_total", "_bucket", "_sum", "_count"))
+        series[f"{sample.name}{{{labels}}}"] = f"0+{sample.value}x10" if growing else f"{sample.value}x10"
+    panels = {p["title"]: p for p in guard_row_json()}
+
+    def target(title: str, ref: str = "A") -> str:
+        return _substituted(next(t["expr"] for t in panels[title]["targets"] if t["refId"] == ref))
+
+    per_minute = {"admitted": 120, "queued": 60, "refused": 6, "preempted": 3, "replayed": 3}
+    gauge = f"{{{instance}, {job}}}"
+    cases: list[tuple[str, dict[str, float]]] = [
+        (
+            target("Guard: requests by outcome"),
+            {f'{{{instance}, outcome="{o}"}}': per_minute.get(o, 0) / 60 for o in OUTCOMES},
+        ),
+        (target("Guard: queue and requests in flight"), {f"llamacpp_guard_queue_requests{gauge}": 1}),
+        (target("Guard: queue and requests in flight", "B"), {f"llamacpp_guard_in_flight_requests{gauge}": 1}),
+        # Buckets 0.5, 1, 2.5, 20, 30: half the waits end by 1.75 s and 95 % by 28.75 s (linear within a bucket).
+        (target("Guard: queue wait"), {f"{{{instance}}}": 1.75}),
+        (target("Guard: queue wait", "B"), {f"{{{instance}}}": 28.75}),
+        (target("Guard: queue wait", "C"), {f"{{{instance}}}": (240 * 0.5 + 120 * 2.5 + 240 * 20.75) / 600}),
+        (target("Guard: demand admitted vs pool"), {f"llamacpp_guard_admitted_demand_tokens{gauge}": 500}),
+        (target("Guard: demand admitted vs pool", "B"), {f"llamacpp_guard_admitted_prompt_tokens{gauge}": 400}),
+        (target("Guard: demand admitted vs pool", "C"), {f"llamacpp_guard_pool_limit_tokens{gauge}": 1000}),
+    ]
+    _promtool_expressions(promtool_bin, tmp_path, series, cases)

@@ -24,6 +24,7 @@ from llama_harness import (
     free_port,
     http_json,
     http_request,
+    make_prompt,
     run_concurrent_completions,
     wait_for,
 )
@@ -574,3 +575,135 @@ def test_a_chat_prompt_is_counted_as_the_server_counts_it(guarded: Guarded) -> N
     assert status == 200
     prompt_tokens = answer["usage"]["prompt_tokens"]
     assert guarded.exporter.sample("llamacpp_guard_request_prompt_tokens_sum") == before + prompt_tokens
+
+
+# ---------------------------------------------------------------------------------------- the forecast
+
+# One slot's window is the whole 8,192-cell pool; a prompt past half of it is counted with the tokenizer. A
+# batch of 4,096 tokens takes seconds on 2 cores: the log's first progress line comes with the second batch.
+FORECAST_POOL = ("-c", "8192", "-np", "2", "-kvu", "-t", "2", "-b", "4096", "-ub", "512")
+_PROGRESS = "prompt processing, n_tokens"
+
+
+def test_the_forecast_has_a_prompts_size_through_the_guard_before_the_log_does(
+    llama_server_bin: Path, slow_model: Path, tmp_path: Path
+) -> None:
+    """At the default verbosity the log sizes a prompt only with its second batch (a progress line); through
+    the guard the exact size is in the pool's demand while the log still has no line that could give it."""
+    with LlamaServer(llama_server_bin, slow_model, FORECAST_POOL, log_file=tmp_path / "llama-server.log") as server:
+        exporter, port = start_guarded(server, tmp_path)
+        try:
+            prompt = make_prompt(5000)
+            _, tokens = http_json(server.url + "/tokenize", body={"content": prompt, "add_special": True})
+            size = len(tokens["tokens"])
+            assert size > 4096  # two batches: the first alone is read without a line at the default verbosity
+            wait_for(lambda: exporter.sample("llamacpp_kv_pool_capacity_tokens") == 8192, timeout=30)
+            before = len(server.log_lines(_PROGRESS))
+            assert exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0
+            results: list[tuple[int, bytes]] = []
+            body = {"prompt": prompt, "n_predict": 8, "cache_prompt": False}
+            worker = threading.Thread(
+                target=lambda: results.append(
+                    http_request(f"http://127.0.0.1:{port}/completion", body=body, timeout=300)
+                )
+            )
+            worker.start()
+            seen: list[int] = []
+
+            def exact() -> bool:
+                demand = exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"})
+                seen.append(len(server.log_lines(_PROGRESS)))  # what the log says at that moment
+                return demand == size
+
+            wait_for(exact, timeout=60)
+            assert seen[-1] == before, "the log had a progress line before the demand was exact"
+            assert exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "limits"}) == size + 8
+            assert exporter.sample("llamacpp_kv_pool_demand_ratio", {"horizon": "prompt"}) == size / 8192
+            worker.join(300)
+            assert results and results[0][0] == 200
+            # The log did size it, later: its progress line came with the second batch.
+            assert len(server.log_lines(_PROGRESS)) > before
+            wait_for(lambda: exporter.sample("llamacpp_kv_pool_demand_tokens", {"horizon": "prompt"}) == 0, timeout=30)
+        finally:
+            exporter.stop()
+
+
+# ---------------------------------------------------------------------------------------- slow clients
+
+
+def _closed_by_the_guard(s: socket.socket) -> bool:
+    """Whether the other end closed `s` (without waiting for it)."""
+    s.settimeout(0.01)
+    try:
+        return s.recv(1) == b""
+    except (TimeoutError, BlockingIOError):
+        return False
+    except OSError:
+        return True
+
+
+def test_clients_that_send_no_head_or_stall_are_cut_and_block_nobody(guarded: Guarded, tmp_path: Path) -> None:
+    """Silent connections, a head sent a byte at a time, a head whose body never comes: each is disconnected
+    after --guard.head-timeout, and a client that talks is answered meanwhile, past the connection cap too."""
+    exporter, port = start_guarded(
+        guarded.server, tmp_path, "--guard.head-timeout", "1", "--guard.max-connections", "8"
+    )
+    held: list[socket.socket] = []
+    try:
+        for _ in range(20):  # more than the cap: the oldest silent one makes room for each new one
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        stalled = socket.create_connection(("127.0.0.1", port))
+        stalled.sendall(b'POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"prompt"')
+        held.append(trickle)
+        for _ in range(3):  # a client that talks is served while they hold their connections
+            status, _ = http_request(f"http://127.0.0.1:{port}/completion", body={"prompt": "x", "n_predict": 1})
+            assert status == 200
+        assert http_request(f"http://127.0.0.1:{port}/health")[0] == 200
+        wait_for(lambda: all(_closed_by_the_guard(s) for s in held), timeout=60)
+        # The stalled body is told why, then its connection closes.
+        stalled.settimeout(60)
+        answer = b""
+        while chunk := stalled.recv(65536):
+            answer += chunk
+        stalled.close()
+        assert answer.startswith(b"HTTP/1.1 408") and b"no byte of the request body for 1 s" in answer, answer
+        assert http_request(f"http://127.0.0.1:{port}/health")[0] == 200
+        output = exporter.output_file.read_text(errors="replace")
+        assert "Traceback" not in output
+    finally:
+        for s in held:
+            s.close()
+        exporter.stop()
+
+
+def test_past_the_cap_new_connections_wait_for_a_busy_one_to_close(guarded: Guarded, tmp_path: Path) -> None:
+    """8 connections busy with requests (their bodies still coming): a 9th is not accepted until one of them
+    closes; then it is answered."""
+    exporter, port = start_guarded(
+        guarded.server, tmp_path, "--guard.head-timeout", "120", "--guard.max-connections", "8"
+    )
+    busy: list[socket.socket] = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            busy.append(s)
+        late = socket.create_connection(("127.0.0.1", port))  # the kernel's backlog takes it
+        late.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        late.settimeout(3)
+        with pytest.raises(TimeoutError):
+            late.recv(1)  # not accepted while all 8 are busy
+        assert not any(_closed_by_the_guard(s) for s in busy)  # none of them was cut for it
+        busy.pop(0).close()
+        late.settimeout(30)
+        answer = b""
+        while chunk := late.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        late.close()
+    finally:
+        for s in busy:
+            s.close()
+        exporter.stop()

@@ -58,7 +58,7 @@ def test_fuzz_through_the_follower(tmp_path: Path) -> None:
             timeout=30,
             what="the restarted server's retries",
         )
-        assert exp.sample("llamacpp_slots") == expected.n_slots
+        assert exp.sample("llamacpp_slots") == expected.run.n_slots
         status = Path(f"/proc/{exp._proc.pid}/status").read_text() if exp._proc else ""
         rss_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS")))
         assert rss_kib < 200 * 1024, rss_kib

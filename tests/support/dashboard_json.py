@@ -30,3 +30,9 @@ def rows_json() -> list[tuple[str, list[dict[str, Any]]]]:
         else:
             rows[-1][1].append(p)
     return rows
+
+
+def guard_row_json() -> list[dict[str, Any]]:
+    """The guard's row's panels."""
+    (panels,) = [panels for title, panels in rows_json() if title.startswith("Guard")]
+    return panels

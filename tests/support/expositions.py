@@ -1,6 +1,6 @@
 """Expositions built in process, shared by the unit tests that read them and the promtool checks that
 lint them (tests/real_server/test_exposition_promtool.py): a capture's log state, a router's children,
-NVML's GPUs."""
+NVML's GPUs, the guard's books."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from types import SimpleNamespace
 from paths import FIXTURES
 from prometheus_client import CollectorRegistry, generate_latest
 
+from exporter.guard.admission import Admission, Pool, Ticket
+from exporter.guard.books import GuardBooks, GuardCollector
 from exporter.logs.parse import parse_line
 from exporter.logs.pipeline import LogPipeline
 from exporter.metrics.exporter_health import ExporterCollector
@@ -97,3 +99,20 @@ def nvml_live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
         )
     )
     return live, reg
+
+
+def guard_collector() -> GuardCollector:
+    """The guard's real collector over real books and admission: per minute, 120 requests admitted, 60 queued,
+    6 refused, 3 preempted and replayed; waits of 0.5 s (240), 2.5 s (120) and 20.75 s (240); now one request of
+    400 + 100 tokens in flight and one waiting, on a pool of 1000 cells."""
+    books = GuardBooks()
+    for outcome, n in (("admitted", 120), ("queued", 60), ("refused", 6), ("preempted", 3), ("replayed", 3)):
+        for _ in range(n):
+            books.count(outcome)
+    for seconds, n in ((0.5, 240), (2.5, 120), (20.75, 240)):
+        for _ in range(n):
+            books.waited(seconds)
+    admission, pool = Admission(max_queue=2, max_wait=60.0), Pool(capacity=1000, slot_window=1000, unified=True)
+    assert admission.offer(Ticket(1, prompt=400, budget=100), pool, now=0.0).kind == "admit"
+    assert admission.offer(Ticket(2, prompt=450, budget=100), pool, now=0.0).kind == "queue"
+    return GuardCollector(books, lambda: [admission], lambda: pool.limit)

@@ -32,6 +32,10 @@ from typing import Any
 
 import yaml
 from llama_harness import free_port, http_request, tail_text, wait_for
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")  # Debian's name, then upstream's
@@ -340,6 +344,14 @@ def metric_names_in(expr: str) -> set[str]:
     return names
 
 
+def collector_samples(collector: Collector) -> list[Sample]:
+    """What ``collector`` puts on ``/metrics``: rendered in the text format and parsed back, as Prometheus reads it."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def dashboard_queries(dashboard: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every PromQL query of a Grafana dashboard as (where, expr): panel targets, annotations, variables."""
     out: list[tuple[str, str]] = []
@@ -433,6 +445,7 @@ __all__ = [
     "Prometheus",
     "WebhookReceiver",
     "alertmanager_test_config",
+    "collector_samples",
     "dashboard_queries",
     "find_alertmanager",
     "find_amtool",

@@ -46,28 +46,28 @@ def _run() -> tuple[ServerState, int]:
         live = implied.setdefault(slot, {})
         if m := _CREATED.search(rest):
             live[(int(m[3]), int(m[4]))] = float(m[5])
-            assert len(state.slots[slot].checkpoints) == int(m[1]), msg  # "N of M"
+            assert len(state.run.slots[slot].checkpoints) == int(m[1]), msg  # "N of M"
         elif m := _ERASED.search(rest):
             del live[(int(m[1]), int(m[2]))]
         elif rest.startswith("clearing prompt with"):
             live.clear()
         else:
             continue
-        s = state.slots[slot]
+        s = state.run.slots[slot]
         assert len(s.checkpoints) == len(live), msg
         assert s.checkpoint_bytes / MIB == pytest.approx(sum(live.values()), abs=0.0005), msg
         checked += 1
     assert last_cache is not None
-    assert state.prompt_cache_prompts == last_cache[0]
-    assert state.prompt_cache_bytes == pytest.approx(last_cache[1] * MIB)
+    assert state.run.prompt_cache_prompts == last_cache[0]
+    assert state.run.prompt_cache_bytes == pytest.approx(last_cache[1] * MIB)
     return state, checked
 
 
 def test_live_checkpoints_follow_the_log_after_every_line() -> None:
     state, checked = _run()
     assert checked >= 20
-    assert len(state.slots[0].checkpoints) == 3  # created 2 and 3 of 3 after the restore in task 46
-    assert state.checkpoint_limit == 3
+    assert len(state.run.slots[0].checkpoints) == 3  # created 2 and 3 of 3 after the restore in task 46
+    assert state.run.checkpoint_limit == 3
 
 
 def test_checkpoint_counters_equal_line_counts() -> None:
@@ -99,8 +99,8 @@ def test_server_restart_drops_checkpoints_and_cache() -> None:
         if event is not None:
             state.apply(event)
     assert state.server_starts == 2
-    assert all(not s.checkpoints for s in state.slots.values())
-    assert state.prompt_cache_bytes is None and state.checkpoint_limit is None  # until the new start-up lines
+    assert all(not s.checkpoints for s in state.run.slots.values())
+    assert state.run.prompt_cache_bytes is None and state.run.checkpoint_limit is None  # until the new start-up lines
     assert state.checkpoint_events["created"] == 9  # counters survive
 
 
@@ -122,6 +122,6 @@ def test_cache_load_moves_the_entrys_checkpoints_into_the_slot() -> None:
         event = parse_message(normalize(line))
         if event is not None:
             state.apply(event)
-    assert state.slots[0].checkpoints == []
-    assert [c.pos_max for c in state.slots[1].checkpoints] == [99, 199]
-    assert state.slots[1].checkpoint_bytes == 500 * MIB
+    assert state.run.slots[0].checkpoints == []
+    assert [c.pos_max for c in state.run.slots[1].checkpoints] == [99, 199]
+    assert state.run.slots[1].checkpoint_bytes == 500 * MIB

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboard_json import DASHBOARD, dashboard_json, panels_json, rows_json
+from dashboard_json import DASHBOARD, dashboard_json, guard_row_json, panels_json, rows_json
+from expositions import guard_collector
 from paths import REPO
-from prom_harness import dashboard_queries, load_script, metric_names_in
+from prom_harness import collector_samples, dashboard_queries, load_script, metric_names_in
 
 ROOT = REPO
 PROVISIONING = ROOT / "dashboards" / "provisioning"
@@ -45,6 +46,19 @@ ROUTER_METRICS = {
     "llamacpp_router_child_starts_total",
     "llamacpp_router_child_exits_total",
     "llamacpp_router_children_refused_total",
+}
+#: The guard's families (exporter/guard/books.py): it fronts one llama-server, so they are one per exporter
+#: target, never labelled server or model, and filtered by job and instance only.
+GUARD_METRICS = {
+    "llamacpp_guard_requests_total",
+    "llamacpp_guard_queue_requests",
+    "llamacpp_guard_in_flight_requests",
+    "llamacpp_guard_queue_wait_seconds_bucket",
+    "llamacpp_guard_queue_wait_seconds_sum",
+    "llamacpp_guard_queue_wait_seconds_count",
+    "llamacpp_guard_admitted_demand_tokens",
+    "llamacpp_guard_admitted_prompt_tokens",
+    "llamacpp_guard_pool_limit_tokens",
 }
 
 #: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
@@ -162,7 +176,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     per_server = False
     for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
         name = selector.split("{", 1)[0]
-        if name in GLOBAL_METRICS:
+        if name in GLOBAL_METRICS | GUARD_METRICS:
             assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
         elif name in ROUTER_METRICS:
             assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
@@ -175,7 +189,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
         kept = {label.strip() for label in grouping.split(",")}
         if name in ROUTER_METRICS:
             assert "server" in kept, f"{title}: by ({grouping}) ({name})"
-        elif name not in GLOBAL_METRICS:
+        elif name not in GLOBAL_METRICS | GUARD_METRICS:
             assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
     if per_server:
         assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"
@@ -348,3 +362,21 @@ def test_stacked_panels_stack_one_instance_each() -> None:
     assert len(stacked) >= 4
     for panel in stacked:
         assert panel.get("repeat") == "instance" and "$instance" in panel["title"], panel["title"]
+
+
+def test_the_guard_row_plots_what_the_guard_exports() -> None:
+    """One row for the guard: its requests by outcome (a rate), its queue, the queue wait's quantiles and the
+    demand it admitted against its pool limit; every name it queries is one the guard's collector exports."""
+    panels = guard_row_json()
+    exported = {sample.name for sample in collector_samples(guard_collector())}
+    queried = {n for p in panels for t in p["targets"] for n in metric_names_in(t["expr"])}
+    assert queried == GUARD_METRICS and exported >= GUARD_METRICS, (queried ^ GUARD_METRICS, GUARD_METRICS - exported)
+    outcomes = _panel_with("llamacpp_guard_requests_total")
+    assert "rate(" in outcomes["targets"][0]["expr"] and "{{outcome}}" in outcomes["targets"][0]["legendFormat"]
+    wait = _panel_with("llamacpp_guard_queue_wait_seconds_bucket")
+    assert sum("histogram_quantile(" in t["expr"] for t in wait["targets"]) == 2
+    pool = _panel_with("llamacpp_guard_admitted_demand_tokens", "llamacpp_guard_pool_limit_tokens")
+    (limit,) = pool["fieldConfig"]["overrides"]
+    assert limit["matcher"]["options"] == next(
+        t["refId"] for t in pool["targets"] if "llamacpp_guard_pool_limit_tokens" in t["expr"]
+    )

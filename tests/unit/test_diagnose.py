@@ -626,7 +626,7 @@ def test_block_reader_gives_the_lines_and_counts_of_the_line_reader() -> None:
         by_line, by_block = diagnose.ReadStats(), diagnose.ReadStats()
         lines = list(diagnose.read_lines(io.BytesIO(data), by_line, max_line))
         blocks = list(diagnose.read_blocks(io.BytesIO(data), by_block, max_line))
-        assert [x for b in blocks for x in diagnose._lines_of(b)] == lines, (case, data)
+        assert [x for b in blocks for x in diagnose.lines_of(b)] == lines, (case, data)
         assert (by_block.lines, by_block.long_lines, by_block.bytes) == (
             by_line.lines,
             by_line.long_lines,

@@ -16,6 +16,7 @@ from paths import B11434
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_message
 from exporter.model.forecast import forecast
+from exporter.model.run import ServerRun
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
 from exporter.sources.live import merge_view
@@ -123,8 +124,10 @@ def test_prompt_rate_is_the_current_speed_between_two_lines() -> None:
 
 
 def _pool(**slots: SlotState) -> ServerState:
-    st = ServerState(n_slots=4, n_ctx_slot=1000, kv_cells=1000, kv_streams=1, kv_unified=True, build=11434)
-    st.slots = {int(k[1:]): v for k, v in slots.items()}
+    st = ServerState(
+        run=ServerRun(n_slots=4, n_ctx_slot=1000, kv_cells=1000, kv_streams=1, kv_unified=True, build=11434)
+    )
+    st.run.slots = {int(k[1:]): v for k, v in slots.items()}
     return st
 
 
@@ -155,16 +158,16 @@ def test_the_limits_horizon_counts_known_budgets_and_the_prompt_of_requests_with
     st = _pool(s0=chat(150), s1=chat(400))
     f = forecast(st)
     assert (f.prompt_demand, f.limits_demand, f.max_demand, f.unknown_budgets) == (150 + 400, 150 + 400, 2000, 2)
-    st.slots[0].generation_budget = 300
+    st.run.slots[0].generation_budget = 300
     f = forecast(st)
     assert (f.limits_demand, f.max_demand) == (150 + 300 + 400, 450 + 1000)
-    st.slots[0].generation_budget = 5000
+    st.run.slots[0].generation_budget = 5000
     assert forecast(st).limits_demand == 1000 + 400
 
 
 def test_old_unified_builds_keep_idle_cells() -> None:
     st = _pool(s0=SlotState(n_ctx=1000, tokens=600), s1=SlotState(n_ctx=1000, tokens=100, processing=True))
-    st.build = 6000
+    st.run.build = 6000
     assert forecast(st).prompt_demand == 700
 
 
@@ -195,7 +198,7 @@ def test_eta_from_speeds_and_absent_when_the_requests_cannot_fill_the_pool() -> 
     assert (f.prompt_demand, f.max_demand) == (800, 500 + 100 + 300 + 500)
     assert f.fill_rate == 60.0
     assert f.eta_seconds == pytest.approx((1000 - 500) / 60.0)
-    st.slots[1].generation_budget = 50  # now at most 600 + 350 = 950 < 1000: the pool never fills
+    st.run.slots[1].generation_budget = 50  # now at most 600 + 350 = 950 < 1000: the pool never fills
     assert forecast(st).eta_seconds is None
 
 
@@ -203,7 +206,9 @@ def test_slots_endpoint_gives_the_generation_budget() -> None:
     """exhaust-long-lv4's /slots during the fill: n_remain per slot; max = held + n_remain, capped at n_ctx."""
     body = json.loads((FIXTURES / "exhaust-long-lv4" / "load-slots-04.json").read_text())
     live = parse_slots(body)
-    state = ServerState(n_slots=4, n_ctx_slot=32768, kv_cells=32768, kv_streams=1, kv_unified=True, build=11434)
+    state = ServerState(
+        run=ServerRun(n_slots=4, n_ctx_slot=32768, kv_cells=32768, kv_streams=1, kv_unified=True, build=11434)
+    )
     view = merge_view(state, HttpSnapshot(up=True, slots=live))
     f = forecast(view)
     assert f.unknown_budgets == 0
@@ -214,7 +219,9 @@ def test_slots_endpoint_gives_the_generation_budget() -> None:
 
 def test_a_cached_prefix_from_slots_corrects_the_progress_estimate() -> None:
     """P counts the cached prefix; at the default verbosity only /slots says how long it is."""
-    state = ServerState(n_slots=1, n_ctx_slot=65536, kv_cells=65536, kv_streams=1, kv_unified=True, build=11434)
+    state = ServerState(
+        run=ServerRun(n_slots=1, n_ctx_slot=65536, kv_cells=65536, kv_streams=1, kv_unified=True, build=11434)
+    )
     for line in (
         "slot launch_slot_: id  0 | task 7 | processing task, is_child = 0",
         "slot print_timing: id  0 | task 7 | prompt processing, n_tokens = 2048, progress = 0.61, "

@@ -73,8 +73,8 @@ def _observed(st: ServerState) -> dict[str, Any]:
             st.prompt_tokens,
             st.generated_tokens,
         ),
-        "slots": (st.n_slots, {i: (s.tokens, s.processing, s.checkpoint_bytes) for i, s in st.slots.items()}),
-        "pool": (st.pool_capacity(), st.pool_used()),
+        "slots": (st.run.n_slots, {i: (s.tokens, s.processing, s.checkpoint_bytes) for i, s in st.run.slots.items()}),
+        "pool": (st.pool_capacity(), st.run.pool_used()),
         "forecast": (f.prompt_demand, f.max_demand),
     }
 

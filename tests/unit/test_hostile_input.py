@@ -35,11 +35,11 @@ FIXTURES = B11434
 def test_a_poison_line_is_rejected_and_counted(line: str, reason: str) -> None:
     state = ServerState()
     apply_all(state, captured("exhaust-lv4")[:200])  # a running server: 4 slots, 512 cells
-    before = (state.n_slots, dict(state.slots), state.kv_cells)
+    before = (state.run.n_slots, dict(state.run.slots), state.run.kv_cells)
     apply_all(state, [f"0.00.100.000 I {line}"])  # in its run's format: the poison is the number
     assert state.rejected == {reason: 1}
-    assert (state.n_slots, state.kv_cells) == (before[0], before[2])
-    assert set(state.slots) <= set(range(4))
+    assert (state.run.n_slots, state.run.kv_cells) == (before[0], before[2])
+    assert set(state.run.slots) <= set(range(4))
     # The lines after it still count: the rest of the log gives what it gives without the poison.
     apply_all(state, captured("exhaust-lv4")[200:])
     clean = ServerState()
@@ -59,7 +59,7 @@ def test_slot_ids_and_counts_are_bounded_before_the_server_says_how_many_slots()
     state = ServerState()
     lines = [f"slot launch_slot_: id {i} | task {i} | processing task, is_child = 0" for i in range(0, 5000, 3)]
     apply_all(state, lines)
-    assert len(state.slots) <= MAX_SLOTS and all(i < MAX_SLOTS for i in state.slots)
+    assert len(state.run.slots) <= MAX_SLOTS and all(i < MAX_SLOTS for i in state.run.slots)
     assert state.rejected["out_of_range"] == sum(1 for i in range(0, 5000, 3) if i >= MAX_SLOTS)
 
 
@@ -87,8 +87,8 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
         state.provenance.new_file = True  # what the pipeline does when the file is rewritten
         apply_all(state, restart)
         assert state.kv_retries == before + 1  # a valid line after the garbage still counts
-        assert len(state.slots) <= MAX_SLOTS
-        for s in state.slots.values():
+        assert len(state.run.slots) <= MAX_SLOTS
+        for s in state.run.slots.values():
             assert 0 <= s.tokens <= MAX_TOKENS
             assert 0 <= s.checkpoint_bytes <= MAX_BYTES * 64
         f = forecast(state)
@@ -146,7 +146,7 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
             pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 1 and "rejected as malformed" in rejected[0]
-        pipeline._report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
+        pipeline.report_rejected(now=time.monotonic() + REJECT_LOG_INTERVAL + 1)
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
         assert len(rejected) == 2 and "1000 log line(s)" in rejected[1]
     assert state.rejected == {"malformed": 1000}

@@ -18,8 +18,8 @@ from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "pr
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_line, parse_line_events, parse_lines, parse_message
 from exporter.logs.tail import LogTailer
+from exporter.model.handlers import HANDLERS
 from exporter.model.router import ROUTER_EVENTS
-from exporter.model.state import _HANDLERS
 
 FIXTURES = B11434
 LOGS = sorted(FIXTURES.glob("*/llama-server.log"))
@@ -86,7 +86,7 @@ def test_mixed_batch_of_wrappers() -> None:
 
 def test_every_event_type_has_a_state_handler() -> None:
     """All but the two the state reads itself (a line's format, a rejected line) and a router's own lines (`ServerLog`)."""
-    assert set(_HANDLERS) == set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected, *ROUTER_EVENTS}
+    assert set(HANDLERS) == set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected, *ROUTER_EVENTS}
 
 
 def test_tailer_block_decoding_equals_per_line_decoding(tmp_path: Path) -> None:

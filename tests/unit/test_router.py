@@ -51,11 +51,11 @@ def test_each_child_has_its_own_slots_and_pool_equal_to_its_slots_endpoint() -> 
     for name, child in children.items():
         assert child.port == PORTS[name]
         st = child.state
-        assert st.slot_count == 4
+        assert st.run.slot_count == 4
         assert st.pool_capacity() == (1024, "log_kv_cache")
-        assert {i: s.tokens for i, s in st.slots.items()} == _slots(name), name
-    assert children["beta"].state.pool_used() == 50  # beta's one request: slot 2
-    assert log.main.slot_count is None  # the router itself has no slot
+        assert {i: s.tokens for i, s in st.run.slots.items()} == _slots(name), name
+    assert children["beta"].state.run.pool_used() == 50  # beta's one request: slot 2
+    assert log.main.run.slot_count is None  # the router itself has no slot
     assert log.main.server_starts == 1
 
 
@@ -71,7 +71,7 @@ def test_an_overflow_in_one_child_moves_none_of_the_others_series() -> None:
     beta = a["beta"]
     assert beta.kv_retries == beta.context_exceeded == 0
     assert not beta.requests_aborted and not beta.cascades and not beta.rejected
-    assert beta.server_starts == 1 and beta.n_slots == 4
+    assert beta.server_starts == 1 and beta.run.n_slots == 4
 
 
 def test_an_unload_and_a_crash_end_their_children() -> None:
@@ -104,7 +104,7 @@ def test_lines_of_children_cannot_speak_for_the_router_and_unknown_ports_are_rej
     )
     assert sorted(c.name for c in log.router.children.values()) == ["alpha", "beta"]
     assert log.main.rejected["unfollowed"] == 2
-    assert all(c.state.n_slots == 4 for c in log.router.children.values())
+    assert all(c.state.run.n_slots == 4 for c in log.router.children.values())
 
 
 def _many_children(n: int) -> list[str]:
@@ -216,4 +216,4 @@ def test_diagnose_and_the_live_exporter_agree_on_each_child() -> None:
         assert counts.aborts == st.context_exceeded, name
         assert counts.aborted_requests == sum(st.requests_aborted.values()), name
         assert runs[name].configuration.pool_cells == st.pool_capacity()[0], name
-        assert runs[name].configuration.n_slots == st.slot_count, name
+        assert runs[name].configuration.n_slots == st.run.slot_count, name

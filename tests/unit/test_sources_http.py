@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -207,15 +206,16 @@ async def test_api_key(fake: tuple[FakeServer, str]) -> None:
 async def test_a_slow_server_never_holds_the_scrape(fake: tuple[FakeServer, str]) -> None:
     server, url = fake
 
+    answered: list[bool] = []
+
     async def hang(r: web.Request) -> web.Response:
         await asyncio.sleep(30)
+        answered.append(True)
         return web.json_response([])
 
     server.slots = hang
-    started = time.monotonic()
     snap = await _read(url, timeout=0.3)
-    took = time.monotonic() - started
-    assert took < 2.0, took  # bounded by the timeout, not by the server
+    assert answered == []  # the read ended on its timeout, while the server still held the answer
     assert snap.up and not snap.ok and "no answer within 0.3s" in (snap.errors.get("/slots") or "")
 
 
@@ -266,29 +266,29 @@ def _log_state(name: str) -> ServerState:
 def test_live_slots_replace_the_log_estimate_and_flow_into_the_pool() -> None:
     st = _log_state("exhaust-long-lv4")
     live = HttpSnapshot(up=True, slots=parse_slots(_json(LONG / "load-slots-12.json")))
-    before = {i: s.tokens for i, s in st.slots.items()}
+    before = {i: s.tokens for i, s in st.run.slots.items()}
     view = merge_view(st, live)
-    assert {i: s.tokens for i, s in view.slots.items()} == {0: 3879, 1: 3879, 2: 3880, 3: 3879}
-    assert {i: s.tokens for i, s in st.slots.items()} == before  # the state itself is untouched
+    assert {i: s.tokens for i, s in view.run.slots.items()} == {0: 3879, 1: 3879, 2: 3880, 3: 3879}
+    assert {i: s.tokens for i, s in st.run.slots.items()} == before  # the state itself is untouched
     reg = CollectorRegistry()
     reg.register(ServerLogCollector(lambda: view))
     assert reg.get_sample_value("llamacpp_kv_pool_used_tokens") == 3879 * 3 + 3880
     assert reg.get_sample_value("llamacpp_kv_pool_usage_ratio") == pytest.approx((3879 * 3 + 3880) / 32768)
     assert reg.get_sample_value("llamacpp_slot_processing", {"slot": "2"}) == 1
     # A server that is down: the log's estimate again.
-    assert merge_view(st, HttpSnapshot(up=False)).slots == st.slots
+    assert merge_view(st, HttpSnapshot(up=False)).run.slots == st.run.slots
 
 
 def test_gaps_of_a_default_verbosity_log_are_filled_from_props_and_the_command_line() -> None:
     st = _log_state("exhaust-default-verbosity")
-    assert (st.build, st.type_k, st.verbosity) == (None, None, 3)  # hidden at -lv 3
+    assert (st.run.build, st.run.type_k, st.run.verbosity) == (None, None, 3)  # hidden at -lv 3
     argv = (FIXTURES / "exhaust-default-verbosity" / "cmdline.txt").read_text().split()
     st.apply_command_line(parse_command_line(argv, {"LLAMA_ARG_CACHE_TYPE_V": "q8_0"}))
     props = parse_props(_json(FIXTURES / "exhaust-default-verbosity" / "post_props.json"))
     view = merge_view(st, HttpSnapshot(up=True, build=props[0], total_slots=props[1], n_ctx_slot=props[2]))
-    assert (view.build, view.type_k, view.type_v, view.kv_unified) == (11434, "f16", "q8_0", True)
+    assert (view.run.build, view.run.type_k, view.run.type_v, view.run.kv_unified) == (11434, "f16", "q8_0", True)
     assert view.pool_capacity() == (512, "command_line")
-    assert st.build is None
+    assert st.run.build is None
 
 
 async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[FakeServer, str]) -> None:
@@ -312,6 +312,6 @@ async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[
     server.slots = disabled
     await live.refresh()
     assert reg.get_sample_value("llamacpp_slot_tokens_source", {"source": "log"}) == 1
-    assert reg.get_sample_value("llamacpp_slot_tokens", {"slot": "2"}) == st.slots[2].tokens
+    assert reg.get_sample_value("llamacpp_slot_tokens", {"slot": "2"}) == st.run.slots[2].tokens
     assert reg.get_sample_value("llamacpp_exporter_http_status", {"endpoint": "/slots"}) == 501
     await live.close()

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from llama_harness import free_port
 from paths import B11434
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import build_live_sources, build_registry
+from exporter.build import build_live_sources, build_registry
 from exporter.config import parse_config
 from exporter.logs.parse import parse_line
 from exporter.logs.pipeline import LogPipeline
@@ -63,6 +63,9 @@ async def test_every_source_failing_still_scrapes_fast(tmp_path: Path) -> None:
             str(empty_proc),
             "--server-url",
             f"http://127.0.0.1:{free_port()}",
+            # A scrape that waited for a failing source would take this long: longer than the client waits.
+            "--server-timeout",
+            "30",
         ],
         {},
     )
@@ -73,13 +76,11 @@ async def test_every_source_failing_still_scrapes_fast(tmp_path: Path) -> None:
     live = build_live_sources(config, state, str(log_file))
     app = make_app(build_registry(state, pipeline, live), log_description="x", health=dict, before_scrape=live.refresh)
     async with TestClient(TestServer(app)) as client:
-        started = time.monotonic()
-        resp = await client.get("/metrics")
+        resp = await client.get("/metrics", timeout=aiohttp.ClientTimeout(total=20))
         text = await resp.text()
-        took = time.monotonic() - started
     await live.close()
     tailer.close()
-    assert resp.status == 200 and took < 1.0, took
+    assert resp.status == 200
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in text_string_to_metric_families(text)

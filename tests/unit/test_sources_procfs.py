@@ -180,19 +180,19 @@ def test_banner_first_then_new_pid_counts_once() -> None:
     st.observe_process(200, 9)
     st.observe_process(200, 9)
     assert st.server_starts == 2
-    assert st.build == 11434  # the new server's configuration is kept: the log already reset it
+    assert st.run.build == 11434  # the new server's configuration is kept: the log already reset it
 
 
 def test_new_pid_first_then_banner_counts_once() -> None:
     st = _started_state()
     st.observe_process(100, 5)
-    assert st.slots[0].tokens == 100
+    assert st.run.slots[0].tokens == 100
     st.observe_process(200, 9)
     assert st.server_starts == 2
-    assert st.slots == {} and st.build is None  # a new process holds nothing yet
+    assert st.run.slots == {} and st.run.build is None  # a new process holds nothing yet
     st.apply(ServerStarting())
     st.apply(BuildInfo(11434, "b11434"))
-    assert st.server_starts == 2 and st.build == 11434
+    assert st.server_starts == 2 and st.run.build == 11434
     # And the next restart is counted again, in either order.
     st.apply(SlotReleased(0, 2, 50))  # work: the start-up is over
     st.observe_process(300, 12)
@@ -221,7 +221,7 @@ def test_live_sources_apply_the_process_and_its_command_line(tmp_path: Path) -> 
     asyncio.run(live.refresh())
     assert live.statuses["proc"].up and live.pid == 4242
     assert st.pool_capacity() == (512, "command_line")
-    assert live.view().type_k == "q8_0" and live.view().n_slots == 4
+    assert live.view().run.type_k == "q8_0" and live.view().run.n_slots == 4
     starts = st.server_starts
     _restart(root, 4242, 4300, 777777)
     asyncio.run(live.refresh())

@@ -69,11 +69,11 @@ def test_line_by_line_slot_tokens_follow_the_log(name: str) -> None:
         if m := _RELEASE.match(msg):
             slot, task, n = int(m[1]), int(m[2]), int(m[3])
             # llama-server (b7078+) clears the slot of an aborted request right after releasing it.
-            assert state.slots[slot].tokens == (0 if task in aborted else n), msg
-            assert not state.slots[slot].processing
+            assert state.run.slots[slot].tokens == (0 if task in aborted else n), msg
+            assert not state.run.slots[slot].processing
             checked += 1
         elif m := _CLEAR.match(msg):
-            assert state.slots[int(m[1])].tokens == 0, msg
+            assert state.run.slots[int(m[1])].tokens == 0, msg
             checked += 1
     assert checked > 0
 
@@ -88,7 +88,7 @@ def test_final_state_matches_capture(name: str) -> None:
         if event is not None:
             state.apply(event)
 
-    assert state.slot_count == exp.slots
+    assert state.run.slot_count == exp.slots
     capacity, source = state.pool_capacity()
     assert capacity == exp.pool
     assert source == exp.capacity_source
@@ -103,14 +103,14 @@ def test_final_state_matches_capture(name: str) -> None:
     assert sum(state.requests_aborted.values()) == send_errors
     assert state.cascades["failed"] == exp.cascades_failed
     assert state.cascades["recovered"] == exp.cascades_recovered
-    assert not state.in_cascade
+    assert not state.run.in_cascade
 
     # The server's own /slots after the run: n_prompt_tokens is what each slot holds.
     slots_file = FIXTURES / name / "post_slots.json"
     if slots_file.exists():
         live = {s["id"]: s.get("n_prompt_tokens", 0) for s in json.loads(slots_file.read_text())}
-        assert {i: s.tokens for i, s in state.slots.items()} == live
-        assert state.pool_used() == sum(live.values())
+        assert {i: s.tokens for i, s in state.run.slots.items()} == live
+        assert state.run.pool_used() == sum(live.values())
 
 
 def test_exhaust_counts_are_the_line_counts() -> None:
@@ -125,8 +125,8 @@ def test_exhaust_counts_are_the_line_counts() -> None:
         1,
         4,
     )
-    assert state.type_k == state.type_v == "f16"
-    assert state.kv_k_bytes == pytest.approx(0.06 * 1024 * 1024)
+    assert state.run.type_k == state.run.type_v == "f16"
+    assert state.run.kv_k_bytes == pytest.approx(0.06 * 1024 * 1024)
 
 
 def test_replay_rebuilds_gauges_without_counting() -> None:
@@ -137,7 +137,7 @@ def test_replay_rebuilds_gauges_without_counting() -> None:
         if event is not None:
             live.apply(event)
             replay.apply(event)
-    assert {i: s.tokens for i, s in replay.slots.items()} == {i: s.tokens for i, s in live.slots.items()}
+    assert {i: s.tokens for i, s in replay.run.slots.items()} == {i: s.tokens for i, s in live.run.slots.items()}
     assert replay.pool_capacity() == live.pool_capacity()
     assert live.kv_retries > 0 and live.server_starts == 1
     assert (replay.kv_retries, replay.context_exceeded, replay.server_starts) == (0, 0, 0)
@@ -153,7 +153,7 @@ def test_generation_progress_estimates_slot_tokens() -> None:
         if event is not None:
             state.apply(event)
         if m := re.search(r"id\s+(\d+) \| task \d+ \| n_gen = +(\d+)", msg):
-            slot = state.slots[int(m[1])]
+            slot = state.run.slots[int(m[1])]
             assert slot.processing
             assert slot.tokens == slot.prompt_tokens + int(m[2])
             seen += 1
@@ -169,5 +169,5 @@ def test_server_restart_resets_slots_and_counts_once() -> None:
         if event is not None:
             state.apply(event)
     assert state.server_starts == 2
-    assert state.pool_used() == 0
+    assert state.run.pool_used() == 0
     assert state.kv_retries == 26  # counters survive a server restart

@@ -1,0 +1,489 @@
+"""How each event changes a `ServerState`: one function per kind of event, and the table `apply` dispatches on. Pure.
+
+`ServerState.apply` looks an event's kind up once (`DISPATCH`): its handler here, its bounds check
+(`exporter.model.bounds`) and whether its provenance needs a look beyond its line format
+(`exporter.model.provenance`). Handlers change the running server's `ServerRun` and count into the
+state's counters only while `counting` is on (see `exporter.model.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from exporter.logs import events as ev
+from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
+from exporter.model.provenance import CHECKED, NotOwnLine
+from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
+from exporter.model.run import ServerRun
+from exporter.model.slot import Checkpoint, SlotState
+
+if TYPE_CHECKING:  # (annotations only: state imports this module's table)
+    from exporter.model.state import ServerState
+
+# llama-server clears the slots of requests aborted by a failed decode from this build on (#17267).
+_CLEARS_ABORTED_SLOTS_SINCE = 7078
+
+
+def _end_cascade(st: ServerState, outcome: str) -> None:
+    run = st.run
+    if run.in_cascade:
+        run.in_cascade = False
+        if st.counting:
+            st.cascades[outcome] += 1
+
+
+def _progress(st: ServerState) -> None:
+    """Work got done: the server is past start-up and any retry cascade has recovered."""
+    run = st.run
+    run.in_startup = False
+    _end_cascade(st, "recovered")
+
+
+def _own_slot(
+    st: ServerState, e: ev.GenerationProgress | ev.PromptProgress | ev.CachedTokens | ev.SlotReleased
+) -> SlotState:
+    """Work got done on the slot a line names, for the task it names (`NotOwnLine` if the run never started it)."""
+    run = st.run
+    s = run.slots.get(e.slot)
+    if (s is None or s.task != e.task) and not st.provenance.knows(e.task):
+        raise NotOwnLine  # checked here, where the slot is at hand, rather than before every such line
+    _progress(st)
+    return s if s is not None else run.slot(e.slot)
+
+
+def _on_generation_progress(st: ServerState, e: ev.GenerationProgress) -> None:
+    s = _own_slot(st, e)
+    s.processing, s.task = True, e.task
+    # With context shift a request may generate past its window; the slot never holds more than it.
+    s.tokens = max(s.tokens, min(s.prompt_tokens + e.n_decoded, s.n_ctx or MAX_TOKENS))
+    s.phase = "generation"
+    s.generation_rate = e.rate
+
+
+def _on_prompt_progress(st: ServerState, e: ev.PromptProgress) -> None:
+    run = st.run
+    s = _own_slot(st, e)
+    if s.task != e.task:
+        s.new_task()
+        _request_started(st, s, e.task)
+    s.processing, s.task = True, e.task
+    n = e.n_tokens if e.absolute else (s.cache_base or 0) + e.n_tokens
+    s.tokens = max(s.tokens, n)
+    _prompt_turn(st, e.slot)
+    measured = s.note_prompt_progress(e, n, run.prompt_throughput)
+    if measured is not None:
+        run.prompt_throughput = measured
+
+
+def _prompt_turn(st: ServerState, slot_id: int) -> None:
+    """A slot reads prompt tokens: every lower slot that was reading its prompt has finished it.
+
+    llama-server fills each batch greedily in slot order (generated tokens first, then each slot's
+    prompt until it ends or the batch is full), so concurrent prompts are read one after another.
+    Neither level's lines say when a prompt's last batch was queued; the next slot's turn does.
+    """
+    run = st.run
+    for other_id, other in run.slots.items():
+        if other_id < slot_id and other.processing and other.phase == "prompt" and other.prompt_size is not None:
+            other.tokens = max(other.tokens, other.prompt_size)
+            other.phase, other.prompt_rate = "generation", None
+
+
+def _on_cached_tokens(st: ServerState, e: ev.CachedTokens) -> None:
+    s = _own_slot(st, e)
+    s.processing, s.task = True, e.task
+    if s.cache_base is None:
+        s.cache_base = e.n_tokens
+        s.tokens = e.n_tokens
+    else:
+        # Long prompts repeat this line per batch with the running total.
+        s.tokens = max(s.tokens, e.n_tokens)
+
+
+def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
+    run = st.run
+    s = _own_slot(st, e)
+    if st.counting:
+        st.request_tokens.observe(e.n_tokens)
+        if s.task == e.task and s.prompt_size is not None:
+            st.request_prompt_tokens.observe(s.prompt_size)
+    s.processing, s.task, s.cache_base = False, -1, None
+    s.new_task()
+    aborted = e.task in run.aborted_tasks
+    run.aborted_tasks.discard(e.task)
+    if aborted and (run.build is None or run.build >= _CLEARS_ABORTED_SLOTS_SINCE):
+        s.clear()
+    else:
+        s.tokens = e.n_tokens
+
+
+def _on_slot_cleared_or_purged(st: ServerState, e: ev.SlotCleared | ev.SlotPurged) -> None:
+    run = st.run
+    s = run.slot(e.slot)
+    s.clear()
+    if isinstance(e, ev.SlotPurged) and st.counting:
+        st.slots_purged += 1
+    if isinstance(e, ev.SlotPurged) and not run.in_cascade:
+        run.in_cascade = True  # a purge is the first step of a cascade on unified KV
+
+
+def _request_started(st: ServerState, s: SlotState, task: int) -> None:
+    """A slot takes a task it was not running: a request starts (sampled for the concurrency histogram)."""
+    run = st.run
+    if st.counting and not (s.processing and s.task == task):
+        others = sum(1 for x in run.slots.values() if x.processing and x is not s)
+        st.request_concurrency.observe(others + 1)
+
+
+def _on_task_started(st: ServerState, e: ev.TaskStarted) -> None:
+    run = st.run
+    _progress(st)
+    s = run.slot(e.slot)
+    s.new_task()
+    _request_started(st, s, e.task)
+    s.processing, s.task, s.cache_base = True, e.task, None
+    s.prompt_tokens, s.phase = 0, "prompt"
+    if run.clears_idle_slots():
+        for other_id, other in run.slots.items():
+            if other_id != e.slot and not other.processing:
+                other.clear()
+
+
+def _on_new_prompt(st: ServerState, e: ev.NewPrompt) -> None:
+    run = st.run
+    _progress(st)
+    s = run.slot(e.slot)
+    if s.task != e.task:
+        s.new_task()
+    _request_started(st, s, e.task)
+    s.processing, s.task, s.cache_base = True, e.task, None
+    s.prompt_tokens = e.n_prompt_tokens
+    s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
+    s.prompt_rate = run.prompt_throughput  # its turn: it is read at the server's current prompt speed
+    _prompt_turn(st, e.slot)
+    s.n_ctx = e.n_ctx_slot
+    if run.n_ctx_slot is None:
+        run.n_ctx_slot = e.n_ctx_slot
+
+
+def _on_kv_retry_or_memory_slot_failure(st: ServerState, e: ev.KVRetry | ev.MemorySlotFailure) -> None:
+    run = st.run
+    run.in_cascade = True
+    if st.counting:
+        if isinstance(e, ev.KVRetry):
+            st.kv_retries += 1
+        else:
+            st.memory_slot_failures += 1
+
+
+def _on_decode_fatal(st: ServerState, e: ev.DecodeFatal) -> None:
+    run = st.run
+    if st.counting:
+        st.decode_failures[e.reason] += 1
+        if e.reason == "context_exceeded":
+            st.context_exceeded += 1
+    run.in_cascade = True
+    _end_cascade(st, "failed")
+
+
+def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
+    run = st.run
+    if st.counting:
+        st.requests_aborted[e.reason] += 1
+    if e.reason in ev.FATAL_REASONS:
+        if len(run.aborted_tasks) >= 4 * MAX_SLOTS:  # forged errors for tasks that never end
+            run.aborted_tasks.clear()
+        run.aborted_tasks.add(e.task)
+
+
+def _on_decode_failed(st: ServerState, e: ev.DecodeFailed) -> None:
+    run = st.run
+    # b9752+: every in-flight slot was aborted; nothing is processing any more.
+    for s in run.slots.values():
+        s.processing = False
+        s.new_task()
+
+
+def _on_all_slots_idle(st: ServerState, e: ev.AllSlotsIdle) -> None:
+    run = st.run
+    _progress(st)
+    for s in run.slots.values():
+        s.processing, s.task = False, -1
+        s.new_task()
+
+
+def _on_idle_slot_saved(st: ServerState, e: ev.IdleSlotSaved) -> None:
+    pass  # the `clearing prompt` line that follows carries the change
+
+
+def _on_timings_head(st: ServerState, e: ev.TimingsHead) -> None:
+    pass  # the timings lines that follow carry the figures (and `provenance` believes them)
+
+
+def _on_server_starting(st: ServerState, e: ev.ServerStarting) -> None:
+    st.start_run(ev.ServerStarting)
+
+
+def _on_build_info(st: ServerState, e: ev.BuildInfo) -> None:
+    st.start_run(ev.banner_line(e))
+    # Build 0 is a tree built without its build number (in-process servers, vendored copies): unknown.
+    st.run.build, st.run.commit = e.build or None, e.commit  # (the run this line may have started)
+
+
+def _on_verbosity(st: ServerState, e: ev.Verbosity) -> None:
+    st.start_run(ev.Verbosity)
+    st.run.verbosity = e.level  # (the run this line may have started)
+
+
+def _on_model_loading(st: ServerState, e: ev.ModelLoading) -> None:
+    run = st.run
+    run.model = e.model
+
+
+def _on_server_ready(st: ServerState, e: ev.ServerReady) -> None:
+    run = st.run
+    run.ready = True
+    run.in_startup = False
+
+
+def _on_server_exiting(st: ServerState, e: ev.ServerExiting) -> None:
+    run = st.run
+    run.exiting = True
+
+
+def _on_model_load_failed(st: ServerState, e: ev.ModelLoadFailed) -> None:
+    run = st.run
+    run.model = e.model
+    run.start_error = f"failed to load model '{e.model}'"
+
+
+def _on_memory_projection(st: ServerState, e: ev.MemoryProjection) -> None:
+    run = st.run
+    run.memory_projection = e
+
+
+def _on_slots_initialized(st: ServerState, e: ev.SlotsInitialized) -> None:
+    run = st.run
+    run.n_slots = e.n_slots
+    if e.n_ctx_slot is not None:
+        run.n_ctx_slot = e.n_ctx_slot
+    if e.kv_unified is not None:
+        run.kv_unified = e.kv_unified
+    for i in range(e.n_slots):
+        run.slot(i).n_ctx = run.n_ctx_slot
+
+
+def _on_slot_created(st: ServerState, e: ev.SlotCreated) -> None:
+    run = st.run
+    run.slot(e.slot).n_ctx = e.n_ctx
+    if run.n_ctx_slot is None:
+        run.n_ctx_slot = e.n_ctx
+
+
+def _on_context_param(st: ServerState, e: ev.ContextParam) -> None:
+    run = st.run
+    run.context[e.name] = e.value
+    if e.name == "kv_unified":
+        run.kv_unified = bool(e.value)
+
+
+def _on_kv_cache_section(st: ServerState, e: ev.KVCacheSection) -> None:
+    run = st.run
+    run.kv_section_swa = e.swa
+
+
+def _on_kv_cache_size(st: ServerState, e: ev.KVCacheSize) -> None:
+    run = st.run
+    run.kv_k_bytes += e.k_mib * MIB
+    run.kv_v_bytes += e.v_mib * MIB
+    run.type_k, run.type_v = e.type_k, e.type_v
+    if not run.kv_section_swa and e.cells is not None:
+        run.kv_cells = e.cells
+        run.kv_streams = e.streams
+        if e.streams is not None and e.seqs is not None and run.kv_unified is None:
+            run.kv_unified = e.streams == 1 and e.seqs > 1
+
+
+def _on_per_slot_cap(st: ServerState, e: ev.PerSlotCap) -> None:
+    run = st.run
+    run.per_slot_cap = e
+    run.n_ctx_slot = e.cap
+
+
+def _on_idle_slot_policy(st: ServerState, e: ev.IdleSlotPolicy) -> None:
+    run = st.run
+    run.idle_slots_cleared_on_new_task = e.clear_on_new_task
+
+
+def _apply_timing(st: ServerState, e: ev.PromptEvalTiming | ev.GenerationTiming) -> None:
+    if not st.counting:
+        return
+    if isinstance(e, ev.GenerationTiming):
+        st.generated_tokens += e.tokens
+        return
+    seconds = e.ms / 1000.0
+    st.prompt_eval_count += 1
+    st.prompt_eval_seconds_sum += seconds
+    st.prompt_tokens += e.tokens
+    for i, bound in enumerate(PROMPT_EVAL_BUCKETS):
+        if seconds <= bound:
+            st.prompt_eval_buckets[i] += 1
+            break
+
+
+def _count_checkpoint(st: ServerState, event: str) -> None:
+    if st.counting:
+        st.checkpoint_events[event] += 1
+
+
+def _apply_checkpoint(
+    st: ServerState,
+    e: ev.CheckpointConfig
+    | ev.CheckpointCreated
+    | ev.CheckpointRemoved
+    | ev.CheckpointSuperseded
+    | ev.CheckpointRestored
+    | ev.CheckpointRestoreFailed
+    | ev.FullReprocess,
+) -> None:
+    run = st.run
+    if isinstance(e, ev.CheckpointConfig):
+        run.checkpoint_limit = e.max_per_slot
+        return
+    s = run.slot(e.slot)
+    if isinstance(e, ev.CheckpointCreated):
+        s.checkpoints.append(Checkpoint(e.pos_min, e.pos_max, e.size_mib * MIB))
+        # "N of M" is the slot's count after the append: the log's own check on our bookkeeping.
+        while len(s.checkpoints) > e.index > 0 or len(s.checkpoints) > MAX_CHECKPOINTS:
+            s.checkpoints.pop(0)
+        if e.max_per_slot:
+            run.checkpoint_limit = e.max_per_slot
+        _count_checkpoint(st, "created")
+    elif isinstance(e, ev.CheckpointRemoved):
+        _remove_checkpoint(s.checkpoints, e.pos_min, e.pos_max, e.size_mib * MIB)
+        _count_checkpoint(st, e.reason)
+    elif isinstance(e, ev.CheckpointSuperseded):
+        _remove_checkpoint(s.checkpoints, None, e.n_tokens - 1, None)
+    elif isinstance(e, ev.CheckpointRestored):
+        _count_checkpoint(st, "restored")
+    elif isinstance(e, ev.CheckpointRestoreFailed):
+        _count_checkpoint(st, "failed_restore")
+    elif isinstance(e, ev.FullReprocess) and st.counting:
+        st.full_reprocess += 1
+
+
+def _apply_prompt_cache(
+    st: ServerState,
+    e: ev.PromptCacheLimit
+    | ev.PromptCacheState
+    | ev.PromptSaved
+    | ev.PromptCacheCandidate
+    | ev.PromptLoaded
+    | ev.PromptCacheRemoved
+    | ev.SlotSelected,
+) -> None:
+    run = st.run
+    if isinstance(e, ev.SlotSelected):
+        run.selected_slot = e.slot
+        run.cache_candidates = []
+    elif isinstance(e, ev.PromptCacheLimit):
+        run.prompt_cache_limit_bytes = float("inf") if e.limit_mib is None else e.limit_mib * MIB
+        if run.prompt_cache_bytes is None:  # announced at start-up: the cache starts empty
+            run.prompt_cache_bytes, run.prompt_cache_prompts = 0.0, 0
+    elif isinstance(e, ev.PromptCacheState):
+        run.prompt_cache_prompts = e.prompts
+        run.prompt_cache_bytes = e.size_mib * MIB
+        if run.prompt_cache_limit_bytes not in (0.0, float("inf")):  # (None too)
+            run.prompt_cache_limit_bytes = e.limit_mib * MIB
+        # Bounded by the cache's own entry count, even if removal lines were missed.
+        while len(run.cache_entries) > e.prompts:
+            del run.cache_entries[next(iter(run.cache_entries))]
+    elif isinstance(e, ev.PromptSaved):
+        if run.selected_slot is not None:
+            # The cache gets a copy of the slot's prompt, checkpoints included; the slot keeps its own.
+            if len(run.cache_entries) >= MAX_CHECKPOINTS:  # forged saves without a cache state line
+                del run.cache_entries[next(iter(run.cache_entries))]
+            run.cache_entries[e.length] = list(run.slot(run.selected_slot).checkpoints)
+    elif isinstance(e, ev.PromptCacheCandidate):
+        run.cache_candidates.append(e)
+    elif isinstance(e, ev.PromptLoaded):
+        chosen = next((c for c in run.cache_candidates if (c.f_keep, c.f_sim) == (e.f_keep, e.f_sim)), None)
+        if chosen is not None and run.selected_slot is not None:
+            # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
+            run.slot(run.selected_slot).checkpoints = run.cache_entries.pop(chosen.length, [])
+        run.cache_candidates = []
+    elif isinstance(e, ev.PromptCacheRemoved):
+        if e.length is not None:
+            run.cache_entries.pop(e.length, None)
+        elif run.cache_entries:
+            del run.cache_entries[next(iter(run.cache_entries))]
+
+
+HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
+    ev.GenerationProgress: _on_generation_progress,
+    ev.PromptProgress: _on_prompt_progress,
+    ev.CachedTokens: _on_cached_tokens,
+    ev.SlotReleased: _on_slot_released,
+    ev.SlotCleared: _on_slot_cleared_or_purged,
+    ev.SlotPurged: _on_slot_cleared_or_purged,
+    ev.TaskStarted: _on_task_started,
+    ev.NewPrompt: _on_new_prompt,
+    ev.KVRetry: _on_kv_retry_or_memory_slot_failure,
+    ev.MemorySlotFailure: _on_kv_retry_or_memory_slot_failure,
+    ev.DecodeFatal: _on_decode_fatal,
+    ev.RequestError: _on_request_error,
+    ev.DecodeFailed: _on_decode_failed,
+    ev.AllSlotsIdle: _on_all_slots_idle,
+    ev.TimingsHead: _on_timings_head,
+    ev.PromptEvalTiming: _apply_timing,
+    ev.GenerationTiming: _apply_timing,
+    ev.CheckpointConfig: _apply_checkpoint,
+    ev.CheckpointCreated: _apply_checkpoint,
+    ev.CheckpointRemoved: _apply_checkpoint,
+    ev.CheckpointSuperseded: _apply_checkpoint,
+    ev.CheckpointRestored: _apply_checkpoint,
+    ev.CheckpointRestoreFailed: _apply_checkpoint,
+    ev.FullReprocess: _apply_checkpoint,
+    ev.PromptCacheLimit: _apply_prompt_cache,
+    ev.PromptCacheState: _apply_prompt_cache,
+    ev.PromptSaved: _apply_prompt_cache,
+    ev.PromptCacheCandidate: _apply_prompt_cache,
+    ev.PromptLoaded: _apply_prompt_cache,
+    ev.PromptCacheRemoved: _apply_prompt_cache,
+    ev.SlotSelected: _apply_prompt_cache,
+    ev.IdleSlotSaved: _on_idle_slot_saved,
+    ev.ServerStarting: _on_server_starting,
+    ev.BuildInfo: _on_build_info,
+    ev.Verbosity: _on_verbosity,
+    ev.ModelLoading: _on_model_loading,
+    ev.ServerReady: _on_server_ready,
+    ev.ServerExiting: _on_server_exiting,
+    ev.ModelLoadFailed: _on_model_load_failed,
+    ev.MemoryProjection: _on_memory_projection,
+    ev.SlotsInitialized: _on_slots_initialized,
+    ev.SlotCreated: _on_slot_created,
+    ev.ContextParam: _on_context_param,
+    ev.KVCacheSection: _on_kv_cache_section,
+    ev.KVCacheSize: _on_kv_cache_size,
+    ev.PerSlotCap: _on_per_slot_cap,
+    ev.IdleSlotPolicy: _on_idle_slot_policy,
+}
+
+
+# One lookup per event on the hot path: its handler, its bounds check, and whether provenance looks at it.
+DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerRun, Any], bool] | None, bool]] = {
+    kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in HANDLERS.items()
+}
+
+
+def _remove_checkpoint(
+    checkpoints: list[Checkpoint], pos_min: int | None, pos_max: int, size_bytes: float | None
+) -> None:
+    """Remove the checkpoint the log line names; fall back to the oldest if we never saw it created."""
+    for i, c in enumerate(checkpoints):
+        if c.pos_max == pos_max and (pos_min is None or c.pos_min == pos_min):
+            del checkpoints[i]
+            return
+    if size_bytes is not None and checkpoints:
+        checkpoints.pop(0)

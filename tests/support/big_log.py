@@ -61,6 +61,11 @@ def distinct_run(log: bytes, k: int) -> bytes:
     return stamp.encode() + log[m.end() :]
 
 
+def later_start(text: str, k: int) -> str:
+    """A capture as the k-th later start of its server (its first time stamp moved: see distinct_run)."""
+    return str(distinct_run(text.encode(), k).decode())
+
+
 def build_log(path: Path, size_bytes: int, root: Path = CAPTURES) -> BuiltLog:
     """Write the captures again and again into `path` until it holds at least `size_bytes`, each copy
     as a later start of its server (`distinct_run`)."""

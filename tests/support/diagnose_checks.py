@@ -3,6 +3,7 @@ tests on the captures and the real llama-server's test (tests/real_server/test_d
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ SHARED = REPO.parent / "shared" / "captures" / "b11434"
 
 #: The full capture set when the project's captures sit beside the checkout, else the copies in tests/fixtures.
 CAPTURE_ROOT = SHARED if SHARED.is_dir() else B11434
+# The project's captures (the build corpus, with a capture.json, is tests/unit/test_build_corpus.py's).
+CAPTURE_NAMES = sorted(
+    p.name for p in CAPTURE_ROOT.iterdir() if (p / "llama-server.log").is_file() and not (p / "capture.json").exists()
+)
 RETRY = re.compile(r"retrying with smaller batch size")
 MEMORY = re.compile(r"failed to find a memory slot for batch of size")
 FATAL = re.compile(r"Context size has been exceeded\. off = ")
@@ -30,6 +35,18 @@ DECODE_FAILED = re.compile(r"decode\(\) failed: ")
 def log_lines(path: Path) -> list[str]:
     """The file's lines, undecodable bytes replaced."""
     return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def same_failures(a: Report, b: Report) -> None:
+    """Two reports find the same failures with the same counts (elapsed times aside)."""
+
+    def key(r: Report) -> list[Any]:
+        return [
+            (dataclasses.astuple(run.counts), [dataclasses.replace(f, elapsed_s=None) for f in run.failures])
+            for run in r.runs
+        ]
+
+    assert key(a) == key(b)
 
 
 def failure_releases(lines: list[str]) -> list[tuple[int, list[tuple[int, int, int]]]]:

@@ -27,6 +27,7 @@ import pytest
 from watchdog.observers.api import BaseObserver
 
 from exporter.logs import follow as follow_mod
+from exporter.logs import watch as watch_mod
 from exporter.logs.follow import CatchUp, follow
 from exporter.logs.tail import LogTailer
 
@@ -569,14 +570,14 @@ class Seen:
 def use_watch(monkeypatch: pytest.MonkeyPatch, watch: str) -> None:
     """Have follow() use watchdog, or our own inotify watch (skipped where there is none)."""
     if watch == "watchdog":
-        monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)
-    elif follow_mod._libc_with_inotify() is None:
+        monkeypatch.setattr(watch_mod, "libc_with_inotify", lambda: None)
+    elif watch_mod.libc_with_inotify() is None:
         pytest.skip("no inotify here")
 
 
 def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], bool]) -> None:
     """inotify_add_watch fails as it does at fs.inotify.max_user_watches (ENOSPC) for the masks `refused` picks."""
-    found = follow_mod._libc_with_inotify()
+    found = watch_mod.libc_with_inotify()
     if found is None:
         pytest.skip("no inotify here")
     libc: ctypes.CDLL = found
@@ -592,7 +593,7 @@ def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], boo
                 return -1
             return int(libc.inotify_add_watch(fd, path, mask))
 
-    monkeypatch.setattr(follow_mod, "_libc_with_inotify", Refusing)
+    monkeypatch.setattr(watch_mod, "libc_with_inotify", Refusing)
 
 
 @pytest.mark.parametrize("watch", ["inotify", "watchdog"])
@@ -760,8 +761,8 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
         def start(self) -> None:
             raise OSError(errno.EMFILE, "inotify instance limit reached")
 
-    monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
-    monkeypatch.setattr(follow_mod, "Observer", BrokenObserver)
+    monkeypatch.setattr(watch_mod, "libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
+    monkeypatch.setattr(watch_mod, "Observer", BrokenObserver)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -805,7 +806,7 @@ async def test_follow_without_the_close_watch_still_watches_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No watch left for the second instance: one warning, and changes still wake the follower."""
-    refuse_watches(monkeypatch, lambda mask: mask & follow_mod._IN_CHANGES == follow_mod._IN_CLOSE_WRITE)  # "closes"
+    refuse_watches(monkeypatch, lambda mask: mask & watch_mod.IN_CHANGES == watch_mod.IN_CLOSE_WRITE)  # "closes"
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -878,13 +879,13 @@ async def test_follow_reads_at_once_when_the_writer_closes(
 def record_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The timeout of every wait follow() makes from now on (batch waits and idle waits), in order."""
     waits: list[float] = []
-    real_wait = follow_mod._Waker.wait
+    real_wait = watch_mod.Waker.wait
 
     async def recording_wait(self: Any, timeout: float) -> None:
         waits.append(timeout)
         await real_wait(self, timeout)
 
-    monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    monkeypatch.setattr(watch_mod.Waker, "wait", recording_wait)
     return waits
 
 

@@ -20,7 +20,8 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import FINGERPRINT_LINES, STAMP_FIRST, Fingerprint, PoolSeries, Run, router_source
+from exporter.diagnose.run import STAMP_FIRST, Run, router_source
+from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.model.request_sizes import (

@@ -13,7 +13,7 @@ import pytest
 from seq_log import seqs
 from watchdog.observers.api import BaseObserver
 
-from exporter.logs import follow as follow_mod
+from exporter.logs import watch as watch_mod
 
 
 async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 3.0) -> None:
@@ -56,6 +56,6 @@ class Seen:
 def use_watch(monkeypatch: pytest.MonkeyPatch, watch: str) -> None:
     """Have follow() use watchdog, or our own inotify watch (skipped where there is none)."""
     if watch == "watchdog":
-        monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)
-    elif follow_mod._libc_with_inotify() is None:
+        monkeypatch.setattr(watch_mod, "libc_with_inotify", lambda: None)
+    elif watch_mod.libc_with_inotify() is None:
         pytest.skip("no inotify here")

@@ -162,16 +162,30 @@ def test_no_import_cycle() -> None:
     assert _cycles(typing=False) == []
 
 
-def test_no_private_name_is_imported_from_another_module() -> None:
+def test_no_private_name_is_used_outside_its_module() -> None:
+    """Neither imported (`from exporter.x import _name`) nor reached through a module (`x._name`)."""
     offenders = []
     for path in [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        modules: set[str] = set()  # local names bound to exporter modules
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exporter"):
-                offenders += [
-                    f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
-                    for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")
-                ]
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        offenders.append(f"{path.relative_to(ROOT)}: {node.module}.{a.name}")
+                    if f"{node.module}.{a.name}" in MODULES:
+                        modules.add(a.asname or a.name)
+            elif isinstance(node, ast.Import):
+                modules.update(a.asname for a in node.names if a.asname and a.name in MODULES)
+        offenders += [
+            f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ]
     assert offenders == []
 
 

@@ -18,14 +18,14 @@ import pytest
 from follow_watch import Seen, live_watches, use_watch, wait_until
 from seq_log import append, lines_bytes, seqs
 
-from exporter.logs import follow as follow_mod
+from exporter.logs import watch as watch_mod
 from exporter.logs.follow import follow
 from exporter.logs.tail import LogTailer
 
 
 def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], bool]) -> None:
     """inotify_add_watch fails as it does at fs.inotify.max_user_watches (ENOSPC) for the masks `refused` picks."""
-    found = follow_mod._libc_with_inotify()
+    found = watch_mod.libc_with_inotify()
     if found is None:
         pytest.skip("no inotify here")
     libc: ctypes.CDLL = found
@@ -41,7 +41,7 @@ def refuse_watches(monkeypatch: pytest.MonkeyPatch, refused: Callable[[int], boo
                 return -1
             return int(libc.inotify_add_watch(fd, path, mask))
 
-    monkeypatch.setattr(follow_mod, "_libc_with_inotify", Refusing)
+    monkeypatch.setattr(watch_mod, "libc_with_inotify", Refusing)
 
 
 @pytest.mark.parametrize("watch", ["inotify", "watchdog"])
@@ -209,8 +209,8 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
         def start(self) -> None:
             raise OSError(errno.EMFILE, "inotify instance limit reached")
 
-    monkeypatch.setattr(follow_mod, "_libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
-    monkeypatch.setattr(follow_mod, "Observer", BrokenObserver)
+    monkeypatch.setattr(watch_mod, "libc_with_inotify", lambda: None)  # no inotify: watchdog's turn
+    monkeypatch.setattr(watch_mod, "Observer", BrokenObserver)
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()
@@ -254,7 +254,7 @@ async def test_follow_without_the_close_watch_still_watches_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No watch left for the second instance: one warning, and changes still wake the follower."""
-    refuse_watches(monkeypatch, lambda mask: mask & follow_mod._IN_CHANGES == follow_mod._IN_CLOSE_WRITE)  # "closes"
+    refuse_watches(monkeypatch, lambda mask: mask & watch_mod.IN_CHANGES == watch_mod.IN_CLOSE_WRITE)  # "closes"
     p = tmp_path / "server.log"
     t = LogTailer(p)
     seen = Seen()

@@ -15,6 +15,7 @@ from follow_watch import Seen, use_watch, wait_until
 from seq_log import append, lines_bytes, seqs
 
 from exporter.logs import follow as follow_mod
+from exporter.logs import watch as watch_mod
 from exporter.logs.follow import CatchUp, follow
 from exporter.logs.tail import LogTailer
 
@@ -74,13 +75,13 @@ async def test_follow_reads_at_once_when_the_writer_closes(
 def record_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The timeout of every wait follow() makes from now on (batch waits and idle waits), in order."""
     waits: list[float] = []
-    real_wait = follow_mod._Waker.wait
+    real_wait = watch_mod.Waker.wait
 
     async def recording_wait(self: Any, timeout: float) -> None:
         waits.append(timeout)
         await real_wait(self, timeout)
 
-    monkeypatch.setattr(follow_mod._Waker, "wait", recording_wait)
+    monkeypatch.setattr(watch_mod.Waker, "wait", recording_wait)
     return waits
 
 

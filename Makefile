@@ -1,5 +1,5 @@
 # Developer entry points. CI (.ci/run) runs `make test`, then `make test-system`.
-.PHONY: bootstrap demo test test-system lint
+.PHONY: bootstrap demo test test-fast test-system lint
 
 # Everything: .venv, Python deps, test tools, the real llama-server (~5 min the first time).
 bootstrap:
@@ -14,6 +14,12 @@ demo:
 
 test:
 	scripts/test.sh
+
+# The fast loop: tests/unit only (in process: no llama-server, promtool or other program), well under a
+# minute on 2 cores; no lint. `make test` runs these too, with everything else.
+test-fast:
+	scripts/bootstrap.sh --python-only
+	.venv/bin/python -m pytest -p no:cacheprovider -q tests/unit
 
 # The journald and systemd unit tests: root, and systemd's programs (installed where missing).
 test-system:

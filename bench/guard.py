@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from llama_harness import ExporterProcess, LlamaServer, find_llama_server, make_prompt  # noqa: E402
 from tiny_gguf import write_tiny_llama  # noqa: E402

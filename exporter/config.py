@@ -64,6 +64,9 @@ class Config:
     guard_queue_size: int = 64
     guard_queue_timeout: float = 120.0
     guard_max_body_bytes: int = 64 * 1024 * 1024
+    guard_max_connections: int = 256
+    guard_head_timeout: float = 10.0
+    guard_keepalive_timeout: float = 75.0
 
 
 def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:
@@ -123,6 +126,45 @@ def _api_key(parser: argparse.ArgumentParser, ns: argparse.Namespace, env: Mappi
     return None
 
 
+def _servers(
+    parser: argparse.ArgumentParser,
+    ns: argparse.Namespace,
+    argv: Sequence[str] | None,
+    environ: Mapping[str, str],
+    demo: bool,
+) -> tuple[ServerSpec, ...]:
+    """`--servers-file`, read; the flags it replaces must be left out."""
+    given = [f for f in ("log_file", "journal_unit", "pid", "pid_file") if getattr(ns, f) is not None]
+    # --server-url has a default: given only when on the command line or in the environment.
+    args = list(argv) if argv is not None else sys.argv[1:]
+    if any(a == "--server-url" or a.startswith("--server-url=") for a in args) or ENV_PREFIX + "SERVER_URL" in environ:
+        given.append("server_url")
+    if given or demo or (ns.log_source not in (None, "file")):
+        what = f"--{given[0].replace('_', '-')}" if given else "--demo" if demo else "--log-source"
+        parser.error(f"--servers-file names each server's log, URL and pid: leave out {what}")
+    try:
+        return read_servers_file(ns.servers_file, url_value)
+    except ServersFileError as exc:
+        parser.error(f"--servers-file {ns.servers_file}: {exc}")
+
+
+def _check_together(
+    parser: argparse.ArgumentParser, ns: argparse.Namespace, servers: tuple[ServerSpec, ...], demo: bool
+) -> None:
+    """The checks argparse cannot make: choices of environment defaults, flags that exclude each other."""
+    if ns.log_level not in LOG_LEVELS:  # argparse checks the choices of a flag, not of an environment default
+        parser.error(f"argument --log-level: invalid choice {ns.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
+    if ns.pid is not None and ns.pid_file is not None:
+        parser.error("--pid and --pid-file: give one of them")
+    if ns.pid_file is not None and not ns.pid_file.strip():
+        parser.error("--pid-file: empty path")
+    if ns.guard_listen_address is not None and (servers or demo):
+        parser.error(
+            "--guard.listen-address guards one llama-server (--server-url): leave out "
+            + ("--servers-file" if servers else "--demo")
+        )
+
+
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Parse flags (and the environment) into a `Config`; exits with a one-line error when invalid."""
     environ = os.environ if env is None else env
@@ -138,38 +180,14 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         demo = ns.demo if isinstance(ns.demo, bool) else bool_value(ns.demo)
     except argparse.ArgumentTypeError as exc:
         parser.error(f"{ENV_PREFIX}DEMO: {exc}")
-    servers: tuple[ServerSpec, ...] = ()
     if ns.servers_file is not None:
-        given = [f for f in ("log_file", "journal_unit", "pid", "pid_file") if getattr(ns, f) is not None]
-        # --server-url has a default: given only when on the command line or in the environment.
-        args = list(argv) if argv is not None else sys.argv[1:]
-        if (
-            any(a == "--server-url" or a.startswith("--server-url=") for a in args)
-            or ENV_PREFIX + "SERVER_URL" in environ
-        ):
-            given.append("server_url")
-        if given or demo or (ns.log_source not in (None, "file")):
-            what = f"--{given[0].replace('_', '-')}" if given else "--demo" if demo else "--log-source"
-            parser.error(f"--servers-file names each server's log, URL and pid: leave out {what}")
-        try:
-            servers = read_servers_file(ns.servers_file, url_value)
-        except ServersFileError as exc:
-            parser.error(f"--servers-file {ns.servers_file}: {exc}")
+        servers = _servers(parser, ns, argv, environ, demo)
         log_source = "file"
     else:
+        servers = ()
         log_source = _log_source(parser, ns, demo)
-    if ns.log_level not in LOG_LEVELS:  # argparse checks the choices of a flag, not of an environment default
-        parser.error(f"argument --log-level: invalid choice {ns.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
-    if ns.pid is not None and ns.pid_file is not None:
-        parser.error("--pid and --pid-file: give one of them")
-    if ns.pid_file is not None and not ns.pid_file.strip():
-        parser.error("--pid-file: empty path")
+    _check_together(parser, ns, servers, demo)
     api_key = _api_key(parser, ns, environ)
-    if ns.guard_listen_address is not None and (servers or demo):
-        parser.error(
-            "--guard.listen-address guards one llama-server (--server-url): leave out "
-            + ("--servers-file" if servers else "--demo")
-        )
     host, port = ns.listen_address
     return Config(
         log_file=ns.log_file,
@@ -202,4 +220,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         guard_queue_size=ns.guard_queue_size,
         guard_queue_timeout=ns.guard_queue_timeout,
         guard_max_body_bytes=ns.guard_max_body_bytes,
+        guard_max_connections=ns.guard_max_connections,
+        guard_head_timeout=ns.guard_head_timeout,
+        guard_keepalive_timeout=ns.guard_keepalive_timeout,
     )

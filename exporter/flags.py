@@ -206,6 +206,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_log_flags(p, flags)
     _add_http_flags(p, flags)
     _add_host_flags(p, flags)
+    _add_web_flags(p, flags)
+    _add_guard_flags(p, flags)
+    _add_output_flags(p, flags)
+    return p
+
+
+def _add_web_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """Where /metrics is served and how it is protected; several servers."""
     web = p.add_argument_group("web and security", "where /metrics, the landing page / and /healthz are served")
     flags.add(
         web,
@@ -236,7 +244,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "--log-file, --server-url, --pid and --pid-file.",
         metavar="FILE",
     )
-    _add_guard_flags(p, flags)
+
+
+def _add_output_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
+    """The exporter's own log, help and version."""
     out = p.add_argument_group(
         "output", "the exporter's own log; a past incident is explained by llamacpp-exporter diagnose LOG..."
     )
@@ -249,7 +260,6 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     out.add_argument("-h", "--help", action="help", help="show this help (with the defaults in effect) and exit")
     out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    return p
 
 
 def _add_log_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
@@ -295,6 +305,11 @@ def _add_log_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "mounted into a container) instead of the local journal.",
         metavar="DIR",
     )
+    _add_follow_flags(g, flags)
+
+
+def _add_follow_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
+    """How a log file is followed; the demo."""
     flags.add(
         g,
         "--log-poll-interval",
@@ -487,6 +502,11 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         dest="guard_queue_timeout",
         metavar="SECONDS",
     )
+    _add_guard_client_flags(g, flags)
+
+
+def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
+    """What the guard accepts from a client: body size, connections, slow heads and idle keep-alives."""
     flags.add(
         g,
         "--guard.max-body-bytes",
@@ -495,4 +515,34 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         fallback=str(64 * 1024 * 1024),
         dest="guard_max_body_bytes",
         metavar="BYTES",
+    )
+    flags.add(
+        g,
+        "--guard.max-connections",
+        "client connections open at once at most (fewer where the file descriptor limit needs it: each may hold "
+        "one to llama-server); past it the oldest one that has not sent its request is closed, else new ones "
+        "wait to be accepted.",
+        type=_positive_int,
+        fallback="256",
+        dest="guard_max_connections",
+        metavar="N",
+    )
+    flags.add(
+        g,
+        "--guard.head-timeout",
+        "seconds a client has to send a request's head, from its connection or the head's first byte; a "
+        "slower one is disconnected (its body and the answer take as long as they need).",
+        type=_positive_float,
+        fallback="10",
+        dest="guard_head_timeout",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--guard.keepalive-timeout",
+        "seconds an idle keep-alive connection stays open between two requests.",
+        type=_positive_float,
+        fallback="75",
+        dest="guard_keepalive_timeout",
+        metavar="SECONDS",
     )

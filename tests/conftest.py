@@ -6,21 +6,27 @@ broken install behind a green run.
 
 Tests marked ``system`` need systemd's own programs (a private systemd-journald, journalctl,
 systemd-analyze) and root; ``make test`` leaves them out and ``make test-system`` runs them.
+
+The folders say what a test needs (docs/testing.md): ``unit/`` runs in process, and a test there that
+starts a program fails, naming it (it belongs in ``real_server/``; running a path that does not exist
+is allowed, as it starts nothing); ``system/`` holds exactly the tests marked ``system``; ``support/``
+holds the helpers, importable by plain name.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
-# Make the helper modules next to this file importable as plain modules (`import llama_harness`),
-# whatever rootdir/import mode pytest runs with.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Make the helper modules in support/ importable as plain modules (`import llama_harness`), whatever
+# folder a test is in and whatever rootdir/import mode pytest runs with.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from llama_harness import find_llama_server
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama
@@ -90,3 +96,55 @@ def tiny_llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_gemma2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ~0.4 MB random-weight gemma2 GGUF with a 32-token sliding window (checkpoint lines)."""
     return write_tiny_gemma2(tmp_path_factory.mktemp("models") / "tiny-gemma2.gguf")
+
+
+# ------------------------------------------------------------------------------------------- the layout
+
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "real_server", "system")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test file outside the kind folders, or a ``system`` test outside ``system/`` (or the reverse), fails."""
+    kind = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else None
+    if kind not in KINDS:
+        pytest.fail(
+            f"{item.path.name}: put it in tests/unit, tests/real_server or tests/system (docs/testing.md)", False
+        )
+    if (kind == "system") != (item.get_closest_marker("system") is not None):
+        pytest.fail("tests/system holds exactly the tests marked system (root and systemd)", False)
+
+
+def _runnable(program: str, env: Any) -> bool:
+    if os.sep in program:
+        return os.access(program, os.X_OK)
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    return shutil.which(program, path=path) is not None
+
+
+def _refuse(what: str) -> NoReturn:
+    pytest.fail(f"a unit test starts no program, and this one starts {what}: move it to tests/real_server", False)
+
+
+@pytest.fixture(autouse=True)
+def no_program_starts_in_unit_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In tests/unit, every way the standard library starts a program fails the test (subprocess, asyncio's
+    subprocesses, os.system)."""
+    if not request.node.path.is_relative_to(TESTS / "unit"):
+        return
+    execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def guarded(self: subprocess.Popen[Any], args: Any, executable: Any, *rest: Any, **kw: Any) -> Any:
+        # The positional order of Popen._execute_child: preexec_fn, close_fds, pass_fds, cwd, env, …, shell.
+        env, shell = rest[4], rest[7]
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        program = "/bin/sh" if shell else os.fsdecode(executable if executable is not None else argv[0])
+        if _runnable(program, env):
+            _refuse(" ".join(os.fsdecode(a) for a in argv)[:200])
+        return execute_child(self, args, executable, *rest, **kw)
+
+    def system(command: str) -> NoReturn:
+        _refuse(command)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", guarded)
+    monkeypatch.setattr(os, "system", system)

@@ -14,7 +14,7 @@
     python deploy/kubernetes/generate.py --runbook-url https://git.example.org/ops/runbook.md \
         --grafana-url https://grafana.example.org    # the PrometheusRule with your links
 
-Re-run it after changing alerts/ or dashboards/; tests/test_deploy_kubernetes.py fails until then.
+Re-run it after changing alerts/ or dashboards/; tests/real_server/test_deploy_kubernetes.py fails until then.
 Needs only PyYAML.
 """
 

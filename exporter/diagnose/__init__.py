@@ -10,12 +10,13 @@ this log::
 
     $ llamacpp-exporter diagnose llama-server.log
     ...
-      Failure 1 at line 354 (0:00:00.064 after start): Context size has been exceeded
-        slot  task  tokens at abort  share of pool
-           0    24              128         25.0 %
-        ...
-        sum                     513        100.2 %
-        overflow: 513 - 512 = 1 token, exactly the batch of 1 token that found no room (off = 3)
+        Failure 1 at line 354 (0:00:00.064 after start): Context size has been exceeded
+          ...
+          slot  task  tokens at abort  share of pool
+             0    24              128         25.0 %
+          ...
+           sum                    513        100.2 %
+          overflow: 513 - 512 = 1 token, exactly the batch of 1 token that found no room (off = 3)
 
 Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log.
 
@@ -27,18 +28,9 @@ input, patterns), `render` (text and JSON), `cli` (`main`).
 """
 
 from exporter.diagnose.cli import PROG, build_parser, main
-from exporter.diagnose.core import Diagnoser, _lines_of, analyze
-from exporter.diagnose.read import (
-    MAX_LINE_BYTES,
-    SNIFF_BYTES,
-    InputError,
-    ReadStats,
-    diagnose_file,
-    diagnose_files,
-    input_files,
-    read_blocks,
-    read_lines,
-)
+from exporter.diagnose.core import Diagnoser, analyze, lines_of
+from exporter.diagnose.inputs import diagnose_file, diagnose_files, input_files
+from exporter.diagnose.read import MAX_LINE_BYTES, SNIFF_BYTES, InputError, ReadStats, read_blocks, read_lines
 from exporter.diagnose.render import render_text, to_json
 from exporter.diagnose.report import (
     ENDINGS,
@@ -83,13 +75,13 @@ __all__ = [
     "Report",
     "RunReport",
     "SlotAtAbort",
-    "_lines_of",
     "analyze",
     "build_parser",
     "diagnose_file",
     "diagnose_files",
     "elapsed_seconds",
     "input_files",
+    "lines_of",
     "main",
     "read_blocks",
     "read_lines",

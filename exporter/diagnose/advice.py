@@ -57,7 +57,7 @@ def _memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
     return costs
 
 
-def _advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | None, list[str]]:
+def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | None, list[str]]:
     """Recommendations with numbers from this run, which one the log supports, and what it cannot know."""
     if not (c.n_slots and c.n_ctx_slot and c.pool_cells and c.overcommit is not None):
         return [], None, []

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from exporter.diagnose.read import InputError, diagnose_files, input_files
+from exporter.diagnose.inputs import diagnose_files, input_files
+from exporter.diagnose.read import InputError
 from exporter.diagnose.render import json_chunks, render_text
 from exporter.diagnose.report import SCHEMA, Report
 from exporter.install_hint import extra_install_hint

@@ -20,7 +20,8 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import _STAMP_FIRST, FINGERPRINT_LINES, Fingerprint, PoolSeries, _Run, router_source
+from exporter.diagnose.run import STAMP_FIRST, Run, router_source
+from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.model.request_sizes import (
@@ -39,7 +40,7 @@ _PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
 
 
-def _lines_of(text: str) -> list[str]:
+def lines_of(text: str) -> list[str]:
     """`text` split after each "\\n" only (str.splitlines also splits at \\r, \\x1c, U+2028 ...)."""
     parts = text.split("\n")
     last = parts.pop()
@@ -71,7 +72,7 @@ class Diagnoser:
         self.routed = False  # a line with a router prefix was seen (llama-server's router mode)
         self._child_names: dict[str, str] = {}  # router child port → model, from the router's spawn lines
         self.specific_events = 0  # events only llama-server writes (not `listening on …`, `loading model '…'`)
-        self._current: dict[str | None, _Run] = {}
+        self._current: dict[str | None, Run] = {}
         self._line_format: dict[str | None, ev.LineFormat] = {}  # of the latest line with an event, by source
         self._done: deque[RunReport] = deque(maxlen=max_runs if max_runs > 0 else None)
         self._runs = 0
@@ -100,7 +101,7 @@ class Diagnoser:
             run.note_wall(wall)
         if not events:
             run.last_line = lineno
-            if line[:1] in _STAMP_FIRST:
+            if line[:1] in STAMP_FIRST:
                 run.note_stamp(line)
 
     def feed_lines(self, lines: Sequence[str], first_lineno: int) -> None:
@@ -142,14 +143,14 @@ class Diagnoser:
         for m in _PLAIN_RUN.finditer(text):
             if m.start() > pos:
                 odd = text[pos : m.start()]
-                self.feed_lines(_lines_of(odd), lineno)
+                self.feed_lines(lines_of(odd), lineno)
                 lineno += odd.count("\n")
             plain = m.group()
             self._feed_plain(plain, lineno)
             lineno += plain.count("\n")
             pos = m.end()
         if pos < len(text):
-            self.feed_lines(_lines_of(text[pos:]), lineno)
+            self.feed_lines(lines_of(text[pos:]), lineno)
 
     def _feed_plain(self, text: str, first_lineno: int) -> None:
         """`feed_text` for lines that need no unwrapping and have no router prefix."""
@@ -175,11 +176,11 @@ class Diagnoser:
             return
         run.last_line = last_lineno
         if run.first_elapsed is None:  # the run's first time stamp may be among them
-            run.note_first_stamp(_lines_of(text[start:end]))
+            run.note_first_stamp(lines_of(text[start:end]))
         stop = end
         while stop > start:  # the last line that may carry a time stamp, from the end
             begin = max(text.rfind("\n", start, stop - 1) + 1, start)
-            if text[begin] in _STAMP_FIRST:
+            if text[begin] in STAMP_FIRST:
                 run.last_stamped_line = text[begin:stop]
                 return
             stop = begin
@@ -193,7 +194,7 @@ class Diagnoser:
         if run.first_elapsed is None:  # the run's first time stamp may be among them
             run.note_first_stamp(lines[start:end])
         for i in range(end - 1, start - 1, -1):
-            if lines[i][:1] in _STAMP_FIRST:
+            if lines[i][:1] in STAMP_FIRST:
                 run.last_stamped_line = lines[i]
                 break
 
@@ -210,13 +211,13 @@ class Diagnoser:
             if kind not in ev.GENERIC:
                 self.specific_events += 1
         if line:
-            if line[:1] in _STAMP_FIRST:
+            if line[:1] in STAMP_FIRST:
                 run.note_stamp(line)
             if run.fingerprint.lines < FINGERPRINT_LINES[-1]:
                 run.fingerprint.add(lineno, line)
         run.apply(e, lineno, line)
 
-    def _run_for(self, e: ev.Event, run: _Run | None, lineno: int, source: str | None) -> _Run | None:
+    def _run_for(self, e: ev.Event, run: Run | None, lineno: int, source: str | None) -> Run | None:
         """`feed_event` for a line format, a rejected line, a start line, or the first event of a source:
         the run that the event goes on to (a new one for a start), or None when it was dealt with here."""
         kind = type(e)
@@ -227,7 +228,7 @@ class Diagnoser:
             return None
         self.events += 1
         # A forged start must not split a run: a start line the state rejects is only counted. (Other
-        # rejected events reach `_Run.apply`, which counts them and acts on none.)
+        # rejected events reach `Run.apply`, which counts them and acts on none.)
         if kind is ev.Rejected or (kind is ev.SlotsInitialized and run is not None and not run.state.accepts(e)):
             if run is not None:
                 run.state.apply(e)
@@ -317,9 +318,9 @@ class Diagnoser:
         self.lines = 0
         self.files.append(file)
 
-    def _new_run(self, source: str | None, lineno: int) -> _Run:
+    def _new_run(self, source: str | None, lineno: int) -> Run:
         self._runs += 1
-        run = _Run(self._runs, source, lineno, self.max_failures, self.files[-1], series=self._series)
+        run = Run(self._runs, source, lineno, self.max_failures, self.files[-1], series=self._series)
         if source is not None:
             run.model = self._child_names.get(source)
         run.state.provenance.banners_reformat = True  # a file holds one run after another: each start may change it
@@ -329,7 +330,7 @@ class Diagnoser:
         self._current[source] = run
         return run
 
-    def _close(self, run: _Run, *, next_start: bool = False) -> None:
+    def _close(self, run: Run, *, next_start: bool = False) -> None:
         report = run.finish(next_start=next_start)
         ending = report.ending
         in_flight = [f.prompt_tokens or f.tokens for f in ending.in_flight]

@@ -25,7 +25,7 @@ from exporter.diagnose.report import ENDINGS, Report, RunReport, RunSummary
 from exporter.install_hint import extra_install_hint
 
 if TYPE_CHECKING:
-    from exporter.diagnose.run import PoolSeries
+    from exporter.diagnose.trace import PoolSeries
 
 #: Colours of how runs ended (the timeline) and of failures.
 _ENDING_COLOURS = {

@@ -4,8 +4,9 @@ Unlike llama-server's own time stamps (time since its start), the journal dates 
 history read from it is put in order and dated by its own clock. ``journalctl -o cat`` output is
 plain log lines and needs nothing from here. Each reader yields (wall-clock time or None, line)::
 
-    $ journalctl -u llama-server -o json | llamacpp-exporter diagnose -
+    $ journalctl -u llama-server -o json
     {"__CURSOR":"s=…","__REALTIME_TIMESTAMP":"1764612809123456","_PID":"4242","MESSAGE":"srv  load_model: …"}
+    $ journalctl -u llama-server -o json | llamacpp-exporter diagnose -
 """
 
 from __future__ import annotations

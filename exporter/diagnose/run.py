@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.diagnose.advice import _advise
+from exporter.diagnose.advice import advise
 from exporter.diagnose.report import (
     Configuration,
     Counts,
@@ -21,11 +20,12 @@ from exporter.diagnose.report import (
     RunReport,
     SlotAtAbort,
 )
+from exporter.diagnose.trace import Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import ANSI
 from exporter.model.bounds import MIB
 from exporter.model.forecast import forecast
-from exporter.model.router import PREFIX, router_port
+from exporter.model.router import router_port
 from exporter.model.state import ServerState
 
 # Parsed locally because the events do not carry them (exporter.logs.events.DecodeFatal has only the
@@ -35,7 +35,7 @@ _STAMP = re.compile(r"^(?:\[\s*\d+\] )?(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ")
 _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
-_STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
+STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
 # Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
 # cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
 _PROGRESS = frozenset(
@@ -91,85 +91,6 @@ def router_source(line: str) -> str | None:
     """The port of a router child's line (`[PORT] `, llama-server's router mode), as text, if any."""
     port = router_port(line)
     return None if port is None else str(port)
-
-
-#: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
-FINGERPRINT_LINES = (16, 32)
-
-
-class Fingerprint:
-    """A run's first lines with an event (without a router prefix), hashed after 16 and 32 of them.
-
-    Two runs from different files whose first lines hash alike are one run read twice: a copy of a
-    log taken while it was still being written, or the journal and a --log-file of the same process.
-    Only runs whose lines carry time stamps can be told apart this way (without them two starts of the
-    same server print the same lines), so `stamped` says whether every line hashed had one.
-    """
-
-    __slots__ = ("_hash", "_last", "digests", "lines", "stamped")
-
-    def __init__(self) -> None:
-        self._hash: Any = hashlib.blake2b(digest_size=16)
-        self._last = -1
-        self.lines = 0
-        self.digests: dict[int, bytes] = {}
-        self.stamped = True
-
-    def add(self, lineno: int, line: str) -> None:
-        if lineno == self._last or self._hash is None:
-            return
-        self._last = lineno
-        if line[:1] == "[" and (m := PREFIX.match(line)) is not None:
-            line = line[m.end() :]
-        first = line[:1]
-        if self.stamped and not ("0" <= first <= "9" or (first == "{" and '"time"' in line)):
-            self.stamped = False
-        self._hash.update(line.rstrip("\r\n").encode("utf-8", "surrogatepass") + b"\n")
-        self.lines += 1
-        if self.lines in FINGERPRINT_LINES:
-            self.digests[self.lines] = self._hash.digest()
-            if self.lines == FINGERPRINT_LINES[-1]:
-                self.close()
-
-    def close(self) -> None:
-        """No more lines: the hash's state is let go (a history keeps one fingerprint per run)."""
-        self._hash = None
-
-    def same_run(self, other: Fingerprint) -> bool:
-        """Both hold the same first lines, as many as the shorter one has (at least 16), with stamps."""
-        n = min(self.lines, other.lines)
-        common = [c for c in FINGERPRINT_LINES if c <= n]
-        return bool(common) and self.stamped and other.stamped and self.digests[common[-1]] == other.digests[common[-1]]
-
-
-class PoolSeries:
-    """The tokens each slot held over one run, for `diagnose --html`: x is seconds since the start
-    (the log's time stamps) or, without stamps, line numbers.
-
-    Bounded: at most `MAX_POINTS`; when full, every other point is dropped and from then on only
-    every second change is kept, so the whole run stays covered evenly. A failure is always kept.
-    """
-
-    MAX_POINTS = 2000
-
-    __slots__ = ("_every", "_seen", "by_line", "tokens", "x")
-
-    def __init__(self) -> None:
-        self.x: list[float] = []
-        self.tokens: list[tuple[int, ...]] = []
-        self.by_line = False
-        self._every = 1
-        self._seen = 0
-
-    def add(self, x: float, tokens: tuple[int, ...], *, keep: bool = False) -> None:
-        self._seen += 1
-        if not keep and self._seen % self._every:
-            return
-        self.x.append(x)
-        self.tokens.append(tokens)
-        if len(self.x) >= self.MAX_POINTS:
-            del self.x[1::2], self.tokens[1::2]
-            self._every *= 2
 
 
 @dataclass
@@ -232,7 +153,7 @@ class _Predictable:
     sources: list[str]
 
 
-class _Run:
+class Run:
     """Accumulates one server run. Memory is bounded: counters, the slots, and at most N failures."""
 
     def __init__(
@@ -310,7 +231,7 @@ class _Run:
         """One point of the pool series: every slot's tokens now."""
         series = self.series
         assert series is not None
-        elapsed = elapsed_seconds(line) if line[:1] in _STAMP_FIRST else None
+        elapsed = elapsed_seconds(line) if line[:1] in STAMP_FIRST else None
         if not series.x:
             series.by_line = elapsed is None  # a run without time stamps is drawn by line number
         if series.by_line:
@@ -405,7 +326,7 @@ class _Run:
     def note_first_stamp(self, lines: Iterable[str]) -> None:
         """The run's first time stamp, where one of `lines` (none with an event) carries it."""
         for line in lines:
-            if line[:1] in _STAMP_FIRST:
+            if line[:1] in STAMP_FIRST:
                 self.note_stamp(line)
                 if self.first_elapsed is not None:
                     return
@@ -516,7 +437,7 @@ class _Run:
             largest_request_tokens=self.largest_request,
             requests_over_equal_share=self.over_share if self.over_share_known else None,
         )
-        recommendations, verdict, unknowns = _advise(config, counts)
+        recommendations, verdict, unknowns = advise(config, counts)
         duration = None
         if self.first_elapsed is not None and self.last_stamped_line:
             end = elapsed_seconds(self.last_stamped_line)
@@ -592,16 +513,16 @@ class _Run:
         )
 
 
-_RUN_HANDLERS: dict[type, Callable[[_Run, Any, int, str], None]] = {
-    ev.SlotReleased: _Run._released,
-    ev.TaskStarted: _Run._task_started,
-    ev.NewPrompt: _Run._new_prompt,
-    ev.RequestError: _Run._request_error,
-    ev.MemorySlotFailure: _Run._memory_slot_failure,
-    ev.KVRetry: _Run._retry,
-    ev.SlotPurged: _Run._purged,
-    ev.DecodeFatal: _Run._decode_fatal,
-    ev.ServerReady: _Run._ready,
-    ev.KVCacheSection: _Run._kv_section,
-    ev.KVCacheSize: _Run._kv_size,
+_RUN_HANDLERS: dict[type, Callable[[Run, Any, int, str], None]] = {
+    ev.SlotReleased: Run._released,
+    ev.TaskStarted: Run._task_started,
+    ev.NewPrompt: Run._new_prompt,
+    ev.RequestError: Run._request_error,
+    ev.MemorySlotFailure: Run._memory_slot_failure,
+    ev.KVRetry: Run._retry,
+    ev.SlotPurged: Run._purged,
+    ev.DecodeFatal: Run._decode_fatal,
+    ev.ServerReady: Run._ready,
+    ev.KVCacheSection: Run._kv_section,
+    ev.KVCacheSize: Run._kv_size,
 }

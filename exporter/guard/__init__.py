@@ -13,20 +13,21 @@ keeps its memory savings and no request is aborted because another one outgrew i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-
-from aiohttp import web
 
 from exporter.guard.admission import Pool
 from exporter.guard.books import GuardCollector
 from exporter.guard.proxy import Guard, GuardSettings, Pools
 from exporter.model.state import ServerState
+from exporter.web.server import Limits, Serving, start_server
 
 __all__ = [
     "Guard",
     "GuardCollector",
     "GuardSettings",
+    "Limits",
     "Pool",
     "RunningGuard",
     "ServerPools",
@@ -77,29 +78,35 @@ class RunningGuard:
     """A guard that serves; `close()` stops it."""
 
     guard: Guard
-    runner: web.AppRunner
-    port: int
+    serving: Serving
+
+    @property
+    def port(self) -> int:
+        """The port bound (differs from the flag's for port 0)."""
+        return self.serving.port
 
     async def close(self) -> None:
-        await self.runner.cleanup()
+        await self.serving.close()
         await self.guard.close()
 
 
-async def start_guard(settings: GuardSettings, pool: Pools | Callable[[], Pool], host: str, port: int) -> RunningGuard:
-    """Serve the guard on host:port (raises OSError when the port cannot be bound)."""
+async def start_guard(
+    settings: GuardSettings,
+    pool: Pools | Callable[[], Pool],
+    host: str,
+    port: int,
+    limits: Limits | None = None,
+) -> RunningGuard:
+    """Serve the guard on host:port within the exporter's connection limits (a head deadline, a keep-alive
+    timeout, a connection cap); raises OSError when the port cannot be bound."""
     guard = Guard(settings, pool)
-    # handler_cancellation: a client that goes away cancels its handler, which closes the upstream
-    # connection, and llama-server cancels the task.
-    runner = web.AppRunner(guard.make_app(), access_log=None, handle_signals=False, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host or None, port)
+    # Each client connection may hold one upstream: two descriptors each.
+    limits = dataclasses.replace(limits or Limits(), descriptors_per_connection=2)
     try:
-        await site.start()
+        # handler_cancellation: a client that goes away cancels its handler, which closes the upstream
+        # connection, and llama-server cancels the task.
+        serving = await start_server(guard.make_app(), host, port, limits=limits, handler_cancellation=True)
     except OSError:
-        await runner.cleanup()
         await guard.close()
         raise
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = int(sockets[0].getsockname()[1]) if sockets else port
-    return RunningGuard(guard, runner, bound)
+    return RunningGuard(guard, serving)

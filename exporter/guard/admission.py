@@ -59,6 +59,7 @@ class Ticket:
     budget: int  # generation budget (all tasks together)
     tasks: int = 1
     budget_known: bool = True  # False: the default budget stands in for one the request did not give
+    exact: bool = True  # False: `prompt` is a bound (admitted on its byte length), not yet the tokenizer's count
     n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
     key: str | None = None  # its pool: None for a plain server, the model's name behind a router
     queued_at: float | None = None
@@ -122,6 +123,7 @@ class Admission:
     def resize(self, ticket: Ticket, prompt: int, pool: Pool, now: float) -> list[Ticket]:
         """The exact prompt size of an admitted request, known after it was admitted on a bound; admit what fits now."""
         ticket.prompt = prompt
+        ticket.exact = True
         ticket.demand = ticket.size(pool)
         return self.pump(pool, now)
 

@@ -28,6 +28,7 @@ from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
 from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
+from exporter.model.forecast import Measured
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class GuardSettings:
     max_queue: int = 64
     max_wait: float = 120.0
     max_body_bytes: int = 64 * 1024 * 1024
+    body_timeout: float = 10.0  # the longest pause between two bytes of a request body
     connect_timeout: float = 10.0
     #: Preemption: how often `/slots` is read while requests run, and how far ahead the slots are projected.
     #: llama-server notices a closed connection only after a whole second in which no result reached its
@@ -200,6 +202,15 @@ class Guard:
             a = self.admissions[key] = Admission(max_queue=self.settings.max_queue, max_wait=self.settings.max_wait)
         return a
 
+    def measured(self, key: str | None = None) -> list[Measured]:
+        """The requests in flight to one pool whose prompts were counted with the server's tokenizer (for the
+        exporter's forecast: exact from their arrival on, where the log says a prompt's size much later)."""
+        return [
+            Measured(t.prompt, t.budget if t.budget_known else None, t.tasks)
+            for t in self.admission(key).in_flight.values()
+            if t.exact
+        ]
+
     def pool(self, key: str | None = None) -> Pool:
         """The exporter's view of a pool; a slot window from `/props` where the log has not said it yet."""
         p = self.pools.pool(key)
@@ -274,14 +285,44 @@ class Guard:
             auth = f"Bearer {self.settings.api_key}"
         return {"Authorization": auth} if auth else {}
 
+    async def _read_body(self, request: web.Request) -> bytes | web.Response:
+        """The request's body, or the error to answer: 413 past the size limit, 408 when it stalls.
+
+        The body may take as long as it needs while it keeps coming; a pause of `body_timeout` between two
+        of its bytes ends the connection (a client that sends a head and then holds the connection)."""
+        limit = self.settings.max_body_bytes
+        too_large = f"request body larger than the guard's limit of {limit} bytes"
+        if request.content_length is not None and request.content_length > limit:
+            return error_response(413, too_large, "invalid_request_error")
+        content = request.content
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            # What has arrived is taken without waiting (a small body is all there with its head).
+            chunk = content.read_nowait()
+            if not chunk:
+                if content.at_eof():
+                    break
+                try:
+                    chunk = await asyncio.wait_for(content.readany(), self.settings.body_timeout)
+                except (asyncio.TimeoutError, TimeoutError):
+                    wait = self.settings.body_timeout
+                    resp = error_response(408, f"no byte of the request body for {wait:g} s", "invalid_request_error")
+                    resp.force_close()
+                    return resp
+                if not chunk:
+                    break
+            size += len(chunk)
+            if size > limit:
+                return error_response(413, too_large, "invalid_request_error")
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.settings.max_body_bytes
-            return error_response(
-                413, f"request body larger than the guard's limit of {limit} bytes", "invalid_request_error"
-            )
+        body = await self._read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        raw = body
         p = plan(request.path, raw) if request.method == "POST" else None
         if p is None:
             if request.method == "POST" and request.path in _generation_paths():
@@ -312,6 +353,7 @@ class Guard:
             self.books.sized(ticket.prompt)
         decision = books.offer(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
+            ticket.exact = False
             self._unsized[ticket.id] = (ticket, p, raw, headers)
         self._refine_if_tight(key)
         if decision.kind == "forward":

@@ -75,7 +75,7 @@ def parse_entry(raw: bytes | str) -> JournalEntry | None:
     """Decode one line of ``journalctl -o json`` output; None for anything that is not an entry.
 
     >>> parse_entry('{"__CURSOR":"s=1;i=2","_PID":"7","MESSAGE":"srv  load_model: loading model"}')
-    JournalEntry(cursor='s=1;i=2', pid='7', lines=['srv  load_model: loading model'])
+    JournalEntry(cursor='s=1;i=2', pid='7', lines=['srv  load_model: loading model'], realtime=None)
     """
     try:
         obj = json.loads(raw)

@@ -104,7 +104,7 @@ class LogPipeline:
         self.lines += len(batch)
         self._report_hidden_lines()
         if self.state.rejected:
-            self._report_rejected()
+            self.report_rejected()
         if self.understood is False and not self._warned_unrecognized:
             self._report_unrecognized()
 
@@ -115,7 +115,7 @@ class LogPipeline:
             self.lines + self.replayed_lines,
         )
 
-    def _report_rejected(self, now: float | None = None) -> None:
+    def report_rejected(self, now: float | None = None) -> None:
         """Log rejected lines once per reason when they start, then at most every REJECT_LOG_INTERVAL seconds."""
         now = time.monotonic() if now is None else now
         for reason, count in self.state.rejected.items():

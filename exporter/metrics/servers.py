@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,6 +37,7 @@ from exporter.metrics.gpu import NvmlCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.requests import RequestSizeCollector
 from exporter.metrics.server_log import ServerLogCollector, rejected_lines_family, server_starts_family
+from exporter.model.forecast import Measured
 from exporter.model.router import EXIT_OUTCOMES, RouterChild
 from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources, SourceStatus
@@ -70,11 +71,14 @@ class ChildSources:
     proc_root: str | None  # None: no /proc source
 
 
-def log_collectors(view: Callable[[], ServerState]) -> list[Collector]:
-    """The collectors of what one server's log says (rendered from `view()`)."""
+def log_collectors(
+    view: Callable[[], ServerState], measured: Callable[[], Sequence[Measured]] | None = None
+) -> list[Collector]:
+    """The collectors of what one server's log says (rendered from `view()`); `measured()` gives the requests
+    in flight that the guard measured at arrival (the forecast counts them before the log sizes them)."""
     return [
         ServerLogCollector(view),
-        KVForecastCollector(view),
+        KVForecastCollector(view, measured),
         CheckpointCacheCollector(view),
         RequestSizeCollector(view),
     ]
@@ -107,10 +111,15 @@ class FollowedServer:
         self._children: dict[int, _Child] = {}  # port → live sources of a child that runs now
         self._refreshing = asyncio.Lock()  # one refresh at a time: a second scrape must not close a child
         # whose reads the first one still awaits
+        # The guard's requests in flight, by pool (None: the server's; a router's model name), when it runs.
+        self.measured: Callable[[str | None], Sequence[Measured]] | None = None
         exporter = ExporterCollector(pipeline, live.statuses)
         sources = live_collectors(live) + self._shared_nvml(live)
-        self._own = [*log_collectors(live.view), exporter, *sources]
+        self._own = [*log_collectors(live.view, self._measured_in(None)), exporter, *sources]
         self._router_own: list[Collector] = [exporter, RouterCollector(pipeline), *sources]
+
+    def _measured_in(self, pool: str | None) -> Callable[[], Sequence[Measured]]:
+        return lambda: self.measured(pool) if self.measured is not None else ()
 
     def _shared_nvml(self, live: LiveSources) -> list[Collector]:
         """NVML is read once for all servers (by `nvml_owner`); the others render its snapshot with their pid."""
@@ -176,7 +185,11 @@ class FollowedServer:
             http_gate=_model_gate(lambda: self.live.http, child.name),
             unit=", ".join(f"{k} {v}" for k, v in {**self.labels, "model": child.name}.items()),
         )
-        collectors = [*log_collectors(live.view), SourcesUpCollector(live.statuses), *live_collectors(live)]
+        collectors = [
+            *log_collectors(live.view, self._measured_in(child.name)),
+            SourcesUpCollector(live.statuses),
+            *live_collectors(live),
+        ]
         return _Child(child, live, collectors + self._shared_nvml(live))
 
     def statuses(self) -> Iterator[SourceStatus]:

@@ -20,22 +20,33 @@ requests in flight tell much more, and earlier:
   speed as llama-server printed it), the seconds until the requests in flight fill the pool; None
   when nothing fills or when the requests in flight cannot fill it even at their limits.
 
+- **measured at arrival**: a proxy in front of the server (the guard) counts each prompt with the
+  server's own tokenizer before sending it, long before the default verbosity's log says it (with the
+  prompt's second batch). `forecast(state, measured)` takes those requests: one whose size a slot's
+  `new prompt` line already gives is that slot; for the others, the slots the log has not sized count
+  the larger of what the log estimates and what was measured (see `_beyond_the_log`).
+
 Idle slots are left out: with unified KV (b6925+) llama-server frees idle slots before it fails a
 batch (`try_clear_idle_slots`), and `--cache-idle-slots` clears them when a task starts. On older
 unified builds their cells stay and are counted as held.
 
     >>> from exporter.model.slot import SlotState
+    >>> from exporter.model.run import ServerRun
     >>> from exporter.model.state import ServerState
-    >>> st = ServerState(n_slots=2, n_ctx_slot=1000, kv_cells=1000, kv_unified=True)
-    >>> st.slots = {0: SlotState(n_ctx=1000, tokens=300, processing=True, prompt_size=700,
+    >>> st = ServerState(run=ServerRun(n_slots=2, n_ctx_slot=1000, kv_cells=1000, kv_unified=True))
+    >>> st.run.slots = {0: SlotState(n_ctx=1000, tokens=300, processing=True, prompt_size=700,
     ...                          phase="prompt", prompt_size_source="new_prompt", prompt_rate=100.0)}
     >>> f = forecast(st)
     >>> f.prompt_demand, f.max_demand, f.eta_seconds
     (700, 1000, 7.0)
+    >>> st.run.slots[0] = SlotState(n_ctx=1000, tokens=200, processing=True, phase="prompt")  # default verbosity
+    >>> forecast(st).prompt_demand, forecast(st, [Measured(prompt=700, budget=50)]).prompt_demand
+    (200, 700)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.model.slot import SlotState
@@ -64,12 +75,41 @@ class SlotDemand:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """A request in flight whose prompt a proxy in front of the server (the guard) counted at arrival.
+
+    `prompt`: its prompt tokens, with the server's own tokenizer (all its tasks together); `budget`: the
+    generation budget it gave (all tasks together; None: none given); `tasks`: the slots it takes.
+    """
+
+    prompt: int
+    budget: int | None
+    tasks: int = 1
+
+    def demand(self, horizon: str, window: int | None) -> int:
+        """Its cells at `horizon`, as `slot_demand` counts a slot: capped at its slots' windows."""
+        cap = window * self.tasks if window is not None else None
+        if horizon == "prompt" or (horizon == "limits" and self.budget is None):
+            cells = self.prompt
+        elif self.budget is not None:
+            cells = self.prompt + self.budget
+        else:
+            cells = cap if cap is not None else self.prompt
+        return min(cells, cap) if cap is not None else cells
+
+
+@dataclass(frozen=True)
 class Forecast:
-    """Demand of the requests in flight against the pool."""
+    """Demand of the requests in flight against the pool.
+
+    `beyond_log` holds, per horizon, the cells that requests measured at arrival add to what the log says of
+    the slots (0 without measurements, and once the log has caught up).
+    """
 
     capacity: int | None
     slots: tuple[SlotDemand, ...]
     idle_held: int  # cells of idle slots that llama-server would not free before failing (old builds)
+    beyond_log: tuple[int, int, int] = (0, 0, 0)  # prompt, limits, max
 
     @property
     def held(self) -> int:
@@ -79,17 +119,17 @@ class Forecast:
     @property
     def prompt_demand(self) -> int:
         """Cells held once every prompt in flight is processed."""
-        return self.idle_held + sum(s.prompt for s in self.slots)
+        return self.idle_held + sum(s.prompt for s in self.slots) + self.beyond_log[0]
 
     @property
     def max_demand(self) -> int:
         """Cells held at most, once every request in flight has used its generation budget."""
-        return self.idle_held + sum(s.max for s in self.slots)
+        return self.idle_held + sum(s.max for s in self.slots) + self.beyond_log[2]
 
     @property
     def limits_demand(self) -> int:
         """Cells held once every request in flight with a known budget has used it (the others: their prompt)."""
-        return self.idle_held + sum(s.limits for s in self.slots)
+        return self.idle_held + sum(s.limits for s in self.slots) + self.beyond_log[1]
 
     def demand(self, horizon: str) -> int:
         """`prompt_demand`, `limits_demand` or `max_demand` by horizon name."""
@@ -161,8 +201,9 @@ def slot_demand(slot_id: int, s: SlotState, window: int | None) -> SlotDemand:
     return SlotDemand(slot_id, held, prompt, most, limits, source, budget_known, rate)
 
 
-def forecast(state: ServerState) -> Forecast:
-    """The forecast for a server state (the live view, with `/slots` merged in, where there is one)."""
+def forecast(state: ServerState, measured: Sequence[Measured] = ()) -> Forecast:
+    """The forecast for a server state (the live view, with `/slots` merged in, where there is one), and the
+    requests in flight that a proxy in front of the server measured at arrival."""
     capacity, _ = state.pool_capacity()
     run = state.run
     frees_idle = run.kv_unified is not True or run.build is None or run.build >= _FREES_IDLE_SLOTS_SINCE
@@ -175,4 +216,45 @@ def forecast(state: ServerState) -> Forecast:
             demands.append(slot_demand(slot_id, s, window))
         elif not frees_idle:
             idle_held += s.tokens
-    return Forecast(capacity, tuple(demands), idle_held)
+    beyond = _beyond_the_log(state, demands, measured, run.n_ctx_slot or capacity) if measured else (0, 0, 0)
+    return Forecast(capacity, tuple(demands), idle_held, beyond)
+
+
+def _beyond_the_log(
+    state: ServerState, demands: list[SlotDemand], measured: Sequence[Measured], window: int | None
+) -> tuple[int, int, int]:
+    """What the measured requests add to the slots' demand, per horizon (prompt, limits, max).
+
+    Nothing says which slot runs which request before the log sizes it, so the rule is about sums:
+
+    - a slot whose `new prompt` line gives the size of a measured request runs it: the log has it;
+    - the other measured requests run in the slots the log has not sized (or wait for one): those slots
+      count the larger of what the log estimates for them and what was measured. Where there are more
+      such slots than measured requests, the extra ones run requests that bypassed the proxy: the
+      smallest of them count on top of the measured;
+    - no more measured requests than there are slots left count at once (the others wait for a slot);
+      the largest count, so the demand is not understated.
+    """
+    rest = sorted(measured, key=lambda m: -m.prompt)
+    unsized: list[SlotDemand] = []
+    for d in demands:
+        size = state.run.slots[d.slot].prompt_size
+        if d.size_source == "new_prompt":
+            hit = next((m for m in rest if m.tasks == 1 and m.prompt == size), None)
+            if hit is not None:
+                rest.remove(hit)
+                continue
+        unsized.append(d)
+    room = (state.run.slot_count or len(demands) + sum(m.tasks for m in rest)) - (len(demands) - len(unsized))
+    counted: list[Measured] = []
+    for m in rest:
+        if m.tasks <= room:
+            counted.append(m)
+            room -= m.tasks
+    bypass = max(0, len(unsized) - sum(m.tasks for m in counted))
+    out: list[int] = []
+    for horizon in HORIZONS:
+        by_log = [d.prompt if horizon == "prompt" else d.limits if horizon == "limits" else d.max for d in unsized]
+        by_measure = sum(m.demand(horizon, window) for m in counted) + sum(sorted(by_log)[:bypass])
+        out.append(max(0, by_measure - sum(by_log)))
+    return out[0], out[1], out[2]

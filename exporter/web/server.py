@@ -6,12 +6,15 @@ and adds the configured headers. Connections are held to limits that aiohttp lac
 must arrive within `head_timeout` of the connection or of its first byte, an idle keep-alive
 connection is closed after `keepalive_timeout`, and at most `max_connections` are open (the oldest
 one still waiting for its request head makes room for a new one). A malformed request gets its 400
-and one log line at most every minute for all of them, not a traceback each.
+and one log line at most every minute for all of them, not a traceback each. `start_server` serves
+any aiohttp application so: the exporter's own pages, and the guard's proxy (which takes request
+bodies and holds a connection for as long as its answer streams).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import html
 import json
 import logging
@@ -54,6 +57,8 @@ class Limits:
     head_timeout: float = 10.0
     keepalive_timeout: float = 75.0
     max_connections: int = 256
+    #: File descriptors each connection may take: 2 for a proxy, which opens one upstream per client.
+    descriptors_per_connection: int = 1
 
 
 def make_app(
@@ -130,6 +135,7 @@ class _Connections:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.open: dict[_GuardedProtocol, None] = {}  # in order of opening
+        self.by_inner: dict[asyncio.Protocol, _GuardedProtocol] = {}  # aiohttp's protocol → ours
         self.pending = 0  # accepted, not yet handed to a protocol
         self.on_close: Callable[[], None] = lambda: None
 
@@ -146,17 +152,40 @@ class _Connections:
 
     def closed(self, conn: _GuardedProtocol) -> None:
         self.open.pop(conn, None)
+        self.by_inner.pop(conn.inner, None)
         self.on_close()
+
+    def middleware(self) -> Any:
+        """Tells each connection when its request's handler has ended (see `_GuardedProtocol.in_request`)."""
+
+        @web.middleware
+        async def request_done(
+            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+        ) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            finally:
+                conn = self.by_inner.get(request.protocol)
+                if conn is not None:
+                    conn.in_request = False
+
+        return request_done
 
 
 class _GuardedProtocol(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with a deadline for each request head."""
+    """aiohttp's protocol for one connection, with a deadline for each request head.
+
+    From a head's end until its handler has ended (`in_request`), what arrives is the request's body (or a
+    pipelined request, which aiohttp holds): no deadline then, however long the answer takes. A pipelined
+    head left unfinished is closed by aiohttp's keep-alive timeout.
+    """
 
     def __init__(self, inner: asyncio.Protocol, connections: _Connections) -> None:
         self.inner, self.connections = inner, connections
         self.transport: asyncio.Transport | None = None
         self.closing = False
         self.waiting_for_head = True
+        self.in_request = False
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""
 
@@ -164,6 +193,7 @@ class _GuardedProtocol(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.connections.open[self] = None  # `_Acceptor` accepted it only where there was room
+        self.connections.by_inner[self.inner] = self
         self._arm()
         self.inner.connection_made(transport)
 
@@ -174,20 +204,21 @@ class _GuardedProtocol(asyncio.Protocol):
             self._deadline = loop.call_later(self.connections.limits.head_timeout, self.close, "request head too slow")
 
     def data_received(self, data: bytes) -> None:
+        if self.in_request:  # its body, or a pipelined request
+            self.inner.data_received(data)
+            return
         seen = self._tail + data
-        end = seen.rfind(b"\r\n\r\n")
-        if end >= 0:  # a request head is complete; bytes after it start the next one
+        end = seen.find(b"\r\n\r\n")
+        if end >= 0:  # a request head is complete; what follows is its body (or the next request)
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
             self.waiting_for_head = False
-            rest = seen[end + 4 :]
-            if rest:
-                self._arm()
-            self._tail = rest[-3:]
+            self.in_request = True
+            self._tail = b""
         else:
             if not self.waiting_for_head:
-                self._arm()  # the first bytes of the next request head (or a body we never read)
+                self._arm()  # the first bytes of the next request head (or a body nobody read)
             self._tail = seen[-3:]
         self.inner.data_received(data)
 
@@ -373,20 +404,37 @@ async def start_server(
     *,
     security: WebConfigWatcher | None = None,
     limits: Limits | None = None,
+    handler_cancellation: bool = False,
 ) -> Serving:
-    """Start serving `app` (with TLS where the web config says so); the caller closes what it returns."""
+    """Start serving `app` (with TLS where the web config says so) within `limits`; the caller closes what it
+    returns. Raises OSError when the address cannot be bound."""
     limits = limits or Limits()
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     # Below the descriptor limit: log files, inotify, the HTTP client and NVML need some too.
-    max_connections = max(8, min(limits.max_connections, soft - 64)) if soft > 0 else limits.max_connections
-    limits = Limits(limits.head_timeout, limits.keepalive_timeout, max_connections)
+    fit = (soft - 64) // limits.descriptors_per_connection
+    max_connections = max(8, min(limits.max_connections, fit)) if soft > 0 else limits.max_connections
+    limits = dataclasses.replace(limits, max_connections=max_connections)
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _QuietServerLog) for f in server_log.filters):
         server_log.addFilter(_QuietServerLog())
-    sockets = _listening_sockets(host, port)
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.keepalive_timeout, handle_signals=False)
-    await runner.setup()
     connections = _Connections(limits)
+    app.middlewares.insert(0, connections.middleware())  # outermost: it must see every request end
+    sockets = _listening_sockets(host, port)
+    # handler_cancellation: a client that goes away cancels its handler (the guard then closes its upstream
+    # connection, and llama-server cancels the task); the exporter's pages are short either way.
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=limits.keepalive_timeout,
+        handle_signals=False,
+        handler_cancellation=handler_cancellation,
+    )
+    try:
+        await runner.setup()
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     server = runner.server
     assert server is not None
 

@@ -1,0 +1,261 @@
+"""Serve: start what `build.py` builds, run until SIGINT or SIGTERM, and stop, the same way on every path.
+
+Each step that starts something pushes its undoing onto one `AsyncExitStack`. A start that fails half way
+(a port in use, a bad `--web.config.file`) undoes what had started, in reverse order, as a normal stop
+does: background tasks are told to stop and awaited, then the web server, the guard, the servers' live
+sources and the log tailers are closed, then the demo's files removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+
+from exporter import __version__
+from exporter.build import build_servers, servers_registry, single_server
+from exporter.config import Config
+from exporter.metrics.servers import FollowedServer, ServersCollector
+from exporter.web.server import make_app, start_server
+
+if TYPE_CHECKING:
+    from exporter.web.webconfig import WebConfigWatcher
+
+log = logging.getLogger("llamacpp_exporter")
+
+# How long a background task may take to finish once told to stop, before it is left behind.
+TASK_STOP_TIMEOUT = 5.0
+
+
+class StartError(Exception):
+    """A start that cannot go on: a one-line message for stderr and the exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # not on every platform
+                loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            await start(config, stop, stack)
+        except StartError as exc:
+            print(f"llamacpp-exporter: error: {exc}", file=sys.stderr)
+            return exc.code
+        await stop.wait()
+    return 0
+
+
+async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
+    """Start everything the flags ask for, each undoing pushed onto `stack`."""
+    security = load_web_config(config)
+    log_file = start_demo(config, stop, stack) if config.demo else config.log_file
+    servers, log_description = open_servers(config, log_file, stack)
+    collector = ServersCollector(servers)
+    await collector.refresh()  # says once, at start, which live sources work and why the others do not
+    registry = servers_registry(collector)
+    if config.guard_listen is not None:
+        await start_guard(config, servers[0], registry, stack)
+
+    def health() -> dict[str, object]:
+        return servers_health(servers, log_description)
+
+    app = make_app(
+        registry,
+        log_description=log_description,
+        health=health,
+        before_scrape=collector.refresh,
+        security=security,
+        demo=config.demo,
+    )
+    await start_web(config, app, security, stack)
+    if security is not None:
+        start_task(stack, stop, security.watch(stop), "web config watch")
+    for server in servers:
+        name = "log pipeline" + (f" of {server.labels['server']}" if config.servers else "")
+        run = server.pipeline.run(
+            poll_interval=config.log_poll_interval,
+            batch_interval=config.log_batch_interval,
+            use_watchdog=config.fs_events,
+            stop=stop,
+        )
+        start_task(stack, stop, run, name)
+
+
+def load_web_config(config: Config) -> WebConfigWatcher | None:
+    """`--web.config.file`, read and checked (its module is imported only when the flag is given)."""
+    if config.web_config_file is None:
+        return None
+    from exporter.web.webconfig import WebConfigError, WebConfigWatcher
+
+    try:
+        return WebConfigWatcher(config.web_config_file)
+    except WebConfigError as exc:
+        raise StartError(f"--web.config.file {exc}", code=2) from None
+
+
+def start_demo(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> str:
+    """`--demo`: a temporary log file that a task fills with recorded real logs in a loop; its path."""
+    import tempfile
+
+    from exporter.demo import replay_forever
+
+    folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="llamacpp-exporter-demo-"))
+    path = Path(folder) / "llama-server.log"
+    path.touch()  # the replay writes into it; it exists from the start, like a running server's log
+    start_task(stack, stop, replay_forever(path, speed=config.demo_speed, stop=stop), "demo replay")
+    return str(path)
+
+
+def open_servers(
+    config: Config, log_file: str | None, stack: contextlib.AsyncExitStack
+) -> tuple[list[FollowedServer], str]:
+    """The followed servers (each log's existing lines replayed) and how their logs are described."""
+    if config.servers:
+        servers, tailers = build_servers(config)
+        log_description = f"{len(servers)} servers"
+    else:
+        server, tailer, log_description = single_server(config, log_file)
+        servers, tailers = [server], [tailer] if tailer is not None else []
+    for tailer in tailers:
+        stack.callback(tailer.close)
+    for server in servers:
+        stack.push_async_callback(server.close)
+    for server in servers:
+        replayed = server.pipeline.replay_existing()
+        where = server.pipeline.description if config.servers else log_description
+        log.info("following %s (replayed %d existing lines without counting them)", where, replayed)
+    return servers, log_description
+
+
+async def start_web(
+    config: Config, app: Any, security: WebConfigWatcher | None, stack: contextlib.AsyncExitStack
+) -> None:
+    """Bind `--listen-address` and serve `app` on it."""
+    try:
+        serving = await start_server(app, config.listen_host, config.listen_port, security=security)
+    except OSError as exc:
+        raise StartError(f"--listen-address {config.listen_host}:{config.listen_port}: {exc.strerror}") from None
+    stack.push_async_callback(serving.close)
+    # The port bound, which differs from the flag's for port 0 ("any free port").
+    scheme = "https" if security is not None and security.ssl_context is not None else "http"
+    auth = " with basic auth" if security is not None and security.config.users else ""
+    host = config.listen_host or "0.0.0.0"
+    demo = " (demo: replaying two recorded llama-server logs in a loop)" if config.demo else ""
+    log.info(
+        "llamacpp-exporter %s serving on %s://%s:%d/metrics%s%s", __version__, scheme, host, serving.port, auth, demo
+    )
+
+
+async def start_guard(
+    config: Config, server: FollowedServer, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
+) -> None:
+    """Start the guard in front of --server-url and add its families to `registry`."""
+    from exporter.guard import GuardCollector, GuardSettings, Limits, ServerPools
+    from exporter.guard import start_guard as start_proxy
+
+    assert config.guard_listen is not None
+    host, port = config.guard_listen
+    settings = GuardSettings(
+        upstream=config.server_url,
+        api_key=config.api_key,
+        default_budget=config.guard_default_budget,
+        max_queue=config.guard_queue_size,
+        max_wait=config.guard_queue_timeout,
+        max_body_bytes=config.guard_max_body_bytes,
+        body_timeout=config.guard_head_timeout,
+    )
+    try:
+        pools = ServerPools(
+            lambda: server.live.state,
+            lambda: (
+                {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
+            ),
+        )
+        limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
+        running = await start_proxy(settings, pools, host, port, limits)
+    except OSError as exc:
+        why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
+        raise StartError(f"--guard.listen-address {host}:{port}: {why}") from None
+    stack.push_async_callback(running.close)
+    g = running.guard
+    registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
+    # What a gateway reads as the server's queue includes the requests the guard holds back.
+    server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
+    # The forecast counts the prompts the guard measured at arrival, before the log says their size.
+    server.measured = g.measured
+    log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
+
+
+def start_task(
+    stack: contextlib.AsyncExitStack, stop: asyncio.Event, work: Coroutine[Any, Any, None], name: str
+) -> asyncio.Task[None]:
+    """Run `work` in the background; at stop, `stop` is set and the task awaited (at most TASK_STOP_TIMEOUT)."""
+    task = asyncio.create_task(work, name=name)
+    task.add_done_callback(report_crash)
+
+    async def finish() -> None:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, timeout=TASK_STOP_TIMEOUT)
+
+    stack.push_async_callback(finish)
+    return task
+
+
+def report_crash(task: asyncio.Task[None]) -> None:
+    """A background task that died of an unexpected error says so in one line (its result is awaited at exit only)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s stopped: %s: %s; the exporter keeps serving", task.get_name(), type(exc).__name__, exc)
+
+
+def servers_health(servers: Sequence[FollowedServer], log_description: str) -> dict[str, object]:
+    """`/healthz`: ok while every log pipeline follows its log; what each server's sources say."""
+    stopped = [s for s in servers if s.pipeline.stopped is not None]
+    unreadable = [s for s in servers if not s.pipeline.up]
+    down = [st.name for s in servers for st in s.statuses() if not st.up]  # "http", "http of model alpha", …
+    if stopped:
+        summary = "the log pipeline stopped: restart the exporter"
+    elif unreadable:
+        summary = "serving; the log cannot be read yet"
+    else:
+        summary = "serving; following the log" + (f"; not answering: {', '.join(down)}" if down else "")
+
+    def detail(s: FollowedServer) -> dict[str, object]:
+        log_status: dict[str, object] = {"path": s.pipeline.description, "up": s.pipeline.up}
+        if s.pipeline.stopped is not None:
+            log_status["stopped"] = s.pipeline.stopped
+        return {
+            "log": log_status,
+            "sources": {st.name: {"up": st.up, "error": st.error} for st in s.statuses()},
+            "server_pid": s.live.pid,
+        }
+
+    body: dict[str, object] = {
+        # A pipeline that stopped following the log never recovers by itself: restart the exporter.
+        "status": "failing" if stopped else "ok",
+        "summary": summary,  # all a caller without credentials sees: no paths, no addresses
+        "version": __version__,
+    }
+    if len(servers) == 1 and "server" not in servers[0].labels:
+        one = detail(servers[0])
+        one["log"] = {**one["log"], "path": log_description}  # type: ignore[dict-item]
+        body.update(one)
+    else:
+        body["servers"] = {s.labels["server"]: detail(s) for s in servers}
+    return body

@@ -1,0 +1,159 @@
+"""The /proc source against real processes: a server found by name, by the log it writes, by our stdin
+pipe; the exporter started first."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+from llama_harness import wait_for
+
+from exporter.sources.procfs import ProcReader
+
+
+def test_a_server_taken_by_name_only_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With no log to compare with (a reader given neither a log file nor a unit), the lone llama-server
+    is taken as a guess: said once, labelled."""
+    with _lone_server(tmp_path) as (lone, root):
+        reader = ProcReader(root)
+        with caplog.at_level(logging.WARNING, logger="exporter.sources.procfs"):
+            snaps = [reader.read() for _ in range(3)]
+        assert all(s.process is not None and (s.process.pid, s.process.found_by) == (lone.pid, "name") for s in snaps)
+        assert len([r for r in caplog.records if "by its name only" in r.getMessage()]) == 1
+
+
+def test_an_exporter_started_before_its_server_never_adopts_a_foreign_one(tmp_path: Path) -> None:
+    """A foreign llama-server (its own log) runs; the exporter starts before its server writes its log:
+    the foreign one is never taken, and ours is, as soon as it starts."""
+    from llama_harness import ExporterProcess
+
+    ours, theirs = tmp_path / "ours" / "llama-server.log", tmp_path / "foreign.log"
+    theirs.write_text("")  # llama-server creates its log as it starts
+    sleeper = "import time; time.sleep(120)"
+    foreign = _spawn("llama-server", sleeper, ["--log-file", str(theirs), "-c", "32768"])
+    to_terminal = _spawn("llama-server", sleeper, ["-c", "65536"])  # names no log: writes to its terminal
+    server = None
+    try:
+        _wait_exec(foreign, "llama-server")
+        _wait_exec(to_terminal, "llama-server")
+        assert ProcReader(log_file=str(ours)).read().process is None
+        exp = ExporterProcess(ours, ["--http", "off", "--nvml", "off"], output_file=tmp_path / "exporter.out")
+        with exp:
+            assert exp.sample("llamacpp_exporter_source_up", {"source": "proc"}) == 0
+            assert exp.sample("llamacpp_process_resident_memory_bytes") is None
+            assert exp.sample("llamacpp_kv_pool_capacity_tokens") is None  # not a foreign server's 32,768 or 65,536
+            ours.parent.mkdir()
+            ours.write_text("")
+            server = _spawn("llama-server", sleeper, ["--log-file", str(ours), "-c", "4096"])
+            _wait_exec(server, "llama-server")
+            wait_for(
+                lambda: exp.sample("llamacpp_process_found_by", {"how": "log_file"}) == 1,
+                timeout=15,
+                what="our server adopted",
+            )
+            start = exp.sample("llamacpp_process_start_time_seconds")
+            assert start is not None and abs(start - Path(f"/proc/{server.pid}").stat().st_mtime) < 5
+            assert exp.sample("llamacpp_kv_pool_capacity_tokens") == 4096  # from our server's command line
+        assert "by its name only" not in exp.output_file.read_text()
+    finally:
+        for p in (foreign, to_terminal, server):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_no_server_is_ours_while_our_log_does_not_exist(tmp_path: Path) -> None:
+    """A lone llama-server that names no log (it writes to a terminal) is not taken while our log file
+    does not exist: no process writes a file that is not there."""
+    with _lone_server(tmp_path) as (_, root):
+        snap = ProcReader(root, log_file=str(tmp_path / "missing.log")).read()
+        assert snap.process is None
+        assert snap.error is not None and "missing.log (it does not exist yet)" in snap.error
+        assert "1 other llama-server process(es) run" in snap.error
+
+
+def test_real_proc_server_naming_or_writing_the_log(tmp_path: Path) -> None:
+    """Other llama-servers may run on this machine: being root, the reader knows they write other logs."""
+    log = tmp_path / "llama-server.log"
+    sleeper = "import time; time.sleep(60)"
+    named = _spawn("llama-server", sleeper, ["--log-file", str(log)])
+    try:
+        _wait_exec(named, "llama-server")
+        snap = ProcReader(log_file=str(log)).read()
+        assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (named.pid, "log_file")
+    finally:
+        named.kill()
+        named.wait()
+    with log.open("ab") as out:
+        writer = _spawn("llama-server", sleeper, [], stdout=out)
+    try:
+        _wait_exec(writer, "llama-server")
+        snap = ProcReader(log_file=str(log)).read()
+        assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (writer.pid, "log_file")
+        # Another log: this server is known to write elsewhere and is not taken by name either.
+        other = tmp_path / "other.log"
+        other.touch()
+        snap = ProcReader(log_file=str(other)).read()
+        assert snap.process is None or snap.process.pid != writer.pid
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_real_proc_server_writing_into_our_stdin_pipe() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        server = _spawn("llama-server", "import time; time.sleep(60)", [], stdout=write_end)
+        tee = _spawn("tee", "import time; time.sleep(60)", [], stdout=write_end)  # also writes: not a server
+        try:
+            _wait_exec(server, "llama-server")
+            _wait_exec(tee, "tee")
+            snap = ProcReader(stdin_fd=read_end).read()
+            assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, "log_file")
+        finally:
+            for p in (server, tee):
+                p.kill()
+                p.wait()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@contextlib.contextmanager
+def _lone_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A real process named llama-server that names no log, and a /proc root holding only it (so that
+    other llama-servers on the host do not count)."""
+    lone = _spawn("llama-server", "import time; time.sleep(60)", [])
+    try:
+        _wait_exec(lone, "llama-server")
+        root = tmp_path / "proc"
+        root.mkdir()
+        (root / "meminfo").symlink_to("/proc/meminfo")
+        (root / str(lone.pid)).symlink_to(f"/proc/{lone.pid}")
+        yield lone, root
+    finally:
+        lone.kill()
+        lone.wait()
+
+
+def _spawn(argv0: str, script: str, args: list[str], stdout: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """A real process whose argv[0] is `argv0` (like `exec -a`), running a Python `script`."""
+    return subprocess.Popen(
+        ["bash", "-c", f'exec -a {argv0} "$0" -c "$1" "${{@:2}}"', sys.executable, script, *args],
+        stdout=stdout,
+    )
+
+
+def _wait_exec(proc: subprocess.Popen[bytes], argv0: str) -> None:
+    wait_for(
+        lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(argv0.encode()),
+        timeout=10,
+        what=f"{argv0} exec'd",
+    )

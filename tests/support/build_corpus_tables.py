@@ -1,0 +1,106 @@
+"""What each recorded build shows, and at which verbosity: the tables of docs/builds.md, made from the
+build corpus (`tests/fixtures/<build>/<scenario>/`, see build_corpus.py).
+
+    .venv/bin/python tests/support/build_corpus.py --docs    # rewrite docs/builds.md's tables
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from paths import FIXTURES
+
+# (what the exporter shows, the event kinds of the log lines it comes from)
+FEATURES: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "retries, aborts, aborted requests (`llamacpp_kv_retries_total`, `llamacpp_context_exceeded_total`, "
+        "`llamacpp_requests_aborted_total`)",
+        ("KVRetry", "DecodeFatal", "RequestError"),
+    ),
+    ("slot tokens at release (`stop processing`)", ("SlotReleased",)),
+    ("slots and their window (`initializing`, `new slot`)", ("SlotsInitialized", "SlotCreated")),
+    ("pool capacity from the pool's own lines (`llama_context`, `llama_kv_cache`)", ("ContextParam", "KVCacheSize")),
+    ("KV cache bytes (`llamacpp_kv_cache_bytes`)", ("KVCacheSize",)),
+    ("prompt size at arrival (`new prompt`: the forecast from the first batch)", ("NewPrompt",)),
+    ("cached tokens kept (`memory_seq_rm`)", ("CachedTokens",)),
+    ("slots cleared after an abort (`clearing prompt`)", ("SlotCleared",)),
+    ("timings (`llamacpp_prompt_eval_seconds`)", ("PromptEvalTiming",)),
+    ("build (`llamacpp_server_info{build}`)", ("BuildInfo",)),
+]
+_VERBOSITIES = {"default": "default", "4": "-lv 4", "v": "-v"}
+
+
+def _event_kinds(folder: Path) -> set[str]:
+    from exporter.logs.parse import parse_line_events
+
+    capture = json.loads((folder / "capture.json").read_text())
+    kinds: set[str] = set()
+    for name in capture["logs"]:
+        for line in (folder / name).read_text(errors="replace").splitlines():
+            kinds.update(type(e).__name__ for e in parse_line_events(line))
+    return kinds
+
+
+def _build_order(build: str) -> tuple[int, str]:
+    m = re.match(r"b(\d+)$", build)
+    return (int(m[1]) if m else 1_000_000, build)
+
+
+def builds_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: the recorded builds, where each came from and where its log goes (docs/builds.md)."""
+    rows = ["| build | from | server | its log |", "|---|---|---|---|"]
+    builds = sorted({p.parent.parent.name for p in fixtures.glob("*/*/capture.json")}, key=_build_order)
+    for b in builds:
+        capture = json.loads(next(iter(sorted((fixtures / b).glob("*/capture.json")))).read_text())
+        log = "`--log-file` (truncated at each start)" if capture["log_truncated_at_start"] else "stderr (appended)"
+        rows.append(f"| `{b}` | `{capture['source']}` | {capture['server']} | {log} |")
+    return "\n".join(rows) + "\n"
+
+
+def support_table(fixtures: Path = FIXTURES) -> str:
+    """Markdown: for each recorded build, the lowest verbosity at which each figure shows (docs/builds.md)."""
+    builds = sorted(
+        {p.parent.parent.name for p in fixtures.glob("*/pool-overflow-default/capture.json")}, key=_build_order
+    )
+    # Every capture of a build at each verbosity (the short runs of the corpus show no progress lines,
+    # which llama-server prints only after 3 s of work).
+    kinds: dict[str, dict[str, set[str]]] = {b: {label: set() for label in _VERBOSITIES.values()} for b in builds}
+    for folder in sorted(fixtures.glob("*/*/capture.json")):
+        build = folder.parent.parent.name
+        if build in kinds:
+            verbosity = json.loads(folder.read_text())["config"]["verbosity"]
+            kinds[build][_VERBOSITIES[verbosity]] |= _event_kinds(folder.parent)
+    rows = [
+        "| what the exporter shows | " + " | ".join(f"`{b}`" for b in builds) + " |",
+        "|---" * (len(builds) + 1) + "|",
+    ]
+    for what, needed in FEATURES:
+        cells = []
+        for b in builds:
+            level = next((label for label, seen in kinds[b].items() if seen & set(needed)), "not seen")
+            cells.append(level)
+        rows.append(f"| {what} | " + " | ".join(cells) + " |")
+    prefix = []
+    slots = []
+    for b in builds:
+        line = next(iter((fixtures / b / "pool-overflow-default" / "llama-server.log").read_text().splitlines()), "")
+        prefix.append("on" if re.match(r"\d+\.\d{2}\.\d{3}\.\d{3} [IWED] ", line) else "off")
+        body = json.loads((fixtures / b / "pool-overflow-default" / "slots.json").read_text())
+        first = body[0] if isinstance(body, list) and body else {}
+        slots.append("live tokens (`n_prompt_tokens`)" if "n_prompt_tokens" in first else "no token count")
+    rows.append("| time stamp and level letter on every line (forged lines rejected) | " + " | ".join(prefix) + " |")
+    rows.append("| what `/slots` adds | " + " | ".join(slots) + " |")
+    return "\n".join(rows) + "\n"
+
+
+DOCS = FIXTURES.parent.parent / "docs" / "builds.md"
+_GENERATED = re.compile(r"(<!-- generated by: [^\n]*-->\n).*?(<!-- end of generated tables -->)", re.DOTALL)
+
+
+def write_docs() -> None:
+    """Rewrite the generated tables of docs/builds.md from the captures."""
+    text = DOCS.read_text()
+    tables = builds_table() + "\n" + support_table()
+    DOCS.write_text(_GENERATED.sub(lambda m: m[1] + tables + m[2], text, count=1))

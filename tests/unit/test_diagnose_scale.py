@@ -1,0 +1,136 @@
+"""`llamacpp-exporter diagnose` on big logs: memory stays bounded, reading batches of lines gives the
+report of reading line by line, and a log read in parts on several cores gives the report of one process.
+"""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from big_log import build_log, later_start
+from diagnose_checks import CAPTURE_NAMES, CAPTURE_ROOT
+from paths import B11434
+
+from exporter import diagnose
+from exporter.diagnose import Diagnoser, Report, diagnose_file, to_json
+
+FIXTURES = B11434
+
+
+def test_memory_stays_bounded(tmp_path: Path) -> None:
+    """Structural check for acceptance 3: 4x the log does not need more memory (no per-line state).
+
+    bench/diagnose_big.py builds the log the same way (support/big_log.py) and measures 1 GiB in a subprocess.
+    """
+    peaks = []
+    for size_mb in (3, 12):
+        built = build_log(tmp_path / f"{size_mb}.log", size_mb * 2**20)
+        tracemalloc.start()
+        try:
+            report = diagnose_file(str(built.path))
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert (report.runs_total, report.failures_total) == (built.runs, built.failures)
+        assert len(report.runs) == 10 and report.omitted_runs.runs == built.runs - 10
+    print(f"peak traced memory: 3 MiB log {peaks[0] / 1024:,.0f} KiB, 12 MiB log {peaks[1] / 1024:,.0f} KiB")
+    assert peaks[1] < peaks[0] * 1.25 + 256 * 1024
+    assert peaks[1] < 8 * 2**20
+
+
+def _line_by_line(path: Path) -> Report:
+    """The reference: every line through `feed_line`, as `analyze` does."""
+    d = Diagnoser(str(path))
+    stats = diagnose.ReadStats()
+    with path.open("rb") as f:
+        for line in diagnose.read_lines(f, stats):
+            d.feed_line(line, stats.lines)
+    d.long_lines = stats.long_lines
+    return d.finish({str(path): path.stat().st_mtime})  # what diagnose_files adds: the file's time
+
+
+@pytest.mark.parametrize("mix", ["plain", "odd"])
+def test_batched_diagnose_equals_line_by_line(tmp_path: Path, mix: str) -> None:
+    """diagnose_file scans batches of lines at once after the first MiB; the report must not change.
+
+    The log repeats every real capture past the 1 MiB sniff window (plain, no-prefix, default verbosity
+    and long runs go through the batch scan), with, for "odd", JSONL, router-prefixed and coloured runs
+    and an over-long line in between (those batches go line by line) and no newline at the end.
+    """
+    captures = [(CAPTURE_ROOT / c / "llama-server.log").read_text() for c in CAPTURE_NAMES]
+    plain = [c for c in captures if not c.startswith("{")]
+    parts: list[str] = []
+    size = 0
+    while size < 3 * diagnose.SNIFF_BYTES:
+        for c in plain if mix == "plain" else captures:
+            parts.append(later_start(c, len(parts)))
+            size += len(c)
+        if mix == "odd":
+            first = plain[0].splitlines(keepends=True)
+            parts.append("".join(f"[ 8081] {line}" for line in first[:400]))
+            parts.append("".join(f"\x1b[32m{line}" if i % 3 else line for i, line in enumerate(first[:200])))
+            parts.append("0.00.000.001 I " + "x" * (diagnose.MAX_LINE_BYTES + 10) + "\n")
+    text = "".join(parts)
+    path = tmp_path / "big.log"
+    path.write_text(text.rstrip("\n") if mix == "odd" else text)
+    batched, reference = diagnose_file(str(path)), _line_by_line(path)
+    assert batched.runs_total > 50 and batched.failures_total > 10
+    assert to_json(batched) == to_json(reference)
+
+
+@pytest.mark.parametrize("mix", ["plain", "odd", "starting"])
+def test_a_big_log_on_several_cores_gives_the_same_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mix: str
+) -> None:
+    """A log split at start lines and read by worker processes gives the report of one process, byte
+    for byte (JSON, with --html's series); where a split would change it (router mode, a run cut
+    during its start-up), the log is read as a whole. "starting": every start-up is cut short, so a
+    start line may follow a run that never printed its own `initializing ...`."""
+    from exporter.diagnose import parallel
+
+    built = build_log(tmp_path / "big.log", 6 * 2**20, root=CAPTURE_ROOT)
+    path = built.path
+    if mix == "odd":
+        lines = (CAPTURE_ROOT / "exhaust-lv4" / "llama-server.log").read_text().splitlines(keepends=True)
+        with path.open("a") as f:
+            f.write("".join(f"[ 8081] {line}" for line in lines))
+    elif mix == "starting":
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if "initializing ..." not in line or len(line) % 3))
+    split: list[bool] = []
+    real = parallel.feed_in_parts
+
+    def recorded(*args: Any, **kwargs: Any) -> bool:
+        split.append(real(*args, **kwargs))
+        return split[-1]
+
+    monkeypatch.setattr(parallel, "feed_in_parts", recorded)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(parallel, "workers", lambda: 3)
+    in_parts = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
+    whole = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
+    if mix != "starting":  # where the cuts fall decides whether a part ends in a start-up (then: as a whole)
+        assert split[0] == (mix != "odd")  # router mode is read as a whole
+    assert len(in_parts.history) > 100
+    assert to_json(in_parts) == to_json(whole)
+    assert {i: (s.x, s.tokens) for i, s in in_parts.series.items()} == {
+        i: (s.x, s.tokens) for i, s in whole.series.items()
+    }
+
+
+def test_a_big_file_that_is_not_a_log_is_refused_in_parts_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MiB of binary data, then a log: one process stops at the first MiB and says so; so must the
+    parts (a later part alone would find the log)."""
+    from exporter.diagnose import parallel
+
+    built = build_log(tmp_path / "log", 4 * 2**20, root=CAPTURE_ROOT)
+    path = tmp_path / "binary-then-log"
+    path.write_bytes(random.Random(7).randbytes(2**20) + built.path.read_bytes())
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(parallel, "workers", lambda: 3)
+    with pytest.raises(diagnose.InputError, match="binary data"):
+        diagnose.diagnose_files([str(path)])

@@ -1,0 +1,152 @@
+"""The fast paths give the same results as the one-line ones.
+
+`parse_lines` scans a batch as one string; `parse_line` and `parse_message` are the contract. The
+tailer decodes and splits whole blocks; per line it must give what decoding each line gives. And
+every event type has its handler in `ServerState.apply`.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from pathlib import Path
+
+import pytest
+from paths import B11434
+from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "prepend" import mode)
+
+from exporter.logs import events as ev
+from exporter.logs.parse import (
+    line_starts_with,
+    normalize,
+    parse_line,
+    parse_line_events,
+    parse_lines,
+    parse_message,
+)
+from exporter.logs.tail import LogTailer
+from exporter.model.handlers import HANDLERS
+from exporter.model.router import ROUTER_EVENTS
+
+FIXTURES = B11434
+LOGS = sorted(FIXTURES.glob("*/llama-server.log"))
+
+
+def one_by_one(lines: list[str]) -> list[ev.Event]:
+    """The events of each line on its own, with a `LineFormat` only where the format changes (as a batch has)."""
+    return collapsed([e for line in lines for e in parse_line_events(line)])
+
+
+def collapsed(events: list[ev.Event]) -> list[ev.Event]:
+    """`events` without a `LineFormat` that repeats the one before it."""
+    out: list[ev.Event] = []
+    last: ev.Event | None = None
+    for e in events:
+        if isinstance(e, ev.LineFormat):
+            if e == last:
+                continue
+            last = e
+        out.append(e)
+    return out
+
+
+def without_formats(events: list[ev.Event]) -> list[ev.Event]:
+    return [e for e in events if not isinstance(e, ev.LineFormat)]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=[p.parent.name for p in LOGS])
+def test_batch_parse_equals_line_by_line_on_real_logs(log: Path) -> None:
+    lines = log.read_text(encoding="utf-8").splitlines()
+    events = one_by_one(lines)
+    assert events, "a capture without events"
+    assert parse_lines(lines) == events
+    bare = without_formats(events)
+    assert [e for e in (parse_message(normalize(line)) for line in lines) if e is not None] == bare
+    assert [e for e in map(parse_line, lines) if e is not None] == bare
+    # Batch boundaries do not matter.
+    assert collapsed([e for i in range(0, len(lines), 7) for e in parse_lines(lines[i : i + 7])]) == events
+
+
+def test_batch_parse_equals_line_by_line_on_every_wording() -> None:
+    lines = [line for line, _ in CASES]
+    assert without_formats(parse_lines(lines)) == [expected for _, expected in CASES]
+
+
+def test_mixed_batch_of_wrappers() -> None:
+    """JSONL, colours, CRLF, router prefixes and plain lines in one batch: each line as on its own."""
+    msg = "srv        decode: Context size has been exceeded. off = 3, n_batch = 1, ret = 1"
+    lines = [
+        "0.00.064.190 E " + msg,
+        json.dumps({"type": "log", "level": "error", "msg": msg + "\n"}),
+        "\x1b[34m0.00.064.190\x1b[0m \x1b[31mE " + msg,
+        "[39045] 0.01.234.567 E " + msg,
+        "0.00.064.190 E " + msg + "\r",
+        "0.00.064.191 I srv  update_slots: all slots are idle",
+        "{not json",
+        "",
+    ]
+    assert parse_lines(lines) == one_by_one(lines)
+    assert len(without_formats(parse_lines(lines))) == 6
+    formats = [e.describe() for e in parse_lines(lines) if isinstance(e, ev.LineFormat)]
+    assert formats == ["timestamp+level", "jsonl", "colours+timestamp+level", "timestamp+level"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n[1] x",
+        "\nx\n[1] x",
+        "\nx [1]\ny [2]",
+        "\n" + "a [b] " * 100 + "\n[9] tail",  # more than 64 brackets before the line that starts with one
+        "\n" + "a [b] " * 100 + "\nno bracket first",
+        "\n" + "\n".join("[" * i for i in range(1, 70)),
+        "\n",
+        "\n[",
+    ],
+)
+def test_line_starts_with_equals_the_plain_search(text: str) -> None:
+    """The memchr walk over a rare character agrees with searching for a newline and that character."""
+    assert line_starts_with(text, "[") == ("\n[" in text)
+    assert line_starts_with(text, "{") == ("\n{" in text)
+
+
+def test_every_event_type_has_a_state_handler() -> None:
+    """All but the two the state reads itself (a line's format, a rejected line) and a router's own lines (`ServerLog`)."""
+    assert set(HANDLERS) == set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected, *ROUTER_EVENTS}
+
+
+def test_tailer_block_decoding_equals_per_line_decoding(tmp_path: Path) -> None:
+    """Invalid UTF-8, CRLF and a character split across reads, in blocks of many lines."""
+    raw = [
+        b"plain line",
+        b"crlf line\r",
+        b"two cr\r\r",
+        b"bad \xff\xfe bytes",
+        b"cut multibyte \xe2\x82",
+        b"euro \xe2\x82\xac sign",
+        b"",
+        b"lone \r inside",
+    ] * 50
+    p = tmp_path / "log"
+    p.write_bytes(b"\n".join(raw) + b"\n")
+    t = LogTailer(p, chunk_bytes=997)  # chunks end inside lines and inside the euro sign
+    got: list[str] = []
+    while lines := t.poll():
+        got += lines
+    want = [(r[:-1] if r.endswith(b"\r") else r).decode("utf-8", errors="replace") for r in raw]
+    assert got == want
+
+
+def test_events_compare_hash_and_print_as_dataclasses_do() -> None:
+    """The shared __eq__, __hash__ and __repr__ of event classes behave as dataclass's own would."""
+    assert ev.KVRetry(0, 512) == ev.KVRetry(0, 512) and hash(ev.KVRetry(0, 512)) == hash(ev.KVRetry(0, 512))
+    assert ev.KVRetry(0, 512) != ev.KVRetry(0, 256)
+    another: object = ev.KVRetry(512, 512)
+    assert ev.MemorySlotFailure(512) != another  # another class: never equal
+    assert repr(ev.KVRetry(0, 512)) == "KVRetry(offset=0, n_batch=512)"
+    assert repr(ev.ServerStarting()) == "ServerStarting(build=None)"
+    # A field with compare=False is left out of both, as dataclass does.
+    first = ev.PromptEvalTiming(12.5, 100)
+    again = ev.PromptEvalTiming(12.5, 100, continuation=True)
+    assert first == again and hash(first) == hash(again) and repr(again).endswith("continuation=True)")
+    assert len({ev.KVRetry(0, 512), ev.KVRetry(0, 512), ev.KVRetry(1, 512)}) == 2

@@ -47,6 +47,7 @@ PURE = (
     "exporter.model",
     "exporter.logs.events",
     "exporter.logs.parse",
+    "exporter.logs.rules",
     "exporter.guard.admission",
     "exporter.guard.sizing",
 )

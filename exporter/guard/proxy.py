@@ -144,6 +144,7 @@ class _Run:
     anthropic: bool = False
     upstream: aiohttp.ClientResponse | None = None
     streaming: bool = False  # its answer is an event stream that has begun
+    sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
 
 
 class Pools(Protocol):
@@ -465,31 +466,27 @@ class Guard:
     async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
         generation = request.method == "POST" and request.path in _generation_paths()
-        sending = asyncio.ensure_future(
-            (self.generation_session if generation else self.session).request(
-                request.method,
-                self.settings.upstream + str(request.rel_url),
-                headers=_end_to_end(request.headers),
-                data=raw if raw else None,
-                allow_redirects=False,
-            )
+        sending = (self.generation_session if generation else self.session).request(
+            request.method,
+            self.settings.upstream + str(request.rel_url),
+            headers=_end_to_end(request.headers),
+            data=raw if raw else None,
+            allow_redirects=False,
         )
         if run is None:
             return await sending
-        stopped = asyncio.ensure_future(run.stop.wait())
+        # A task that a stop cancels (`_consider`): cancelling closes the connection, llama-server sees it and
+        # cancels its task.
+        task = run.sending = asyncio.ensure_future(sending)
         try:
-            await asyncio.wait({sending, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            if not sending.done():
-                # Cancelling closes the connection: llama-server sees it and cancels the task.
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
-                    await sending
-        if sending.cancelled():
+            return await task
+        except asyncio.CancelledError:
+            if not run.stop.is_set() or _cancelling():
+                raise  # the client went away
             log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
-            raise _Preempted
-        return sending.result()
+            raise _Preempted from None
+        finally:
+            run.sending = None
 
     async def _forward(self, request: web.Request, raw: bytes, run: _Run | None = None) -> web.StreamResponse:
         """Send the request upstream as it came; stream the answer back as it comes."""
@@ -627,10 +624,19 @@ class Guard:
         self._quiet_until = now + self.settings.quiet
         self._pending[key] = (len(slots), now)
         run.stop.set()
-        if run.upstream is not None and run.streaming:
+        if run.sending is not None:
+            run.sending.cancel()
+        elif run.upstream is not None and run.streaming:
             run.upstream.close()
         self.books.count("preempted")
         log.warning("guard: stopped one request so that the others can finish: %s", why)
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (Python 3.11+ can tell; 3.10 cannot: False)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 def _generation_paths() -> frozenset[str]:

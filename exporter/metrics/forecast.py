@@ -58,7 +58,7 @@ class KVForecastCollector(Collector):
             'KV cells the requests in flight will hold: horizon="prompt" once their prompts are processed, '
             'horizon="max" at most (plus the generation budget left, from /slots; unknown = the slot\'s whole '
             'window), horizon="limits" as max but a request without a known budget counts its prompt; idle '
-            f"slots excluded ({sources}; through the guard, its counts at arrival).",
+            f"slots excluded ({sources}).",
             labels=["horizon"],
         )
         for h in HORIZONS:

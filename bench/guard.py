@@ -2,13 +2,15 @@
 
     $ .venv/bin/python bench/guard.py            # about 3 minutes on 2 cores
     $ .venv/bin/python bench/guard.py --quick    # smaller sizes, for a first look
+    $ .venv/bin/python bench/guard.py --overhead-only --threads 1   # llama-server on one core, one left over
 
 Every figure comes from real processes: llama-server (b11434, `LLAMA_SERVER_BIN` or the tests' build)
 with the tests' tiny random llama, and `python -m exporter --guard.listen-address`. Direct and guarded
 runs alternate in the same seconds, so the machine's load falls on both.
 
 - overhead: small requests one at a time (`n_predict` 1), the first streamed byte of a stream, and a
-  long stream's tokens per second, each direct and through the guard, interleaved;
+  long stream's tokens per second, each direct and through the guard, interleaved; and the CPU the
+  exporter's process spends on each (through the guard less direct: what the proxying costs);
 - fits: 4 clients whose requests always fit the pool together; latency direct and through the guard,
   and what the guard queued (it must queue nothing);
 - mixed: a seeded load of mixed sizes (some streaming, up to 6 in flight) that overflows a 1,024-cell
@@ -142,21 +144,37 @@ def _tokens(raw: bytes, stream: bool) -> int:
     return value if isinstance(value, int) else 0
 
 
-def interleaved(n: int, send: Callable[[str], float], bases: tuple[str, str]) -> tuple[list[float], list[float]]:
-    """`send(base)` n times for each base, alternating; the seconds each took."""
-    a: list[float] = []
-    b: list[float] = []
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Interleaved:
+    """Seconds each call took, per base, and the exporter's CPU seconds spent during each base's calls."""
+
+    took: tuple[list[float], list[float]]
+    cpu: tuple[float, float]
+
+
+def interleaved(n: int, send: Callable[[str], float], bases: tuple[str, str], pid: int) -> Interleaved:
+    """`send(base)` n times for each base, alternating; what each took, and the CPU of process `pid` meanwhile."""
+    took: tuple[list[float], list[float]] = ([], [])
+    cpu = [0.0, 0.0]
     for _ in range(n):
-        a.append(send(bases[0]))
-        b.append(send(bases[1]))
-    return a, b
+        for i, base in enumerate(bases):
+            before = cpu_seconds(pid)
+            took[i].append(send(base))
+            cpu[i] += cpu_seconds(pid) - before
+    return Interleaved(took, (cpu[0], cpu[1]))
 
 
 def ms(x: float) -> str:
     return f"{x * 1000:.1f}"
 
 
-def overhead(direct: str, guard: str, n: int) -> list[str]:
+def overhead(direct: str, guard: str, n: int, pid: int) -> list[str]:
     clients = {direct: Client(direct), guard: Client(guard)}
     small = {"prompt": "Hello", "n_predict": 1, "cache_prompt": False}
     for base in clients:  # warm both paths
@@ -165,7 +183,8 @@ def overhead(direct: str, guard: str, n: int) -> list[str]:
     def one(base: str) -> float:
         return clients[base].post("/completion", small)[3]
 
-    d, g = interleaved(n, one, (direct, guard))
+    smalls = interleaved(n, one, (direct, guard), pid)
+    d, g = smalls.took
     stream = {"prompt": "Hello", "n_predict": 16, "stream": True, "cache_prompt": False}
 
     def fresh(base: str, body: dict[str, Any]) -> tuple[int, bytes, float, float]:
@@ -179,19 +198,27 @@ def overhead(direct: str, guard: str, n: int) -> list[str]:
     def first_byte(base: str) -> float:
         return fresh(base, stream)[2]
 
-    fd, fg = interleaved(n, first_byte, (direct, guard))
+    firsts = interleaved(n, first_byte, (direct, guard), pid)
+    fd, fg = firsts.took
     long = {"prompt": "Hello", "n_predict": 3000, "ignore_eos": True, "stream": True, "cache_prompt": False}
+    streamed = [0, 0]
 
     def rate(base: str) -> float:
         _, raw, _, total = fresh(base, long)
-        return _tokens(raw, True) / total
+        tokens = _tokens(raw, True)
+        streamed[base == guard] += tokens
+        return tokens / total
 
-    rd, rg = interleaved(max(3, n // 40), rate, (direct, guard))
+    rates = interleaved(max(3, n // 40), rate, (direct, guard), pid)
+    rd, rg = rates.took
     for c in clients.values():
         c.close()
     added = pct(g, 0.99) - pct(d, 0.99)
     first = pct(fg, 0.5) - pct(fd, 0.5)
     first99 = pct(fg, 0.99) - pct(fd, 0.99)
+    # The exporter follows the log on both paths; what it spends beyond that on the guard's calls is the proxying.
+    per_request = (smalls.cpu[1] - smalls.cpu[0]) / n
+    per_token = (rates.cpu[1] / max(streamed[1], 1)) - (rates.cpu[0] / max(streamed[0], 1))
     return [
         "| measure | direct | guard | added | limit |",
         "|---|---|---|---|---|",
@@ -199,8 +226,10 @@ def overhead(direct: str, guard: str, n: int) -> list[str]:
         f"{ms(pct(g, 0.5))} / {ms(pct(g, 0.99))} | {ms(pct(g, 0.5) - pct(d, 0.5))} / {ms(added)} | p99 ≤ 5 ms |",
         f"| first streamed byte, p50 / p99 ms | {ms(pct(fd, 0.5))} / {ms(pct(fd, 0.99))} | {ms(pct(fg, 0.5))} / "
         f"{ms(pct(fg, 0.99))} | {ms(first)} / {ms(first99)} | ≤ 5 ms |",
-        f"| long stream, tokens/s, median of {len(rd)} | {statistics.median(rd):,.0f} | {statistics.median(rg):,.0f} | "
-        f"{statistics.median(rg) / statistics.median(rd):.3f}x | unchanged |",
+        f"| long stream (3,000 tokens), tokens/s, median of {len(rd)} | {statistics.median(rd):,.0f} | "
+        f"{statistics.median(rg):,.0f} | {statistics.median(rg) / statistics.median(rd):.3f}x | unchanged |",
+        f"| exporter CPU per small request / per streamed token, ms | | | {per_request * 1000:.2f} / "
+        f"{per_token * 1000:.3f} | |",
     ]
 
 
@@ -269,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--fits-only", action="store_true", help="only the load that always fits")
+    parser.add_argument("--overhead-only", action="store_true", help="only the overhead table")
+    parser.add_argument("--threads", type=int, default=2, help="llama-server's -t (default 2)")
     args = parser.parse_args(argv)
     binary = find_llama_server()
     if binary is None:
@@ -279,19 +310,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-guard-") as tmpdir:
         tmp = Path(tmpdir)
         model = write_tiny_llama(tmp / "tiny.gguf")
-        server, exporter, guard = serve(binary, model, tmp, ("-c", "4096", "-np", "4", "-kvu", "-t", "2"))
+        threads = ("-t", str(args.threads))
+        server, exporter, guard = serve(binary, model, tmp, ("-c", "4096", "-np", "4", "-kvu", *threads))
         try:
             if not args.fits_only:
-                print("\n## overhead\n")
-                print("\n".join(overhead(server.url, guard, n)))
-            print("\n## a load that always fits (4 clients, 3 rounds each way)\n")
-            print("\n".join(fits(server.url, guard, exporter, n // 3)))
+                print(f"\n## overhead (llama-server -t {args.threads})\n")
+                print("\n".join(overhead(server.url, guard, n, exporter.pid)))
+            if not args.overhead_only:
+                print("\n## a load that always fits (4 clients, 3 rounds each way)\n")
+                print("\n".join(fits(server.url, guard, exporter, n // 3)))
         finally:
             exporter.stop()
             server.stop()
-        if args.fits_only:
+        if args.fits_only or args.overhead_only:
             return 0
-        server, exporter, guard = serve(binary, model, tmp, ("-c", "1024", "-np", "6", "-kvu", "-t", "2"))
+        server, exporter, guard = serve(binary, model, tmp, ("-c", "1024", "-np", "6", "-kvu", *threads))
         try:
             print(f"\n## a seeded mixed load ({max(100, n // 2)} requests, 6 clients, 30% streaming)\n")
             print("\n".join(mixed(server.url, guard, max(100, n // 2))))

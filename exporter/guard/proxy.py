@@ -144,6 +144,7 @@ class _Run:
     anthropic: bool = False
     upstream: aiohttp.ClientResponse | None = None
     streaming: bool = False  # its answer is an event stream that has begun
+    sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
 
 
 class Pools(Protocol):
@@ -180,7 +181,6 @@ class Guard:
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
-        self._generation_session: aiohttp.ClientSession | None = None
         self._props_window: dict[str | None, int] = {}
         self._runs: dict[int, _Run] = {}
         # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
@@ -235,28 +235,17 @@ class Guard:
     # ------------------------------------------------------------------ lifecycle
 
     @property
-    def generation_session(self) -> aiohttp.ClientSession:
-        """For generation requests: a new connection each, closed when the request is stopped or abandoned.
-
-        llama-server cancels a task when its client's connection closes, but a connection that served an
-        earlier request (keep-alive) was not seen closing: the task ran to its end. A fresh connection per
-        generation request costs a local TCP handshake and makes every stop and every client that leaves
-        cancel the task.
-        """
-        if self._generation_session is None:
-            self._generation_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
-            )
-        return self._generation_session
-
-    @property
     def session(self) -> aiohttp.ClientSession:
+        """Connections to llama-server: a new one for each request, closed when its answer has come.
+
+        llama-server serves each connection on one of its HTTP threads (`--threads-http`, by default the
+        slots + 2) for as long as the connection stays open: connections kept open for reuse would hold those
+        threads idle, and a burst of requests (sizing calls included) would wait for them. A fresh connection
+        costs a local TCP handshake; closing it is also how a request is cancelled (a stop, a client that left).
+        """
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
@@ -273,9 +262,8 @@ class Guard:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._monitor
-        for session in (self._session, self._generation_session):
-            if session is not None:
-                await session.close()
+        if self._session is not None:
+            await self._session.close()
 
     # ------------------------------------------------------------------ requests
 
@@ -464,32 +452,27 @@ class Guard:
 
     async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
-        generation = request.method == "POST" and request.path in _generation_paths()
-        sending = asyncio.ensure_future(
-            (self.generation_session if generation else self.session).request(
-                request.method,
-                self.settings.upstream + str(request.rel_url),
-                headers=_end_to_end(request.headers),
-                data=raw if raw else None,
-                allow_redirects=False,
-            )
+        sending = self.session.request(
+            request.method,
+            self.settings.upstream + str(request.rel_url),
+            headers=_end_to_end(request.headers),
+            data=raw if raw else None,
+            allow_redirects=False,
         )
         if run is None:
             return await sending
-        stopped = asyncio.ensure_future(run.stop.wait())
+        # A task that a stop cancels (`_consider`): cancelling closes the connection, llama-server sees it and
+        # cancels its task.
+        task = run.sending = asyncio.ensure_future(sending)
         try:
-            await asyncio.wait({sending, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            if not sending.done():
-                # Cancelling closes the connection: llama-server sees it and cancels the task.
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError):
-                    await sending
-        if sending.cancelled():
+            return await task
+        except asyncio.CancelledError:
+            if not run.stop.is_set() or _cancelling():
+                raise  # the client went away
             log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
-            raise _Preempted
-        return sending.result()
+            raise _Preempted from None
+        finally:
+            run.sending = None
 
     async def _forward(self, request: web.Request, raw: bytes, run: _Run | None = None) -> web.StreamResponse:
         """Send the request upstream as it came; stream the answer back as it comes."""
@@ -627,10 +610,19 @@ class Guard:
         self._quiet_until = now + self.settings.quiet
         self._pending[key] = (len(slots), now)
         run.stop.set()
-        if run.upstream is not None and run.streaming:
+        if run.sending is not None:
+            run.sending.cancel()
+        elif run.upstream is not None and run.streaming:
             run.upstream.close()
         self.books.count("preempted")
         log.warning("guard: stopped one request so that the others can finish: %s", why)
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (Python 3.11+ can tell; 3.10 cannot: False)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 def _generation_paths() -> frozenset[str]:

@@ -186,13 +186,18 @@ class _GuardedProtocol(asyncio.Protocol):
         self.closing = False
         self.waiting_for_head = True
         self.in_request = False
+        self.made = False  # connection_made has run: it counts as open, no longer as pending
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.connections.open[self] = None  # `_Acceptor` accepted it only where there was room
+        # `_Acceptor` accepted it only where there was room; from pending to open, never counted twice (a
+        # connection counted twice would make `room()` close a newer one that has not sent its head yet).
+        self.made = True
+        self.connections.pending -= 1
+        self.connections.open[self] = None
         self.connections.by_inner[self.inner] = self
         self._arm()
         self.inner.connection_made(transport)
@@ -285,7 +290,7 @@ class _Acceptor:
     def __init__(
         self,
         sock: socket.socket,
-        factory: Callable[[], asyncio.Protocol],
+        factory: Callable[[], _GuardedProtocol],
         ssl_context: ssl.SSLContext | None,
         connections: _Connections,
     ) -> None:
@@ -329,9 +334,15 @@ class _Acceptor:
             task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, conn: socket.socket) -> None:
+        made: list[_GuardedProtocol] = []
+
+        def factory() -> _GuardedProtocol:
+            made.append(self.factory())
+            return made[-1]
+
         try:
             await self.loop.connect_accepted_socket(
-                self.factory,
+                factory,
                 conn,
                 ssl=self.ssl_context,
                 ssl_handshake_timeout=self.connections.limits.head_timeout if self.ssl_context else None,
@@ -339,7 +350,8 @@ class _Acceptor:
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError):
             conn.close()  # a failed TLS handshake (no client certificate, plain HTTP on the TLS port, too slow)
         finally:
-            self.connections.pending -= 1
+            if not (made and made[0].made):
+                self.connections.pending -= 1  # it never became a connection
             self.connections.on_close()
 
     def close(self) -> None:
@@ -438,7 +450,7 @@ async def start_server(
     server = runner.server
     assert server is not None
 
-    def factory() -> asyncio.Protocol:
+    def factory() -> _GuardedProtocol:
         return _GuardedProtocol(server(), connections)
 
     ssl_context = security.ssl_context if security is not None else None

@@ -169,8 +169,12 @@ def test_a_stream_is_passed_on_as_it_is_produced(guarded: Guarded) -> None:
     assert rest.rstrip().endswith(b"data: [DONE]")
 
 
-def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded) -> None:
+@pytest.mark.parametrize("reused", [False, True], ids=["fresh", "reused"])
+def test_a_client_that_goes_away_cancels_its_request(guarded: Guarded, reused: bool) -> None:
+    """Closing the upstream connection cancels the server's task, also right after another request."""
     host, port = guarded.guard.removeprefix("http://").split(":")
+    if reused:
+        assert http_request(guarded.guard + "/completion", body={"prompt": "x", "n_predict": 1})[0] == 200
     cancelled = len(guarded.server.log_lines("cancel task"))
     released = len(guarded.server.log_lines("stop processing"))
     sock = socket.create_connection((host, int(port)))
@@ -679,24 +683,30 @@ def test_clients_that_send_no_head_or_stall_are_cut_and_block_nobody(guarded: Gu
 
 
 def test_past_the_cap_new_connections_wait_for_a_busy_one_to_close(guarded: Guarded, tmp_path: Path) -> None:
-    """8 connections busy with requests (their bodies still coming): a 9th is not accepted until one of them
-    closes; then it is answered."""
-    exporter, port = start_guarded(
-        guarded.server, tmp_path, "--guard.head-timeout", "120", "--guard.max-connections", "8"
-    )
+    """8 connections busy with requests (one runs, seven wait in the guard's queue): a 9th is not accepted until
+    one of them closes; then it is answered."""
+    exporter, port = start_guarded(guarded.server, tmp_path, "--guard.max-connections", "8")
     busy: list[socket.socket] = []
+    # Each would fill its slot's window: one runs at a time.
+    big = json.dumps({"prompt": "a story", "n_predict": 5000, "ignore_eos": True}).encode()
     try:
         for _ in range(8):
             s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            s.sendall(
+                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(big)}\r\n\r\n".encode()
+                + big
+            )
             busy.append(s)
+        # All 8 heads read: the guard holds their requests.
+        wait_for(lambda: exporter.sample("llamacpp_guard_queue_requests") == 7, timeout=60)
         late = socket.create_connection(("127.0.0.1", port))  # the kernel's backlog takes it
         late.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         late.settimeout(3)
         with pytest.raises(TimeoutError):
             late.recv(1)  # not accepted while all 8 are busy
         assert not any(_closed_by_the_guard(s) for s in busy)  # none of them was cut for it
-        busy.pop(0).close()
+        busy.pop().close()  # a waiting one leaves
         late.settimeout(30)
         answer = b""
         while chunk := late.recv(65536):

@@ -7,7 +7,9 @@ keeps its memory savings and no request is aborted because another one outgrew i
 
 - `admission`: the books and the queue (pure);
 - `sizing`: what a request's body asks for (pure);
+- `pools`: the pools it admits against (one server's, or a router's per model);
 - `proxy`: the aiohttp server and client (I/O);
+- `upstream`: the headers it passes, the errors it answers with, prompts counted by the server;
 - `books`: its counts and their families on `/metrics`.
 """
 
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from exporter.guard.admission import Pool
 from exporter.guard.books import GuardCollector
-from exporter.guard.proxy import Guard, GuardSettings, Pools
+from exporter.guard.pools import Pools
+from exporter.guard.proxy import Guard, GuardSettings
 from exporter.model.state import ServerState
 from exporter.web.server import Limits, Serving, start_server
 

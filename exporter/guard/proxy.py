@@ -17,37 +17,21 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
+from exporter.guard.pools import OnePool, Pools
 from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
+from exporter.guard.upstream import HOP_BY_HOP, Sizer, end_to_end, error_response
 from exporter.model.forecast import Measured
 
 log = logging.getLogger(__name__)
-
-#: Headers that describe one connection, not the message (RFC 9110 7.6.1), and those aiohttp sets itself.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -71,66 +55,6 @@ class GuardSettings:
     horizon: float = 3.5
 
 
-def _end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        if k.lower() not in _HOP_BY_HOP:
-            out.add(k, v)
-    return out
-
-
-def error_response(status: int, message: str, error_type: str, retry_after: int | None = None) -> web.Response:
-    """An error in llama-server's own JSON shape, with a one-line message."""
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = {"error": {"code": status, "message": message, "type": error_type}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-class Sizer:
-    """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
-
-    def __init__(self, session: aiohttp.ClientSession, upstream: str, model: str | None = None) -> None:
-        self._session = session
-        self._upstream = upstream
-        self._model = model  # behind a router: the model whose tokenizer counts
-
-    async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
-        async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
-            if resp.status != 200:
-                raise ValueError(f"{path} answered {resp.status}")
-            return await resp.json(content_type=None)
-
-    async def _tokens(self, text: str, headers: Mapping[str, str]) -> int:
-        # add_special: the BOS the server adds to a prompt counts too (llama-server sizes prompts this way).
-        body: dict[str, Any] = {"content": text, "add_special": True}
-        if self._model is not None:
-            body["model"] = self._model
-        out = await self._post("/tokenize", body, headers)
-        tokens = out.get("tokens") if isinstance(out, dict) else None
-        if not isinstance(tokens, list):
-            raise ValueError("/tokenize gave no tokens")
-        return len(tokens)
-
-    async def prompt_tokens(self, p: Plan, raw: bytes, headers: Mapping[str, str]) -> int:
-        """All tasks' prompt tokens together; raises ValueError (or an aiohttp error) when the server will not say."""
-        if p.template:
-            out = await self._post("/apply-template", json.loads(raw), headers)
-            prompt = out.get("prompt") if isinstance(out, dict) else None
-            if not isinstance(prompt, str):
-                raise ValueError("/apply-template gave no prompt")
-            return await self._tokens(prompt, headers)
-        if p.count_route is not None:
-            out = await self._post(p.count_route, json.loads(raw), headers)
-            n = out.get("input_tokens") if isinstance(out, dict) else None
-            if not isinstance(n, int):
-                raise ValueError(f"{p.count_route} gave no input_tokens")
-            return n
-        total = sum(p.token_counts)
-        for text in p.texts:
-            total += await self._tokens(text, headers)
-        return total
-
-
 class _Preempted(Exception):
     """The guard stopped this request before any byte of its answer reached the client."""
 
@@ -145,29 +69,6 @@ class _Run:
     upstream: aiohttp.ClientResponse | None = None
     streaming: bool = False  # its answer is an event stream that has begun
     sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
-
-
-class Pools(Protocol):
-    """Where the guard learns the pools: one server's, or (a router) each model's."""
-
-    def key(self, model: str | None) -> str | None:
-        """The pool a request for `model` goes to: None for a plain server, the model's name for a router."""
-
-    def pool(self, key: str | None) -> Pool:
-        """What that pool offers now."""
-
-
-class OnePool:
-    """A plain server's pool, from a function."""
-
-    def __init__(self, pool: Callable[[], Pool]) -> None:
-        self._pool = pool
-
-    def key(self, model: str | None) -> str | None:
-        return None
-
-    def pool(self, key: str | None) -> Pool:
-        return self._pool()
 
 
 class Guard:
@@ -455,7 +356,7 @@ class Guard:
         sending = self.session.request(
             request.method,
             self.settings.upstream + str(request.rel_url),
-            headers=_end_to_end(request.headers),
+            headers=end_to_end(request.headers),
             data=raw if raw else None,
             allow_redirects=False,
         )
@@ -493,7 +394,7 @@ class Guard:
         try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
-                if k.lower() not in _HOP_BY_HOP or k.lower() == "content-length":
+                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length":
                     response.headers.add(k, v)
             if run is not None:
                 # A complete answer (not a stream) is never stopped: it has already been generated.

@@ -1,0 +1,92 @@
+"""What the guard says to llama-server and to clients besides passing a request on: the headers it passes (end to
+end, never hop by hop), the errors it answers itself with, and a request's prompt counted with the server's own
+tokenizer (`/apply-template`, then `/tokenize`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from exporter.guard.sizing import Plan
+
+#: Headers that describe one connection, not the message (RFC 9110 7.6.1), and those aiohttp sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        if k.lower() not in HOP_BY_HOP:
+            out.add(k, v)
+    return out
+
+
+def error_response(status: int, message: str, error_type: str, retry_after: int | None = None) -> web.Response:
+    """An error in llama-server's own JSON shape, with a one-line message."""
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    body = {"error": {"code": status, "message": message, "type": error_type}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Sizer:
+    """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
+
+    def __init__(self, session: aiohttp.ClientSession, upstream: str, model: str | None = None) -> None:
+        self._session = session
+        self._upstream = upstream
+        self._model = model  # behind a router: the model whose tokenizer counts
+
+    async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
+        async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
+            if resp.status != 200:
+                raise ValueError(f"{path} answered {resp.status}")
+            return await resp.json(content_type=None)
+
+    async def _tokens(self, text: str, headers: Mapping[str, str]) -> int:
+        # add_special: the BOS the server adds to a prompt counts too (llama-server sizes prompts this way).
+        body: dict[str, Any] = {"content": text, "add_special": True}
+        if self._model is not None:
+            body["model"] = self._model
+        out = await self._post("/tokenize", body, headers)
+        tokens = out.get("tokens") if isinstance(out, dict) else None
+        if not isinstance(tokens, list):
+            raise ValueError("/tokenize gave no tokens")
+        return len(tokens)
+
+    async def prompt_tokens(self, p: Plan, raw: bytes, headers: Mapping[str, str]) -> int:
+        """All tasks' prompt tokens together; raises ValueError (or an aiohttp error) when the server will not say."""
+        if p.template:
+            out = await self._post("/apply-template", json.loads(raw), headers)
+            prompt = out.get("prompt") if isinstance(out, dict) else None
+            if not isinstance(prompt, str):
+                raise ValueError("/apply-template gave no prompt")
+            return await self._tokens(prompt, headers)
+        if p.count_route is not None:
+            out = await self._post(p.count_route, json.loads(raw), headers)
+            n = out.get("input_tokens") if isinstance(out, dict) else None
+            if not isinstance(n, int):
+                raise ValueError(f"{p.count_route} gave no input_tokens")
+            return n
+        total = sum(p.token_counts)
+        for text in p.texts:
+            total += await self._tokens(text, headers)
+        return total

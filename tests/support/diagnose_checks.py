@@ -8,16 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from paths import B11434, REPO
+from paths import B11434
 
 from exporter.diagnose import Report
 
-#: The project's captures, when they sit beside the checkout.
-SHARED = REPO.parent / "shared" / "captures" / "b11434"
-
-
-#: The full capture set when the project's captures sit beside the checkout, else the copies in tests/fixtures.
-CAPTURE_ROOT = SHARED if SHARED.is_dir() else B11434
+#: The project's own b11434 captures (the logs as recorded, in tests/fixtures).
+CAPTURE_ROOT = B11434
 # The project's captures (the build corpus, with a capture.json, is tests/unit/test_build_corpus.py's).
 CAPTURE_NAMES = sorted(
     p.name for p in CAPTURE_ROOT.iterdir() if (p / "llama-server.log").is_file() and not (p / "capture.json").exists()

@@ -29,7 +29,10 @@ for: the scrape answers with what was read so far while the follower goes on.
 A writer closing the file (a server exiting) ends a batch wait at once: a restarted server
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
-backends (macOS, BSD, Windows) report none, and there the batch wait runs its course.
+backends (macOS, BSD, Windows) report none, and polling (``--fs-events false``) sees none either.
+There the follower looks at the file's size every ``PROBE_INTERVAL`` (50 ms, one fstat) while it
+waits: new bytes after a quiet spell are read at once, a writer that stops ends a batch wait, and what
+a truncation takes before it could be read is counted in ``lost_bytes`` (see `_Probe`).
 The figures (bench/run.py, follow at 2,000 lines/s) are in docs/performance.md.
 """
 
@@ -58,6 +61,9 @@ BATCH_START = 0.025
 CATCH_UP_MAX_BYTES = 512 * 1024
 #: ...and never longer than this.
 CATCH_UP_TIMEOUT = 0.1
+#: Without close events, how often follow() looks at the file's size while it waits (see `_Probe`): well
+#: within the time a wrapper takes to restart llama-server (a new process, then its log truncated).
+PROBE_INTERVAL = 0.05
 
 
 def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
@@ -133,11 +139,14 @@ class CatchUp:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
 
-    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float) -> None:
-        """follow()'s wait on `waker`, which a scrape may end."""
+    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: _Probe | None = None) -> None:
+        """follow()'s wait on `waker`, which a scrape may end; probing the file meanwhile if asked."""
         self._wake = wake
         try:
-            await waker.wait(timeout)
+            if probing is None:
+                await waker.wait(timeout)
+            else:
+                await probing.wait(waker, timeout)
         finally:
             self._wake = None
 
@@ -147,6 +156,35 @@ class CatchUp:
         for target, read in self._waiters:
             if (bytes_read is None or target <= bytes_read) and not read.done():
                 read.set_result(None)
+
+
+class _Probe:
+    """Where no writer's close is seen (polling, or a watch without close events): a look at the file's
+    size every `PROBE_INTERVAL` while follow() waits, one fstat, no read.
+
+    A restarted llama-server truncates its log as it starts, and whatever the old one wrote after the
+    last read is gone. The probe narrows that window and counts what it cannot close: while idle, new
+    bytes end the wait (they are read at once, as an event would have them); during a batch wait, a
+    writer that went quiet (no growth since the previous probe) ends it, since a server that stops
+    writing may be exiting; and every size seen is remembered, so that a truncation before the next
+    read counts the bytes no read took in ``lost_bytes`` (see `LogTailer.probe`).
+    """
+
+    def __init__(self, tailer: LogTailer, idle: bool) -> None:
+        self._tailer, self._idle = tailer, idle
+
+    async def wait(self, waker: Waker, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        last = -1
+        while (left := end - loop.time()) > 0:
+            await waker.wait(min(left, PROBE_INTERVAL))
+            if waker.is_set():
+                return
+            pending = self._tailer.probe()
+            if pending and (self._idle or pending == last):
+                return
+            last = pending
 
 
 async def follow(
@@ -199,11 +237,11 @@ async def follow(
                 after_drain()
             if stop_event.is_set():
                 break
+            sees_closes = watch is not None and watch.sees_closes
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait)
+                await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, idle=False))
                 # Without close events a restart's last lines are read only at the end of the wait
                 # (before the new server truncates the log, or never): then no longer than a poll.
-                sees_closes = watch is not None and watch.sees_closes
                 wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
                 if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
                     continue
@@ -212,7 +250,7 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval)
+            await catch._wait(wake, wake.any, poll_interval, None if sees_closes else _Probe(tailer, idle=True))
     finally:
         catch._progress()
         catch._tailer = None

@@ -89,8 +89,15 @@ Very long lines
     discarded. Memory is bounded by ``max_line_bytes + chunk_bytes``.
 
 Encoding
-    Lines are decoded as UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an
-    exception. A trailing ``"\\r"`` (CRLF) is stripped.
+    Files are read in binary (``exporter.logs.fileopen``: on Windows a text-mode descriptor would
+    translate CRLF and stop at ``^Z`` while the offsets stay raw). The first bytes of each content
+    (after an open, a rotation or a truncation) tell its encoding (``exporter.logs.encoding``): UTF-8,
+    with or without a byte order mark, or UTF-16 (PowerShell 5.1's ``2>``), which is turned into UTF-8
+    before lines are split; offsets, fingerprints and byte counts stay in the file's own bytes. The
+    error record PowerShell 5.1 wraps around the first stderr line is taken off. Lines are decoded as
+    UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an exception. A trailing
+    ``"\\r"`` (CRLF) is stripped. A content that is neither (NUL bytes in UTF-8 text) is read as it
+    is and said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
 
 File missing at start, unreadable, not a regular file
     ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory,
@@ -109,6 +116,9 @@ import pathlib
 import stat
 import time
 from dataclasses import dataclass
+
+from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
+from exporter.logs.fileopen import open_log
 
 __all__ = ["LogTailer", "TailerStats"]
 
@@ -136,20 +146,6 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return os.read(fd, size)
 
 
-def _cut_utf8(data: bytes) -> bytes:
-    """Drop an incomplete multi-byte UTF-8 sequence at the end of ``data``."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
-            continue
-        if byte >= 0xC0:
-            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
-            if need > back:
-                return data[:-back]
-        return data
-    return data
-
-
 def _decode(line: bytes | bytearray) -> str:
     if line.endswith(b"\r"):
         line = line[:-1]
@@ -172,6 +168,14 @@ class _File:
         self.truncated_at: int | None = None  # our offset when the content was last truncated
         self.lost_counted = 0  # of the bytes lost at that truncation, those already counted
         self.grown_at = 0.0  # when a read last found new bytes (time.monotonic; 0: never)
+        self._new_content()
+
+    def _new_content(self) -> None:
+        self.undecided = b""  # the first bytes, while too few to tell the encoding (at most 3)
+        self.sniffed = False  # the encoding is known
+        self.transcode: Transcoder | None = None  # UTF-16 to UTF-8; None: the bytes are UTF-8
+        self.record: PowerShellRecord | None = PowerShellRecord()  # None once past the first lines
+        self.unreadable: str | None = None
 
     def reset(self) -> None:
         """The content starts again at offset 0 (truncated or rewritten)."""
@@ -179,6 +183,7 @@ class _File:
         self.head = self.tail = b""
         self.seen_size = 0
         self.skip_nul = True
+        self._new_content()
 
 
 class LogTailer:
@@ -279,10 +284,36 @@ class LogTailer:
             return False
         try:
             size = os.fstat(f.fd).st_size
+            self._note_size(f, size)
         except OSError:
             return False
-        f.seen_size = max(f.seen_size, size)
         return size != f.offset
+
+    def probe(self) -> int:
+        """Between reads, without reading: the bytes not read yet (as `pending_bytes`), and the current
+        file's size remembered (if its content is still the one read so far), so that a truncation
+        before the next read counts in ``lost_bytes`` what this probe saw and no read took."""
+        f = self._file
+        if f is not None:
+            with contextlib.suppress(OSError):
+                self._note_size(f, os.fstat(f.fd).st_size)
+        return self.pending_bytes()
+
+    def _note_size(self, f: _File, size: int) -> None:
+        """Remember `size` as seen for the current content, unless the content was replaced meanwhile
+        (a size from a restarted server's new content would count its bytes as lost)."""
+        if size <= f.seen_size or size < f.offset:
+            return
+        if f.head and _pread(f.fd, len(f.head), 0) != f.head:
+            return
+        if f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail:
+            return
+        f.seen_size = size
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why the current file cannot be read as a log (not text), or None."""
+        return self._file.unreadable if self._file is not None else None
 
     def pending_bytes(self) -> int:
         """Bytes beyond our offsets in the files held open (cheap fstat); a file that shrank counts whole."""
@@ -318,7 +349,7 @@ class LogTailer:
                     self._file = self._rotated.pop(i)
                     self._error = None
                     return True
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            fd = open_log(path)
         except FileNotFoundError:
             parent = path.absolute().parent
             if not parent.is_dir():
@@ -467,6 +498,36 @@ class LogTailer:
                 self.stats.lost_bytes += max(0, hole - f.truncated_at - f.lost_counted)
                 f.truncated_at = None
             data = text
+        if not f.sniffed or f.transcode is not None:
+            data = self._to_utf8(f, data)
+        if f.record is None:
+            self._split(f, data, out)
+            return
+        start = len(out)  # PowerShell's error record, if any, is in the first lines of the content
+        self._split(f, data, out)
+        out[start:] = f.record.feed(out[start:])
+        if f.record.done:
+            f.record = None
+
+    def _to_utf8(self, f: _File, data: bytes) -> bytes:
+        """The content's bytes as UTF-8: its encoding told by its first bytes, a byte order mark dropped."""
+        if not f.sniffed:
+            data = f.undecided + data
+            encoding = sniff(data)
+            if encoding is None:  # too few bytes to tell: wait for more
+                f.undecided = data
+                return b""
+            f.undecided, f.sniffed = b"", True
+            data = data[encoding.bom :]
+            if not encoding.is_utf8:
+                f.transcode = Transcoder(encoding)
+            elif b"\0" in data[:_HEAD_BYTES]:
+                f.unreadable = f"log file {self.path} is not text (NUL bytes in its first line): not read as a log"
+        if f.transcode is not None:
+            data = f.transcode(data)
+        return data
+
+    def _split(self, f: _File, data: bytes, out: list[str]) -> None:
         first = data.find(b"\n")
         if first < 0:
             self._append(f, data, out)
@@ -500,7 +561,7 @@ class LogTailer:
             f.partial += piece
             return
         f.partial += piece[:room]
-        out.append(_cut_utf8(bytes(f.partial)).decode("utf-8", errors="replace"))
+        out.append(cut_utf8(bytes(f.partial)).decode("utf-8", errors="replace"))
         f.partial.clear()
         f.discarding = True
         self.stats.long_lines += 1
@@ -514,8 +575,15 @@ class LogTailer:
 
     def _flush_partial(self, f: _File, out: list[str]) -> None:
         """The file this partial line belonged to is gone or rewritten: it will never be completed."""
+        if f.undecided:  # bytes too few to tell the encoding: take them as UTF-8
+            f.partial += f.undecided
+            f.undecided = b""
+        start = len(out)
         if f.discarding:
             f.discarding = False
         elif f.partial:
             out.append(_decode(f.partial))
             f.partial.clear()
+        if f.record is not None:
+            out[start:] = f.record.feed(out[start:])
+            out += f.record.flush()

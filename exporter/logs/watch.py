@@ -30,6 +30,18 @@ logger = logging.getLogger("exporter.logs.follow")  # what it says is part of fo
 Observer: Any = None
 
 
+#: Windows (NTFS) and macOS (APFS, HFS+) match file names without regard to case, and their events may
+#: name the log in another case than the one it was given in (`--log-file C:\Llama\server.log` against
+#: `c:\llama\Server.log`). A module attribute so that the tests can force the rule on Linux.
+CASE_INSENSITIVE_PATHS = sys.platform in ("win32", "darwin")
+
+
+def path_key(path: str | bytes) -> str:
+    """What two names of one file have in common: the normalized path, case-folded where names ignore case."""
+    key = os.path.normpath(os.fsdecode(path))
+    return key.casefold() if CASE_INSENSITIVE_PATHS else key
+
+
 def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: WakeUps) -> Any:
     """A watchdog event handler that runs on the watchdog thread and only hands a wake-up to the loop."""
     from watchdog.events import FileClosedEvent, FileSystemEvent, FileSystemEventHandler
@@ -38,10 +50,10 @@ def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, 
         def __init__(self) -> None:
             super().__init__()
             # The directory itself too: its deletion means the watch must be re-scheduled.
-            self._paths = {os.path.normpath(target), os.path.normpath(directory)}
+            self._paths = {path_key(target), path_key(directory)}
 
         def on_any_event(self, event: FileSystemEvent) -> None:
-            if any(p and os.path.normpath(os.fsdecode(p)) in self._paths for p in (event.src_path, event.dest_path)):
+            if any(p and path_key(p) in self._paths for p in (event.src_path, event.dest_path)):
                 call = wake.writer_closed if isinstance(event, FileClosedEvent) else wake.changed
                 with contextlib.suppress(RuntimeError):  # loop already closed: follow() is gone
                     loop.call_soon_threadsafe(call)
@@ -70,6 +82,15 @@ def _watchdog_events() -> list[type]:
     )
 
     return [FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileClosedEvent, DirDeletedEvent]
+
+
+def _reports_closes(observer: BaseObserver | None) -> bool:
+    """The observer reports a writer closing a file: watchdog's inotify observer does, no other one."""
+    try:
+        from watchdog.observers.inotify import InotifyObserver
+    except ImportError:  # not Linux
+        return False
+    return isinstance(observer, InotifyObserver)
 
 
 def _directory_identity(path: pathlib.Path) -> tuple[int, int] | None:
@@ -126,8 +147,8 @@ class ParentWatch:
 
     @property
     def sees_closes(self) -> bool:
-        """A writer closing the log wakes the follower: watchdog's inotify backend (Linux) reports closes."""
-        return sys.platform.startswith("linux") and self._watch is not None
+        """A writer closing the log wakes the follower: only watchdog's inotify backend (Linux) reports closes."""
+        return self._watch is not None and _reports_closes(self._observer)
 
     def take_events(self) -> bool:
         """Nothing to take: watchdog's observer thread hands each event to the waker as it comes."""

@@ -198,9 +198,10 @@ async def test_a_scrape_before_or_after_the_follower_returns_at_once(tmp_path: P
     await asyncio.wait_for(catch_up(), timeout=1.0)  # stopped
 
 
-async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path) -> None:
-    """Without filesystem events (--fs-events false) the follower idles until its next stat(): a
-    scrape reads what was written meanwhile."""
+async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without filesystem events (--fs-events false) the follower idles until its next look at the file
+    (its size probe, made 60 s here): a scrape reads what was written meanwhile."""
+    monkeypatch.setattr(follow_mod, "PROBE_INTERVAL", 60)
     p = tmp_path / "server.log"
     append(p, 0, 1)
     t, seen, stop, catch_up = LogTailer(p), Seen(), asyncio.Event(), CatchUp()

@@ -18,7 +18,16 @@ from typing import IO
 from exporter.diagnose import parallel
 from exporter.diagnose.core import Diagnoser
 from exporter.diagnose.journal import export_lines, journal_format, json_lines, short_iso_lines
-from exporter.diagnose.read import BLOCK_BYTES, InputError, ReadStats, feed_log, looks_binary, open_input, read_lines
+from exporter.diagnose.read import (
+    BLOCK_BYTES,
+    InputError,
+    ReadStats,
+    feed_log,
+    is_plain_file,
+    looks_binary,
+    open_input,
+    read_lines,
+)
 from exporter.diagnose.report import Report
 
 
@@ -187,7 +196,7 @@ def _feed_file(d: Diagnoser, path: str, stats: ReadStats) -> None:
         kind = journal_format(_peek(f, 64 * 1024))
         if kind is not None:
             _feed_journal(d, f, kind, stats)
-        elif not (isinstance(f, io.BufferedReader) and f is not sys.stdin.buffer and _in_parts(d, path, stats)):
+        elif not (is_plain_file(f) and _in_parts(d, path, stats)):
             feed_log(d, f, stats, before)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
         raise InputError(f"{path}: read error after {stats.lines:,} lines: {exc}") from None

@@ -13,9 +13,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from exporter.diagnose.core import Diagnoser
+from exporter.logs.encoding import Encoding, PowerShellRecord, Transcoder, sniff
 
 #: Lines longer than this are cut (the rest is read and dropped), as the tailer does.
 MAX_LINE_BYTES = 1024 * 1024
@@ -64,8 +65,63 @@ def open_input(path: str) -> IO[bytes]:
     except OSError as exc:
         raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
     if isinstance(f, io.BufferedReader) and f.peek(2)[:2] == b"\x1f\x8b":
-        return cast(IO[bytes], gzip.GzipFile(fileobj=f, mode="rb"))  # rotated logs are often gzipped
-    return f
+        f = cast(IO[bytes], gzip.GzipFile(fileobj=f, mode="rb"))  # rotated logs are often gzipped
+    return as_utf8(f)
+
+
+def as_utf8(f: IO[bytes]) -> IO[bytes]:
+    """`f` read as UTF-8: a byte order mark skipped, UTF-16 (PowerShell 5.1's `2>`) turned into UTF-8."""
+    peek = getattr(f, "peek", None)
+    if peek is None:
+        return f
+    head = b""
+    encoding = None
+    for _ in range(4):  # peek may give fewer bytes than asked (a pipe): at most 4 are needed
+        head = bytes(peek(4)[:4])
+        encoding = sniff(head)
+        if encoding is not None or len(head) >= 4:
+            break
+    if encoding is None:
+        return f  # a file of fewer than four bytes
+    if encoding.is_utf8:
+        if encoding.bom:
+            f.read(encoding.bom)
+        return f
+    f.read(encoding.bom)
+    return io.BufferedReader(_Transcoded(f, encoding), BLOCK_BYTES)
+
+
+class _Transcoded(io.RawIOBase):
+    """A binary stream in UTF-16, read as UTF-8."""
+
+    def __init__(self, raw: IO[bytes], encoding: Encoding) -> None:
+        super().__init__()
+        self._raw, self._transcode, self._buf = raw, Transcoder(encoding), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            chunk = self._raw.read(BLOCK_BYTES)
+            if not chunk:
+                return 0
+            self._buf = self._transcode(chunk)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def close(self) -> None:
+        if self._raw is not sys.stdin.buffer:
+            self._raw.close()
+        super().close()
+
+
+def is_plain_file(f: IO[bytes]) -> bool:
+    """A file read as it is from its start (not standard input, gzip, UTF-16, or after a byte order mark):
+    one that can be split by offsets (see parallel)."""
+    return type(f) is io.BufferedReader and isinstance(f.raw, io.FileIO) and f is not sys.stdin.buffer and f.tell() == 0
 
 
 def read_lines(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
@@ -170,10 +226,22 @@ def looks_binary(stats: ReadStats) -> bool:
 def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
     """llama-server's own log: line by line while the first MiB decides whether this is a log at all,
     then in blocks."""
+    record: PowerShellRecord | None = PowerShellRecord()  # the error record of PowerShell 5.1's `2>`
+    held = 0  # the number of the line the record holds (the file's first)
     for line in read_lines(f, stats):
-        d.feed_line(line, stats.lines)
+        if record is None:
+            d.feed_line(line, stats.lines)
+        else:
+            was_holding = record.holding
+            for i, text in enumerate(record.feed([line])):
+                d.feed_line(text, held if i == 0 and was_holding else stats.lines)
+            held = stats.lines if record.holding else held
+            if record.done:
+                record = None
         if stats.bytes >= SNIFF_BYTES:
             break
+    for text in record.flush() if record is not None else ():
+        d.feed_line(text, held)
     if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not looks_binary(stats)):
         for text in read_blocks(f, stats):
             first = stats.lines - text.count("\n", 0, len(text) - 1)

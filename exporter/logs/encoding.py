@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 __all__ = ["Encoding", "PowerShellRecord", "Transcoder", "cut_utf8", "sniff"]
 
-_BOMS = ((b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"))
+_BOMS = (
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xff\xfe\x00\x00", "utf-32-le"),  # before UTF-16LE, whose mark begins it
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ class Encoding:
 
     def describe(self) -> str:
         """In words, for a report: ``UTF-16LE with a byte order mark``."""
-        name = {"utf-8": "UTF-8", "utf-16-le": "UTF-16LE", "utf-16-be": "UTF-16BE"}[self.name]
+        name = self.name.upper().replace("-LE", "LE").replace("-BE", "BE")
         return f"{name} with a byte order mark" if self.bom else name
 
 
@@ -112,6 +118,11 @@ class PowerShellRecord:
     def done(self) -> bool:
         return self._state == self._DONE
 
+    @property
+    def holding(self) -> bool:
+        """The first line is held until the next one comes."""
+        return self._state == self._HELD
+
     def feed(self, lines: list[str]) -> list[str]:
         """The lines to keep of `lines` (the next lines of the file)."""
         if self._state == self._DONE:
@@ -133,19 +144,22 @@ class PowerShellRecord:
         return []
 
     def _one(self, line: str) -> list[str]:
+        """One line (with or without its line end, kept as it came)."""
         state = self._state
+        bare = line.rstrip("\r\n")
         if state == self._FIRST:
-            if _RECORD_FIRST.fullmatch(line):
+            if _RECORD_FIRST.fullmatch(bare):
                 self._state, self._held = self._HELD, line
                 return []
             self._state = self._DONE
             return [line]
         if state == self._HELD:
             held, self._held = self._held, ""
-            if _RECORD_AT.fullmatch(line):
+            if _RECORD_AT.fullmatch(bare):
                 self._state, self.found = self._BODY, True
-                match = _RECORD_FIRST.fullmatch(held)
-                return [match.group("line") if match else held]
+                held_bare = held.rstrip("\r\n")
+                match = _RECORD_FIRST.fullmatch(held_bare)
+                return [match.group("line") + held[len(held_bare) :] if match else held]
             self._state = self._DONE
             return [held, line]
         if state == self._BODY and _RECORD_BODY.match(line):

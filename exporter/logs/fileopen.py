@@ -21,8 +21,6 @@ from collections.abc import Callable
 
 __all__ = ["open_log", "open_shared"]
 
-O_BINARY: int = getattr(os, "O_BINARY", 0)
-
 GENERIC_READ = 0x80000000
 FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_SHARE_DELETE = 0x1, 0x2, 0x4
 SHARE_ALL = FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE
@@ -54,7 +52,12 @@ def open_log(path: str | os.PathLike[str]) -> int:
     """
     if sys.platform == "win32":
         return open_shared(os.fspath(path), _create_file_w, _open_osfhandle, _close_handle)
-    return os.open(path, os.O_RDONLY | O_BINARY | getattr(os, "O_NONBLOCK", 0))
+    return os.open(path, os.O_RDONLY | _o_binary() | getattr(os, "O_NONBLOCK", 0))
+
+
+def _o_binary() -> int:
+    """os.O_BINARY (Windows only), looked up when a file is opened (the tests emulate Windows' C runtime)."""
+    return int(getattr(os, "O_BINARY", 0))
 
 
 def open_shared(path: str, create_file: CreateFile, open_osfhandle: OpenOsfHandle, close_handle: CloseHandle) -> int:
@@ -64,7 +67,7 @@ def open_shared(path: str, create_file: CreateFile, open_osfhandle: OpenOsfHandl
         code, message = _WINERRORS.get(winerror, (errno.EIO, f"Windows error {winerror}"))
         raise OSError(code, message, path)
     try:
-        return open_osfhandle(handle, os.O_RDONLY | O_BINARY)
+        return open_osfhandle(handle, os.O_RDONLY | _o_binary())
     except BaseException:
         close_handle(handle)  # the descriptor owns the handle only once it exists
         raise

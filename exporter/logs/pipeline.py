@@ -71,7 +71,7 @@ class LogPipeline:
             return False
         if self.tailer is None:
             return self.source is not None and self.source.up
-        return self.tailer.is_open and self.tailer.last_error is None
+        return self.tailer.is_open and self.tailer.last_error is None and self.tailer.unreadable is None
 
     @property
     def understood(self) -> bool | None:
@@ -220,7 +220,7 @@ class LogPipeline:
 
     def _report_tailer_error(self) -> None:
         """Log a tailer problem once when it appears and once when it clears, not on every poll."""
-        error = self.tailer.last_error if self.tailer else None
+        error = (self.tailer.last_error or self.tailer.unreadable) if self.tailer else None
         if error != self._reported_error:
             if error:
                 log.warning("%s", error)

@@ -294,9 +294,14 @@ class LogTailer:
         file's size remembered (if its content is still the one read so far), so that a truncation
         before the next read counts in ``lost_bytes`` what this probe saw and no read took."""
         f = self._file
-        if f is not None:
-            with contextlib.suppress(OSError):
-                self._note_size(f, os.fstat(f.fd).st_size)
+        if f is None:  # waiting for the file: one that appeared is to be opened (and read) at once
+            try:
+                st = self.path.stat()
+            except OSError:
+                return 0
+            return max(1, st.st_size) if stat.S_ISREG(st.st_mode) else 0
+        with contextlib.suppress(OSError):
+            self._note_size(f, os.fstat(f.fd).st_size)
         return self.pending_bytes()
 
     def _note_size(self, f: _File, size: int) -> None:

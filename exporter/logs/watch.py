@@ -42,7 +42,7 @@ def path_key(path: str | bytes) -> str:
     return key.casefold() if CASE_INSENSITIVE_PATHS else key
 
 
-def _wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: WakeUps) -> Any:
+def wake_handler(target: str, directory: str, loop: asyncio.AbstractEventLoop, wake: WakeUps) -> Any:
     """A watchdog event handler that runs on the watchdog thread and only hands a wake-up to the loop."""
     from watchdog.events import FileClosedEvent, FileSystemEvent, FileSystemEventHandler
 
@@ -108,7 +108,7 @@ class ParentWatch:
     def __init__(self, path: pathlib.Path, loop: asyncio.AbstractEventLoop, wake: WakeUps) -> None:
         path = path.absolute()
         self._dir = path.parent
-        self._handler = _wake_handler(str(path), str(self._dir), loop, wake)
+        self._handler = wake_handler(str(path), str(self._dir), loop, wake)
         self._observer: BaseObserver | None = None
         self._watch: ObservedWatch | None = None
         self._dir_ident: tuple[int, int] | None = None

@@ -9,6 +9,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
@@ -57,13 +58,66 @@ def input_files(args: Sequence[str]) -> tuple[list[str], str | None]:
     if all(t is not None for t in starts.values()):
         return sorted(unique, key=lambda p: starts[p] or 0.0), "by the journal's time stamps, oldest first"
 
+    ordered, tied = by_modification_time(unique)
+    order = "by modification time, oldest first"
+    if tied:
+        order += (
+            f"; {len(tied)} with the same time (within {TIE_SECONDS:g} s: a copy or an archive that did not keep "
+            "the times) by the time stamp or number in their names, the file without one last, and their times "
+            "not used"
+        )
+    return ordered, order
+
+
+#: Modification times this close are the same time: zip and FAT keep times to 2 s, and files copied
+#: without their times (mail, unzip, `cp` without -p) get times within as much of each other.
+TIE_SECONDS = 2.0
+
+# A wrapper's copy (`llama-server.stderr.prev-20261203-071500`, `.prev-3`) and a numbered rotation
+# (logrotate's `.1`, `.2.gz`: the higher the older).
+_PREV = re.compile(r".+?\.prev[-_.]?(?P<stamp>.*?\d.*?)(?:\.gz)?")
+_NUMBERED = re.compile(r".+?\.(?P<n>\d+)(?:\.gz)?")
+
+
+def _name_order(path: str, names: set[str]) -> tuple[int, tuple[int, ...], str]:
+    """Oldest first, by name: numbered rotations (highest number first), then copies by the time stamp or
+    number in their names, then files with neither; the file whose name the others extend (the current
+    one) last."""
+    name = Path(path).name
+    if m := _PREV.fullmatch(name):
+        return 1, tuple(int(x) for x in re.findall(r"\d+", m.group("stamp"))), name
+    if m := _NUMBERED.fullmatch(name):
+        return 0, (-int(m.group("n")),), name
+    if any(other != name and other.startswith(name + ".") for other in names):
+        return 3, (), name
+    return 2, (), name
+
+
+def by_modification_time(paths: Sequence[str]) -> tuple[list[str], set[str]]:
+    """`paths` oldest first by modification time, and the files whose time ties another's (`TIE_SECONDS`):
+    those are ordered by their names (`_name_order`), and their times say nothing of when their runs ended."""
+
     def mtime(path: str) -> float:
         try:
             return Path(path).stat().st_mtime
         except OSError:
             return math.inf  # opening it fails with the reason, in its place at the end
 
-    return sorted(unique, key=mtime), "by modification time, oldest first"
+    times = {p: mtime(p) for p in paths}
+    names = {Path(p).name for p in paths}
+    ordered: list[str] = []
+    tied: set[str] = set()
+    group: list[str] = []
+    for path in [*sorted(paths, key=lambda p: times[p]), None]:
+        if group and (path is None or not times[path] - times[group[-1]] < TIE_SECONDS):
+            if len(group) > 1:
+                tied.update(group)
+                group.sort(key=lambda p: _name_order(p, names))
+            ordered.extend(group)
+            group = []
+        if path is not None:
+            group.append(path)
+    return ordered, tied
 
 
 def _first_time(path: str) -> float | None:
@@ -141,8 +195,10 @@ def diagnose_files(paths: Sequence[str], *, max_runs: int = 10, max_failures: in
         raise first_error or InputError("no input")
     d.long_lines = long_lines
     modified: dict[str, float] = {}
-    for file in d.files:
-        if file != "-":
+    files = [f for f in d.files if f != "-"]
+    _, tied = by_modification_time(files) if len(files) > 1 else ([], set())
+    for file in files:
+        if file not in tied:  # the same time as another file's: not when its runs ended
             with contextlib.suppress(OSError):
                 modified[file] = Path(file).stat().st_mtime
     return d.finish(modified)

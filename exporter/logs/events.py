@@ -508,6 +508,15 @@ class ChildExited:
 
 
 @event
+class CrashCause:
+    """A crash's cause in ggml's words (`CUDA error: out of memory`, ggml_abort's `file:line: message` before
+    abort(), see `rules`). `message`: the line, at most 300 characters, for `diagnose`; never a label."""
+
+    cause: str
+    message: str
+
+
+@event
 class Rejected:
     """A line that looked like a metric line but cannot be true: it is counted, never applied.
 
@@ -525,7 +534,7 @@ FATAL_REASONS: frozenset[str] = frozenset({"context_exceeded", "invalid_batch", 
 
 #: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
 #: could not be read, and the format of lines.
-GENERIC: frozenset[type] = frozenset({ServerReady, ServerExiting, ModelLoading, Rejected, LineFormat})
+GENERIC: frozenset[type] = frozenset({ServerReady, ServerExiting, ModelLoading, Rejected, LineFormat, CrashCause})
 
 Event: TypeAlias = (
     Rejected
@@ -581,4 +590,5 @@ Event: TypeAlias = (
     | ChildSpawned
     | ChildStopping
     | ChildExited
+    | CrashCause
 )

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from exporter.logs import events as ev
-from exporter.logs.rules import SLOT_RULES, TEXT_RULES
+from exporter.logs.rules import ABORT_RULE, SLOT_RULES, TEXT_RULES, abort_cause
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
@@ -131,6 +131,8 @@ _MESSAGE = (
     + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
     + _alternatives(SLOT_RULES, "s")
     + ")|"
+    + ABORT_RULE
+    + "(?P<abort>)|"
     + _atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) (?:[^:\n]|:(?! ))*: |) *-? *", "tag")
     + "(?:"
     + _atomic(r"\w+: +-? *", "function")
@@ -145,6 +147,7 @@ _SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
 }
 _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
 _TEXT_BUILDS = {f"t{i}": build for i, (_, _, build) in enumerate(TEXT_RULES)}
+_TEXT_BUILDS["abort"] = abort_cause
 
 
 # What building an event from a matched line can raise: int() of more digits than Python reads (4,300 by

@@ -55,6 +55,9 @@ def _timing(prompt: str | None, ms: str, tokens: str, continuation: bool = False
 
 
 _M = re.Match[str]
+# The crash cause of a buffer type's name (`CUDA0`, `Vulkan0`, `MTL0`) in ggml-backend's allocation failure.
+_OOM_CAUSE: dict[str, str] = {"CUDA": "cuda_out_of_memory", "ROCm": "cuda_out_of_memory", "MUSA": "cuda_out_of_memory"}
+_OOM_CAUSE.update(Metal="metal_out_of_memory", MTL="metal_out_of_memory", Vulkan="vulkan_out_of_memory")
 # (leading words, regex, build): a rule is tried on messages that start with one of its words.
 # Group names must be unique over all rules: they share one regex.
 # Slot rules: the regex matches the text after `| task N | `; build gets the slot id, the task id and the match.
@@ -362,4 +365,56 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         r"context checkpoints (?:enabled, max = (?P<checkpoints>\d+)|disabled)",
         lambda m: ev.CheckpointConfig(int(m["checkpoints"]) if m["checkpoints"] else 0),
     ),
+    # Out of device memory, in ggml's own words (b11434: ggml-cuda.cu, ggml-metal, ggml-vulkan, ggml-backend.cpp).
+    (
+        "CUDA ROCm MUSA",  # ggml_cuda_error: GGML_CUDA_NAME " error: %s\n", then GGML_ABORT
+        r"(?P<oom_cuda>(?:CUDA|ROCm|MUSA) error: out of memory)",
+        lambda m: ev.CrashCause("cuda_out_of_memory", m["oom_cuda"]),
+    ),
+    (
+        "allocating",  # "%s: allocating %.2f MiB on device %d: cudaMalloc failed: %s\n"
+        r"(?P<oom_cudamalloc>allocating [\d.]{1,20} MiB on device \d{1,4}: cudaMalloc failed: out of memory)",
+        lambda m: ev.CrashCause("cuda_out_of_memory", m["oom_cudamalloc"]),
+    ),
+    (
+        "failed",  # "%s: failed to allocate Metal buffer of %zu bytes (out of memory)\n"
+        r"(?P<oom_metal>failed to allocate Metal buffer of \d{1,20} bytes \(out of memory\))",
+        lambda m: ev.CrashCause("metal_out_of_memory", m["oom_metal"]),
+    ),
+    (
+        "error",  # ggml_metal_buffer_init: "%s: error: failed to allocate buffer, size = %8.2f MiB\n"
+        r"(?P<oom_metal_init>error: failed to allocate buffer, size = +[\d.]{1,20} MiB)",
+        lambda m: ev.CrashCause("metal_out_of_memory", m["oom_metal_init"]),
+    ),
+    (
+        "failed",  # ggml-backend.cpp: "%s: failed to allocate %s buffer of size %zu\n" (the buffer type's name)
+        r"(?P<oom_backend>failed to allocate (?P<oom_buft>CUDA|ROCm|MUSA|Metal|MTL|Vulkan)\w{0,8} buffer "
+        r"of size \d{1,20})",
+        lambda m: ev.CrashCause(_OOM_CAUSE[m["oom_buft"]], m["oom_backend"]),
+    ),
+    (
+        "Memory",  # ggml_vulkan: "Memory allocation of size " << size << " failed."
+        r"(?P<oom_vulkan>Memory allocation of size \d{1,20} failed\.)",
+        lambda m: ev.CrashCause("vulkan_out_of_memory", m["oom_vulkan"]),
+    ),
+    (
+        "terminate",  # the C++ runtime, for an exception nobody caught
+        r"(?P<oom_vk_throw>terminate called after throwing an instance of 'vk::OutOfDeviceMemoryError')",
+        lambda m: ev.CrashCause("vulkan_out_of_memory", m["oom_vk_throw"]),
+    ),
 ]
+
+
+# ggml_abort (ggml/src/ggml.c) writes "%s:%d: " __FILE__, __LINE__ and its message to stderr, without the
+# log's prefix, then abort(); GGML_ASSERT(x)'s message is "GGML_ASSERT(%s) failed". __FILE__ is the
+# absolute path the build compiled (`/home/…/ggml.c`, `D:\a\llama.cpp\…\ggml-cuda.cu`): a line that starts
+# with `/` or a drive letter is tried, every other line fails on its first character.
+ABORT_RULE = (
+    r"(?P<abort_line>(?=/|[A-Za-z]:\\)(?:[A-Za-z]:)?[^\s:]{1,300}\.(?:c|cc|cpp|cu|cuh|h|hpp|m|mm):\d{1,7}: "
+    r"(?P<abort_assert>GGML_ASSERT\()?[^\n]{1,2000})$"
+)
+
+
+def abort_cause(m: _M) -> ev.Event:
+    """The event of an ABORT_RULE match."""
+    return ev.CrashCause("ggml_assert" if m["abort_assert"] else "ggml_abort", m["abort_line"][-300:])

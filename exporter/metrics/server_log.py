@@ -13,6 +13,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporter.metrics.families import counter, labelled_counter
+from exporter.model.run import CRASH_CAUSES
 from exporter.model.state import ServerState
 
 CASCADE_OUTCOMES = ("recovered", "failed")
@@ -138,6 +139,7 @@ class ServerLogCollector(Collector):
 
     def _counters(self, st: ServerState) -> Iterator[Metric]:
         yield server_starts_family(st)
+        yield server_crashes_family(st)
         yield counter(
             "llamacpp_kv_retries",
             "'retrying with smaller batch size' lines: the KV pool had no room.",
@@ -178,6 +180,19 @@ class ServerLogCollector(Collector):
             "llamacpp_slots_purged", "Idle slots purged to make room in the unified KV pool.", st.slots_purged
         )
         yield rejected_lines_family(st)
+
+
+def server_crashes_family(st: ServerState) -> CounterMetricFamily:
+    """`llamacpp_server_crashes_total{cause}` of a server: runs that ended without their exit line."""
+    return labelled_counter(
+        "llamacpp_server_crashes",
+        "llama-server runs that ended without their exit line (crashed, killed or failed to start), counted "
+        "at the next start, by the cause the run's log named: cuda/metal/vulkan_out_of_memory, ggml_assert, "
+        "ggml_abort (its message before abort()), unknown (none: killed, or a crash that wrote nothing).",
+        "cause",
+        st.server_crashes,
+        CRASH_CAUSES,
+    )
 
 
 def server_starts_family(st: ServerState) -> CounterMetricFamily:

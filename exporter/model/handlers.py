@@ -15,7 +15,7 @@ from exporter.logs import events as ev
 from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.model.provenance import CHECKED, NotOwnLine
 from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
-from exporter.model.run import ServerRun
+from exporter.model.run import CRASH_CAUSES, ServerRun
 from exporter.model.slot import Checkpoint, SlotState
 
 if TYPE_CHECKING:  # (annotations only: state imports this module's table)
@@ -254,6 +254,17 @@ def _on_server_exiting(st: ServerState, e: ev.ServerExiting) -> None:
     run.exiting = True
 
 
+#: When a crash's lines name several causes, the most specific counts: running out of device memory
+#: ends in ggml_abort too (`CUDA error: out of memory`, then `ggml-cuda.cu:N: CUDA error`).
+_CAUSE_RANK = {cause: rank for rank, cause in enumerate(reversed(CRASH_CAUSES))}
+
+
+def _on_crash_cause(st: ServerState, e: ev.CrashCause) -> None:
+    run = st.run
+    if run.crash_cause is None or _CAUSE_RANK[e.cause] > _CAUSE_RANK[run.crash_cause.cause]:
+        run.crash_cause = e
+
+
 def _on_model_load_failed(st: ServerState, e: ev.ModelLoadFailed) -> None:
     run = st.run
     run.model = e.model
@@ -488,6 +499,7 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.KVCacheSize: _on_kv_cache_size,
     ev.PerSlotCap: _on_per_slot_cap,
     ev.IdleSlotPolicy: _on_idle_slot_policy,
+    ev.CrashCause: _on_crash_cause,
 }
 
 

@@ -120,6 +120,10 @@ class Provenance:
 
     def check(self, run: ServerRun, kind: type[Any], e: Any) -> str | None:
         """Why `e` (of type `kind`) is not the running server's own line; None when it fits. No side effects."""
+        if kind is ev.CrashCause:
+            # ggml_abort writes to stderr without the log's prefix. A forged cause cannot count a crash
+            # (only a run that ends without its exit line does); at worst it names the wrong cause.
+            return None
         if kind in _TIMINGS and e.continuation:
             return None if self.timings > 0 else "inconsistent"
         if (
@@ -145,6 +149,8 @@ class Provenance:
 
     def admit(self, run: ServerRun, kind: type[Any], e: Any) -> str | None:
         """`check`, and take note of what an admitted line tells about the lines after it."""
+        if kind is ev.CrashCause:  # its format (none, from ggml_abort) is not the run's: leave that as it is
+            return None
         if self.line_format == self.run_format:  # the common case, in one call
             fits = _FITS.get(kind)
             if fits is not None:  # the bulk of a cascade: its retries

@@ -12,6 +12,16 @@ from dataclasses import dataclass, field
 from exporter.logs import events as ev
 from exporter.model.slot import Checkpoint, SlotState
 
+#: Why a server crashed, where its log named it (`ev.CrashCause.cause`); `unknown`: it named nothing.
+CRASH_CAUSES = (
+    "cuda_out_of_memory",
+    "metal_out_of_memory",
+    "vulkan_out_of_memory",
+    "ggml_assert",
+    "ggml_abort",
+    "unknown",
+)
+
 
 @dataclass
 class ServerRun:
@@ -24,6 +34,7 @@ class ServerRun:
     ready: bool = False
     exiting: bool = False  # the server said it is shutting down (`cleaning up before exit`)
     start_error: str | None = None  # why the start failed, where the log says
+    crash_cause: ev.CrashCause | None = None  # what the log named as the cause of a crash (see handlers)
     # What the server projected at start (`common_params_fit_impl: projected to use …`, -lv 4), if logged.
     memory_projection: ev.MemoryProjection | None = None
     n_slots: int | None = None

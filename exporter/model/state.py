@@ -44,6 +44,7 @@ class ServerState:
     provenance: Provenance = field(default_factory=Provenance)  # which lines are the server's own
     last_unexpected: str | None = None  # the last error of an `unexpected` rejection (for the exporter's log)
     server_starts: int = 0
+    server_crashes: Counter[str] = field(default_factory=Counter)  # runs ended without their exit line, by cause
     kv_retries: int = 0
     memory_slot_failures: int = 0
     cascades: Counter[str] = field(default_factory=Counter)
@@ -139,6 +140,7 @@ class ServerState:
             return
         if self.counting:
             self._count_log_start()
+            self._count_crash()
         self.run = ServerRun(in_startup=True, banners_seen={banner} if banner is not None else set())
         self.provenance.start()
 
@@ -217,6 +219,7 @@ class ServerState:
         if self.counting:
             self.server_starts += 1
             self._unmatched_process_starts += 1
+            self._count_crash()
         # The new process has empty slots; its banner (when it comes) resets again and matches this start.
         counting, self.counting = self.counting, False
         self.run.in_startup = False
@@ -226,6 +229,14 @@ class ServerState:
         finally:
             self.counting = counting
             self.run.in_startup = False
+
+    def _count_crash(self) -> None:
+        """A new server replaces the running one: if that one had started and never said it exits, it
+        crashed (or was killed, or failed to start), by the cause its log named last (`unknown`: none)."""
+        run = self.run
+        if run.exiting or not (run.banners_seen or run.ready or run.n_slots is not None):
+            return
+        self.server_crashes[run.crash_cause.cause if run.crash_cause is not None else "unknown"] += 1
 
     def _count_log_start(self) -> None:
         """A start banner in the log: count it unless a new process already counted this start."""

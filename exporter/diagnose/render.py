@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.diagnose.report import (
+    CAUSES,
     ENDINGS,
     Configuration,
     Counts,
@@ -374,6 +375,8 @@ def _run_timeline(runs: Sequence[RunSummary]) -> list[str]:
 def _ending_lines(e: Ending) -> list[str]:
     """How the run ended, and what was in flight when its log stopped."""
     lines = [f"Ended: {ENDINGS[e.how][1]}" + (f": {e.reason}" if e.reason else "")]
+    if e.cause is not None:
+        lines.append(f"Cause: {CAUSES[e.cause]}, in the log's words: {e.cause_message}")
     if e.in_flight:
         pool = f" of {e.pool_capacity_tokens:,}" if e.pool_capacity_tokens else ""
         fill = f" ({_pct(e.pool_used_tokens / e.pool_capacity_tokens)})" if e.pool_capacity_tokens else ""

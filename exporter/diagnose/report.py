@@ -89,6 +89,16 @@ ENDINGS = {
 }
 
 
+#: A crash's cause, as its last lines named it (see `exporter.logs.rules`): in words.
+CAUSES = {
+    "cuda_out_of_memory": "out of GPU memory (CUDA)",
+    "metal_out_of_memory": "out of GPU memory (Metal)",
+    "vulkan_out_of_memory": "out of GPU memory (Vulkan)",
+    "ggml_assert": "an assertion in ggml failed (GGML_ASSERT)",
+    "ggml_abort": "ggml aborted (ggml_abort)",
+}
+
+
 @dataclass
 class MemoryFigures:
     """What llama-server projected at start (`common_params_fit_impl: projected to use …`, logged at
@@ -114,6 +124,8 @@ class Ending:
     pool_used_tokens: int
     pool_capacity_tokens: int | None
     memory: MemoryFigures | None = None  # the last memory figures the log gave
+    cause: str | None = None  # the crash's cause as the log named it (a key of CAUSES), if it did
+    cause_message: str | None = None  # the line that named it (at most 300 characters)
 
 
 #: Endings of a run that stopped without its exit line while it was processing a request.

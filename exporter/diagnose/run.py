@@ -479,7 +479,9 @@ class Run:
             how = "log_ends_mid_request" if in_flight else "log_ends_idle"
         m = st.run.memory_projection
         memory = MemoryFigures(m.kind, m.used_mib, m.available_mib) if m is not None else None
-        return Ending(how, st.run.start_error, in_flight, st.run.pool_used(), pool, memory)
+        crash = st.run.crash_cause
+        cause, message = (crash.cause, crash.message) if crash is not None else (None, None)
+        return Ending(how, st.run.start_error, in_flight, st.run.pool_used(), pool, memory, cause, message)
 
     def _configuration(self, pool: int | None, source: str, overcommit: float | None) -> Configuration:
         st = self.state

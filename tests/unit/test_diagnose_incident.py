@@ -308,7 +308,16 @@ def test_json_schema_is_stable() -> None:
         "ending",
         "model",
     ]
-    assert list(run["ending"]) == ["how", "reason", "in_flight", "pool_used_tokens", "pool_capacity_tokens", "memory"]
+    assert list(run["ending"]) == [
+        "how",
+        "reason",
+        "in_flight",
+        "pool_used_tokens",
+        "pool_capacity_tokens",
+        "memory",
+        "cause",
+        "cause_message",
+    ]
     assert list(data["history"][0]) == [
         "index",
         "file",

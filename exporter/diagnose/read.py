@@ -10,6 +10,7 @@ import gzip
 import io
 import stat
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,11 +77,14 @@ def as_utf8(f: IO[bytes]) -> IO[bytes]:
         return f
     head = b""
     encoding = None
-    for _ in range(4):  # peek may give fewer bytes than asked (a pipe): at most 4 are needed
-        head = bytes(peek(4)[:4])
-        encoding = sniff(head)
-        if encoding is not None or len(head) >= 4:
-            break
+    try:
+        for _ in range(4):  # peek may give fewer bytes than asked (a pipe): at most 4 are needed
+            head = bytes(peek(4)[:4])
+            encoding = sniff(head)
+            if encoding is not None or len(head) >= 4:
+                break
+    except (OSError, EOFError, zlib.error):
+        return f  # a corrupt gzip: reading it says so, where the reader reports read errors
     if encoding is None:
         return f  # a file of fewer than four bytes
     if encoding.is_utf8:

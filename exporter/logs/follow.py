@@ -174,17 +174,25 @@ class _Probe:
         self._tailer, self._idle = tailer, idle
 
     async def wait(self, waker: Waker, timeout: float) -> None:
+        """`waker.wait(timeout)`, ended early (the waker set) by what a probe sees. A probe is one timer
+        callback, not a wake-up of follow(): an idle follower costs a few microseconds per probe."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
         last = -1
-        while (left := end - loop.time()) > 0:
-            await waker.wait(min(left, PROBE_INTERVAL))
-            if waker.is_set():
-                return
+
+        def probe() -> None:
+            nonlocal last, handle
             pending = self._tailer.probe()
             if pending and (self._idle or pending == last):
+                waker.set()
                 return
             last = pending
+            handle = loop.call_later(PROBE_INTERVAL, probe)
+
+        handle = loop.call_later(PROBE_INTERVAL, probe)
+        try:
+            await waker.wait(timeout)
+        finally:
+            handle.cancel()
 
 
 async def follow(

@@ -178,6 +178,7 @@ class _Probe:
         callback, not a wake-up of follow(): an idle follower costs a few microseconds per probe."""
         loop = asyncio.get_running_loop()
         last = -1
+        handle: asyncio.TimerHandle | None = None
 
         def probe() -> None:
             nonlocal last, handle
@@ -192,7 +193,8 @@ class _Probe:
         try:
             await waker.wait(timeout)
         finally:
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
 
 
 async def follow(

@@ -23,6 +23,7 @@ from paths import FIXTURES
 from watchdog.observers.polling import PollingObserver
 
 from exporter.logs import watch as watch_mod
+from exporter.logs.follow import follow
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
@@ -169,3 +170,28 @@ def test_a_truncation_counts_what_a_probe_saw_and_no_read_took(tmp_path: Path) -
     tailer.poll(max_bytes=1 << 30)
     assert tailer.stats.truncations == 1
     assert tailer.stats.lost_bytes == len(b"".join(first[100:150]))
+
+
+async def test_without_close_events_a_writer_that_stops_is_read_before_the_batch_wait_ends(tmp_path: Path) -> None:
+    """Polling with 30 s waits: a busy writer's last lines are read once it stops (two probes see no
+    growth), and a line after a quiet spell is read at once (a probe sees it), not after 30 s."""
+    from follow_watch import Seen, wait_until
+    from seq_log import append, lines_bytes, seqs
+
+    log = tmp_path / "llama-server.stderr"
+    append(log, 0, 1)
+    tailer, seen, stop = LogTailer(log), Seen(), asyncio.Event()
+    task = asyncio.create_task(follow(tailer, seen, poll_interval=30, batch_interval=30, use_watchdog=False, stop=stop))
+    await wait_until(lambda: seen.has(0), "seq 0")
+    with log.open("ab") as f:  # busy: a line every millisecond or so, then the writer stops
+        for i in range(1, 400):
+            f.write(lines_bytes(i, i + 1))
+            f.flush()
+            await asyncio.sleep(0.001)
+    await wait_until(lambda: seen.has(399), "the last line, after the writer stopped", timeout=10)
+    await asyncio.sleep(0.3)  # quiet
+    append(log, 400, 401)
+    await wait_until(lambda: seen.has(400), "a line after a quiet spell", timeout=10)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert seqs(seen.lines) == list(range(401))

@@ -38,9 +38,11 @@ Truncation (same inode, ``st_size < offset``)
     This is *normal* for llama-server: it opens ``--log-file`` with ``fopen(path, "w")`` (O_TRUNC)
     on every start. We emit the pending partial line, seek to 0 and count ``stats.truncations``.
     If some earlier ``fstat`` (a previous poll, or ``has_pending``) showed the file larger than our
-    offset, the difference is bytes we provably never read: added to ``stats.lost_bytes``. What a
-    restarted server's predecessor wrote after our last read and no ``fstat`` showed is gone
-    without a trace (``follow`` reads as the old server closes the file, which closes that window).
+    offset, the difference is bytes we provably never read: added to ``stats.lost_bytes`` (``probe``
+    takes such sizes between reads, checking the fingerprints first, so that a new content's size is
+    never taken for the old one's). What a restarted server's predecessor wrote after our last read
+    and no ``fstat`` showed is gone without a trace (``follow`` reads as the old server closes the
+    file where closes are seen, and elsewhere probes the size every 50 ms, which narrows that window).
 
 In-place rewrite (same inode, already grown past our offset)
     If the server restarted and wrote more than we had read before we polled again, the size check

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.procfs import ProcSnapshot
+from exporter.sources.process import ProcSnapshot
 
 
 class ProcCollector(Collector):

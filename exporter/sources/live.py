@@ -33,7 +33,7 @@ from exporter.model.bounds import MIB
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
 from exporter.sources.nvml import NvmlReader, NvmlSnapshot
-from exporter.sources.procfs import ProcReader, ProcSnapshot
+from exporter.sources.process import ProcessFinder, ProcSnapshot
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class LiveSources:
         state: ServerState,
         *,
         nvml: NvmlReader | None = None,
-        proc: ProcReader | None = None,
+        proc: ProcessFinder | None = None,
         http: ServerHttpReader | None = None,
         timeout: float = 2.0,
         http_gate: Callable[[], tuple[str, bool] | None] | None = None,

@@ -89,7 +89,7 @@ def server(work: Path) -> Iterator[tuple[int, Path, str]]:
 def measure(readers: dict[str, ProcessFinder], rounds: int) -> dict[str, tuple[list[float], list[float]]]:
     """Wall and CPU milliseconds of each read, the readers alternating read by read."""
     out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in readers}
-    for name, reader in readers.items():
+    for reader in readers.values():
         reader.read()  # the first read finds the process; later ones are what a scrape costs
     for _ in range(rounds):
         for name, reader in readers.items():

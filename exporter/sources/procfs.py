@@ -212,6 +212,8 @@ class ProcReader(ProcessFinder):
         fd_dir = self.root / str(c.pid) / "fd"
         try:
             fds = list(fd_dir.iterdir())
+        except FileNotFoundError:
+            return False  # it exited since it was listed: it writes nothing
         except OSError:
             return None  # another user's process, and the exporter is not root
         for fd in fds:

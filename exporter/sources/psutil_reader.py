@@ -168,8 +168,10 @@ class PsutilReader(ProcessFinder):
             return None  # the target is our standard input's pipe: psutil lists regular files only
         try:
             files = psutil.Process(c.pid).open_files()
+        except _GONE:
+            return False  # it exited since it was listed: it writes nothing
         except _ERRORS:
-            return None  # another user's process, or gone meanwhile
+            return None  # another user's process
         for f in files:
             if file_id(f.path) != target:
                 continue

@@ -106,3 +106,26 @@ def test_process_source_flag_variable_and_auto(tmp_path: Path, capsys: pytest.Ca
     assert resolve_process_source("procfs", tmp_path) == "procfs"
     assert isinstance(open_process_reader("auto", tmp_path), PsutilReader)
     assert isinstance(open_process_reader("auto", "/proc", pid=1), ProcReader)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "taken"), [(psutil.NoSuchProcess, False), (psutil.AccessDenied, True)], ids=["exited", "denied"]
+)
+def test_a_server_whose_open_files_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: type[psutil.Error], taken: bool
+) -> None:
+    """A llama-server that exits between the listing and the look at its open files writes nothing (it is
+    not guessed by name); one whose files this user may not see is the only one that could be ours: taken
+    by name, and said."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    monkeypatch.setattr(psutil.Process, "name", lambda self: "llama-server")
+
+    def refuse(self: psutil.Process) -> list[object]:
+        raise refusal(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "open_files", refuse)
+    snap = PsutilReader(log_file=str(log), self_pid=-1, processes=_me).read()
+    assert (snap.process is not None) == taken
+    if snap.process is not None:
+        assert snap.process.found_by == "name"

@@ -426,7 +426,8 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--proc",
-        "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc.",
+        "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc (psutil on "
+        "Windows and macOS: --process-source).",
         type=bool_value,
         fallback="on",
         metavar="on|off",

@@ -12,8 +12,10 @@ can and cannot see, by system:
   listed file has no mode. There a llama-server holding our log open is taken as writing it (it opens
   its log only to write), while an unnamed process holding it (an editor, `Get-Content -Wait`) cannot be
   told from a writer and is never taken. Pipes are not listed anywhere: with `--log-file -` the writer
-  of our standard input cannot be seen, so the only llama-server is taken by name (said once, and
-  `found_by` says "name").
+  of our standard input is taken to be the llama-server in our pipeline, the one started by the same
+  parent (the shell running `llama-server … | llamacpp-exporter --log-file -`) or by the exporter itself,
+  when there is exactly one; else the only llama-server is taken by name (said once, and `found_by`
+  says "name").
 - The journal unit's cgroup: Linux only; use the /proc reader there.
 
 Host memory is `psutil.virtual_memory()`: `available` is MemAvailable on Linux, the available physical
@@ -22,6 +24,7 @@ memory (`ullAvailPhys`) on Windows, free plus inactive pages on macOS.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -42,6 +45,13 @@ def _ticks(p: psutil.Process) -> int:
     return round(float(p.create_time()) * 1000)
 
 
+def _parent(p: psutil.Process) -> int | None:
+    try:
+        return int(p.ppid())
+    except _ERRORS:
+        return None
+
+
 def _running(p: psutil.Process) -> bool:
     return bool(p.status() != psutil.STATUS_ZOMBIE)
 
@@ -59,6 +69,7 @@ class PsutilReader(ProcessFinder):
     ) -> None:
         super().__init__(**finder)
         self._processes = processes or psutil.process_iter
+        self._pipeline: set[int] = set()  # named processes in our pipeline (our parent's children, or ours)
         # Whether psutil's open files carry their mode here (Linux); elsewhere a reader looks like a writer.
         self._modes = psutil.LINUX
 
@@ -119,6 +130,8 @@ class PsutilReader(ProcessFinder):
             return None
 
     def candidates(self, log_real: str | None, log_stat: tuple[int, int] | None) -> Iterator[Candidate]:
+        family = self._family() if self.log_file is None else set()
+        self._pipeline = set()
         for p in self._processes():
             if p.pid == self.self_pid:
                 continue
@@ -134,11 +147,22 @@ class PsutilReader(ProcessFinder):
             except _ERRORS:
                 continue  # gone meanwhile, or a system process this user may not look at
             named = is_server(name, argv)
+            if named and self.log_file is None and _parent(p) in family:
+                self._pipeline.add(p.pid)
             if named and not argv:
                 yield Candidate(p.pid, ticks, True, None)  # whether it names our log cannot be told
                 continue
             names_log = self.names_log(p.pid, argv, self._environ(p)[0], log_real, log_stat) if named else None
             yield Candidate(p.pid, ticks, named, names_log)
+
+    def _family(self) -> set[int]:
+        """The exporter and its parent (not init): whoever started a server writing into our standard input."""
+        family = {self.self_pid}
+        with contextlib.suppress(*_ERRORS, ValueError):  # ValueError: no such pid (a test's self_pid)
+            parent = psutil.Process(self.self_pid).ppid()
+            if parent > 1:
+                family.add(parent)
+        return family
 
     def children(self, parent: int) -> Iterator[tuple[int, list[str]]]:
         try:
@@ -164,8 +188,8 @@ class PsutilReader(ProcessFinder):
     def writes(self, c: Candidate, target: tuple[int, int]) -> bool | None:
         if not c.named and not self._modes:
             return None  # without the open mode a reader cannot be told from a writer: never taken
-        if self.log_file is None:
-            return None  # the target is our standard input's pipe: psutil lists regular files only
+        if self.log_file is None:  # our standard input's pipe, which psutil does not list: our pipeline's server
+            return True if self._pipeline == {c.pid} else None
         try:
             files = psutil.Process(c.pid).open_files()
         except _GONE:

@@ -140,8 +140,8 @@ def test_real_proc_server_naming_or_writing_the_log(tmp_path: Path, reader: Read
 
 
 def test_real_proc_server_writing_into_our_stdin_pipe(tmp_path: Path, reader: Readers) -> None:
-    """/proc sees which process writes into our pipe; psutil lists no pipes, so there the only llama-server
-    among these processes is taken by name (and says so), and `tee` never."""
+    """/proc sees which process writes into our pipe; psutil lists no pipes, so there the llama-server
+    started by the exporter (or its parent) is taken; `tee` never."""
     read_end, write_end = os.pipe()
     try:
         server = _spawn("llama-server", "import time; time.sleep(60)", [], stdout=write_end)
@@ -155,8 +155,7 @@ def test_real_proc_server_writing_into_our_stdin_pipe(tmp_path: Path, reader: Re
                 for p in (server, tee):
                     (root / str(p.pid)).mkdir()
             snap = reader(root, stdin_fd=read_end).read()
-            found_by = "log_file" if reader.source == "procfs" else "name"
-            assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, found_by)
+            assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, "log_file")
         finally:
             for p in (server, tee):
                 p.kill()

@@ -37,7 +37,8 @@ def test_metrics_from_psutil_equal_those_from_proc_on_a_real_llama_server(
     with LlamaServer(
         llama_server_bin, tiny_llama_model, args, log_file=tmp_path / "ls.log", env={"LLAMA_ARG_N_PARALLEL": "2"}
     ) as srv:
-        common = ["--server-url", srv.url, "--nvml", "off"]
+        # No HTTP source: its requests make llama-server allocate while the other exporter reads its RSS.
+        common = ["--server-url", srv.url, "--nvml", "off", "--http", "off"]
         with (
             ExporterProcess(srv.log_file, [*common, "--process-source", "procfs"]) as by_proc,
             ExporterProcess(srv.log_file, [*common, "--process-source", "psutil"]) as by_psutil,
@@ -234,3 +235,36 @@ def test_router_children_are_found_by_their_port(procs: list[subprocess.Popen[by
     finally:
         for k in psutil.Process(router.pid).children():
             k.kill()
+
+
+def test_the_server_in_our_pipeline_writes_our_standard_input(procs: list[subprocess.Popen[bytes]]) -> None:
+    """psutil lists no pipes: with `--log-file -` the llama-server started by the exporter's parent (the
+    shell of `llama-server … | llamacpp-exporter --log-file -`) is the writer, when there is exactly one."""
+    read_end, write_end = os.pipe()
+    try:
+        exporter = _spawn("llamacpp-exporter", [])  # stands for the exporter: a sibling of the servers below
+        server = _spawn("llama-server", [], stdout=write_end)
+        outsider = subprocess.Popen(["bash", "-c", f'exec -a llama-server "$0" -c "{SLEEPER}" & wait', sys.executable])
+        procs += [exporter, server, outsider]
+        for p, name in ((exporter, "llamacpp-exporter"), (server, "llama-server")):
+            _exec_done(p, name)
+        wait_for(lambda: psutil.Process(outsider.pid).children(), timeout=10, what="a llama-server not ours")
+        (other,) = psutil.Process(outsider.pid).children()
+        wait_for(lambda: other.cmdline()[:1] == ["llama-server"], timeout=10, what="llama-server exec'd")
+        among = _only(server, outsider)
+
+        def listed() -> list[psutil.Process]:
+            return [*among(), other]
+
+        snap = PsutilReader(stdin_fd=read_end, self_pid=exporter.pid, processes=listed).read()
+        assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, "log_file")
+        second = _spawn("llama-server", [])  # two servers in the pipeline: neither is known to be the writer
+        procs.append(second)
+        _exec_done(second, "llama-server")
+        snap = PsutilReader(
+            stdin_fd=read_end, self_pid=exporter.pid, processes=lambda: [*listed(), psutil.Process(second.pid)]
+        ).read()
+        assert snap.process is None and snap.error is not None and "none is known to write standard input" in snap.error
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -1,4 +1,5 @@
-"""llama-server's memory and start time and the host's memory, from the last /proc read (`exporter.sources.procfs`)."""
+"""llama-server's memory and start time and the host's memory, from the last process read (/proc or psutil:
+`exporter.sources.process`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from exporter.sources.process import ProcSnapshot
 
 
 class ProcCollector(Collector):
-    """llama-server's resident memory and start time, and the host's available memory, from the last /proc read.
+    """llama-server's resident memory and start time, and the host's available memory, from the last process read.
 
     # HELP llamacpp_process_resident_memory_bytes Resident memory (RSS) of the llama-server process.
     # TYPE llamacpp_process_resident_memory_bytes gauge
     llamacpp_process_resident_memory_bytes 2.147483648e+09
-    # HELP llamacpp_host_memory_available_bytes MemAvailable of the host (/proc/meminfo).
+    # HELP llamacpp_host_memory_available_bytes MemAvailable of the host (/proc/meminfo; available … macOS): …
     # TYPE llamacpp_host_memory_available_bytes gauge
     llamacpp_host_memory_available_bytes 2.3923986432e+10
     """
@@ -55,10 +56,11 @@ class ProcCollector(Collector):
         if h is not None and h.available_bytes is not None:
             yield GaugeMetricFamily(
                 "llamacpp_host_memory_available_bytes",
-                "MemAvailable of the host (/proc/meminfo): memory that can be used without swapping.",
+                "MemAvailable of the host (/proc/meminfo; available physical memory on Windows and macOS): memory "
+                "that can be used without swapping.",
                 value=h.available_bytes,
             )
         if h is not None and h.total_bytes is not None:
             yield GaugeMetricFamily(
-                "llamacpp_host_memory_total_bytes", "MemTotal of the host (/proc/meminfo).", value=h.total_bytes
+                "llamacpp_host_memory_total_bytes", "Physical memory of the host (MemTotal).", value=h.total_bytes
             )

@@ -19,14 +19,30 @@ from exporter.sources.process_readers import open_process_reader, resolve_proces
 from exporter.sources.procfs import ProcReader
 from exporter.sources.psutil_reader import PsutilReader
 
+# What only Linux has: open files with their mode, and /proc to compare with.
+linux_only = pytest.mark.skipif(not psutil.LINUX, reason="psutil gives open modes and there is /proc on Linux only")
+
 
 def _me() -> list[psutil.Process]:
     return [psutil.Process()]
 
 
+def test_without_open_modes_a_process_not_named_llama_server_is_never_taken(tmp_path: Path) -> None:
+    """Windows and macOS: psutil lists open files without their mode, so this process (not named
+    llama-server) holding the log open for writing cannot be told from a reader: not taken."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    with log.open("ab"):
+        reader = PsutilReader(log_file=str(log), self_pid=-1, processes=_me)
+        reader._modes = False  # open files as psutil lists them on Windows and macOS
+        snap = reader.read()
+        assert snap.process is None and snap.error is not None and "no llama-server process writing" in snap.error
+
+
+@linux_only
 def test_a_process_writing_the_log_is_found_by_its_open_mode(tmp_path: Path) -> None:
     """This process (not named llama-server, like a renamed binary) writes the log: found on Linux, where
-    psutil gives the open mode; with the log only open for reading, or without modes (Windows, macOS), not."""
+    psutil gives the open mode; with the log only open for reading, not."""
     log = tmp_path / "llama-server.log"
     log.write_text("")
     with log.open("rb"):
@@ -34,10 +50,6 @@ def test_a_process_writing_the_log_is_found_by_its_open_mode(tmp_path: Path) -> 
     with log.open("ab"):
         snap = PsutilReader(log_file=str(log), self_pid=-1, processes=_me).read()
         assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (os.getpid(), "log_file")
-        reader = PsutilReader(log_file=str(log), self_pid=-1, processes=_me)
-        reader._modes = False  # open files as psutil lists them on Windows and macOS
-        snap = reader.read()
-        assert snap.process is None and snap.error is not None and "no llama-server process writing" in snap.error
     # The exporter itself never matches.
     with log.open("ab"):
         assert PsutilReader(log_file=str(log), processes=_me).read().process is None
@@ -81,6 +93,7 @@ def test_the_journal_unit_needs_proc() -> None:
     assert snap.process is None and snap.error is not None and "--process-source procfs" in snap.error
 
 
+@linux_only
 def test_host_memory_and_this_process_as_the_proc_reader_reads_them() -> None:
     a, b = PsutilReader(pid=os.getpid()).read(), ProcReader(pid=os.getpid()).read()
     assert a.ok and b.ok and a.process is not None and b.process is not None and a.host and b.host
@@ -101,11 +114,18 @@ def test_process_source_flag_variable_and_auto(tmp_path: Path, capsys: pytest.Ca
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert "--process-source" in err and "'wmi'" in err and len(err.strip().splitlines()) == 1
-    assert resolve_process_source("auto", "/proc") == "procfs"
     assert resolve_process_source("auto", tmp_path) == "psutil"  # no <root>/self/stat: as on Windows and macOS
     assert resolve_process_source("procfs", tmp_path) == "procfs"
     assert isinstance(open_process_reader("auto", tmp_path), PsutilReader)
+
+
+@linux_only
+def test_auto_is_procfs_where_proc_is_readable(tmp_path: Path) -> None:
+    assert resolve_process_source("auto", "/proc") == "procfs"
     assert isinstance(open_process_reader("auto", "/proc", pid=1), ProcReader)
+    (tmp_path / "self").mkdir()
+    (tmp_path / "self" / "stat").write_text("1 (x) S 0")
+    assert resolve_process_source("auto", tmp_path) == "procfs"
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ router children, the real llama-server) are in tests/real_server/test_sources_ps
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import psutil
 import pytest
 
 from exporter.config import parse_config
+from exporter.model.state import ServerState
+from exporter.sources.live import LiveSources
 from exporter.sources.process_readers import open_process_reader, resolve_process_source
 from exporter.sources.procfs import ProcReader
 from exporter.sources.psutil_reader import PsutilReader
@@ -149,3 +152,20 @@ def test_a_server_whose_open_files_cannot_be_read(
     assert (snap.process is not None) == taken
     if snap.process is not None:
         assert snap.process.found_by == "name"
+
+
+async def test_an_unreadable_environment_is_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(self: psutil.Process) -> dict[str, str]:
+        raise psutil.AccessDenied(self.pid, "llama-server")
+
+    monkeypatch.setattr(psutil.Process, "environ", refuse)
+    live = LiveSources(ServerState(), proc=PsutilReader(pid=os.getpid()))
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.live"):
+        for _ in range(3):
+            await live.refresh()
+    said = [r.getMessage() for r in caplog.records if "environment is not readable" in r.getMessage()]
+    assert len(said) == 1 and f"pid {os.getpid()}" in said[0]
+    assert live.statuses["proc"].up  # the rest was read
+    await live.close()

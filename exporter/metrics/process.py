@@ -34,8 +34,9 @@ class ProcCollector(Collector):
         if p is not None:
             found = GaugeMetricFamily(
                 "llamacpp_process_found_by",
-                "1 for how the llama-server process was found: pid, pid_file, log_file (it names or writes the "
-                "log), unit (it runs in the journal unit's cgroup), or name (a guess: the only llama-server whose "
+                "1 for how the llama-server process was found: pid, pid_file, log_file (it, or the wrapper that "
+                "started it, names or writes the log), router (a router's child), unit (it runs in the journal "
+                "unit's cgroup), or name (a guess: the only llama-server whose "
                 "log cannot be told).",
                 labels=["how"],
             )

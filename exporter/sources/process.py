@@ -8,7 +8,8 @@ llama-server's is decided once, here, by `ProcessFinder`:
 1. `--pid N`, or `--pid-file PATH` (read at every scrape, so a restarted server is followed);
 2. automatically: a process named `llama-server` that names the log file (`--log-file`,
    `LLAMA_ARG_LOG_FILE`) or holds it open for writing (compared by device and inode); then any process
-   writing the log file (a renamed binary). With standard input (`llama-server … | llamacpp-exporter
+   writing the log file (a renamed binary); then a `llama-server` whose parent writes it (a wrapper that
+   keeps its output, like PowerShell's `2>`). With standard input (`llama-server … | llamacpp-exporter
    --log-file -`) the `llama-server` writing into that pipe. Last, by name: the only `llama-server`
    whose relation to the log cannot be told (its descriptors are unreadable to a non-root exporter, or
    it was given no log at all); one known to write another log is never taken. While our log file does
@@ -184,6 +185,14 @@ class ProcessFinder(ABC):
         """Whether the process holds `target` (device, inode) open for writing; None if that cannot be told."""
 
     @abstractmethod
+    def parent(self, pid: int) -> int | None:
+        """The process's parent pid, None when unreadable."""
+
+    @abstractmethod
+    def wrapper_writes(self, pid: int, target: tuple[int, int]) -> bool:
+        """Whether a wrapper process holds `target` open for writing (where the open mode is not known: at all)."""
+
+    @abstractmethod
     def children(self, parent: int) -> Iterator[tuple[int, list[str]]]:
         """(pid, command line) of each child process of `parent`."""
 
@@ -273,16 +282,7 @@ class ProcessFinder(ABC):
         match = next((c for c in newest_first if c.named and c.names_log), None)
         unknown: list[Candidate] = []  # named, but whether they write our log cannot be told
         if match is None and log_stat is not None:
-            ordered = [c for c in newest_first if c.named]
-            if self.stdin_fd is None:  # a renamed binary may write a log file; into a pipe, tee and cat do
-                ordered += [c for c in newest_first if not c.named]
-            for c in ordered:
-                writes = self.writes(c, log_stat)
-                if writes:
-                    match = c
-                    break
-                if writes is None and c.named and c.names_log is None:
-                    unknown.append(c)
+            match, unknown = self._writer(newest_first, log_stat)
         elif log_stat is None and self.log_file is None and self.stdin_fd is None:
             # No log to compare with (a reader given neither a log file nor a unit): the only llama-server
             # is the best guess there is.
@@ -309,6 +309,34 @@ class ProcessFinder(ABC):
         missing = " (it does not exist yet)" if self.log_file and log_stat is None else ""
         also = f"; {others} other {SERVER_NAME} process(es) run" if others else ""
         return None, "name", f"no {SERVER_NAME} process{where}{missing}{self._where()}{also}"
+
+    def _writer(
+        self, newest_first: list[Candidate], target: tuple[int, int]
+    ) -> tuple[Candidate | None, list[Candidate]]:
+        """The process writing `target`: a llama-server holding it; else a llama-server whose wrapper (its
+        parent) writes it; else any process writing a log file (a renamed binary). With the llama-servers
+        whose relation to it cannot be told."""
+        named = [c for c in newest_first if c.named]
+        unknown: list[Candidate] = []
+        for c in named:
+            writes = self.writes(c, target)
+            if writes:
+                return c, unknown
+            if writes is None and c.names_log is None:
+                unknown.append(c)
+        if self.log_file is None:  # into a pipe: tee and cat write too, and a wrapper's pipe is not ours
+            return None, unknown
+        wrapped = next((c for c in named if c.names_log is not False and self._wrapped(c, target)), None)
+        if wrapped is not None:
+            return wrapped, unknown
+        renamed = (c for c in newest_first if not c.named and self.writes(c, target))
+        return next(renamed, None), unknown
+
+    def _wrapped(self, c: Candidate, target: tuple[int, int]) -> bool:
+        """Whether llama-server's parent, a wrapper that keeps its output (PowerShell's `2>`, a script piping it
+        into a file), writes our log."""
+        parent = self.parent(c.pid)
+        return parent is not None and parent > 1 and parent != self.self_pid and self.wrapper_writes(parent, target)
 
     def _guess(self, c: Candidate, log_stat: tuple[int, int] | None) -> tuple[int, str, None]:
         self._cached = (c.pid, c.start_ticks, "name")

@@ -216,8 +216,20 @@ class ProcReader(ProcessFinder):
         elsewhere in the exporter's container still compares by device and inode."""
         return file_id(self.root / str(pid) / "root" / path.lstrip("/"))
 
+    def parent(self, pid: int) -> int | None:
+        try:
+            return _parse_stat(_read_bytes(self.root / str(pid) / "stat"))[1]
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def wrapper_writes(self, pid: int, target: tuple[int, int]) -> bool:
+        return self._writes(pid, target) is True
+
     def writes(self, c: Candidate, target: tuple[int, int]) -> bool | None:
-        fd_dir = self.root / str(c.pid) / "fd"
+        return self._writes(c.pid, target)
+
+    def _writes(self, pid: int, target: tuple[int, int]) -> bool | None:
+        fd_dir = self.root / str(pid) / "fd"
         try:
             fds = list(fd_dir.iterdir())
         except FileNotFoundError:
@@ -228,7 +240,7 @@ class ProcReader(ProcessFinder):
             if file_id(fd) != target:
                 continue
             try:
-                info = _read_bytes(self.root / str(c.pid) / "fdinfo" / fd.name).decode()
+                info = _read_bytes(self.root / str(pid) / "fdinfo" / fd.name).decode()
             except OSError:
                 continue
             for line in info.splitlines():

@@ -11,7 +11,8 @@ can and cannot see, by system:
 - Open files: psutil lists regular files with their open mode on Linux only; on Windows and macOS a
   listed file has no mode. There a llama-server holding our log open is taken as writing it (it opens
   its log only to write), while an unnamed process holding it (an editor, `Get-Content -Wait`) cannot be
-  told from a writer and is never taken. Pipes are not listed anywhere: with `--log-file -` the writer
+  told from a writer and is never taken, unless it is the wrapper that started llama-server (its parent,
+  e.g. PowerShell writing the server's output with `2>`). Pipes are not listed anywhere: with `--log-file -` the writer
   of our standard input is taken to be the llama-server in our pipeline, the one started by the same
   parent (the shell running `llama-server … | llamacpp-exporter --log-file -`) or by the exporter itself,
   when there is exactly one; else the only llama-server is taken by name (said once, and `found_by`
@@ -185,21 +186,31 @@ class PsutilReader(ProcessFinder):
         except _ERRORS:
             return None
 
+    def parent(self, pid: int) -> int | None:
+        try:
+            return _parent(psutil.Process(pid))
+        except _ERRORS:
+            return None
+
+    def wrapper_writes(self, pid: int, target: tuple[int, int]) -> bool:
+        # Without the open mode (Windows, macOS), a wrapper holding the log of the llama-server it started writes it.
+        return self._holds(pid, target, writing=self._modes) is True
+
     def writes(self, c: Candidate, target: tuple[int, int]) -> bool | None:
         if not c.named and not self._modes:
             return None  # without the open mode a reader cannot be told from a writer: never taken
         if self.log_file is None:  # our standard input's pipe, which psutil does not list: our pipeline's server
             return True if self._pipeline == {c.pid} else None
+        # A llama-server holding its log open writes it, whether or not the mode is known.
+        return self._holds(c.pid, target, writing=self._modes)
+
+    @staticmethod
+    def _holds(pid: int, target: tuple[int, int], *, writing: bool) -> bool | None:
+        """Whether the process has `target` open (for writing, where `writing`); None if that cannot be told."""
         try:
-            files = psutil.Process(c.pid).open_files()
+            files = psutil.Process(pid).open_files()
         except _GONE:
             return False  # it exited since it was listed: it writes nothing
         except _ERRORS:
             return None  # another user's process
-        for f in files:
-            if file_id(f.path) != target:
-                continue
-            mode = getattr(f, "mode", None)
-            if mode is None or mode != "r":  # no mode (Windows, macOS): a llama-server opens its log to write
-                return True
-        return False
+        return any(file_id(f.path) == target and not (writing and getattr(f, "mode", "r") == "r") for f in files)

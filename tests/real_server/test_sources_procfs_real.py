@@ -139,6 +139,44 @@ def test_real_proc_server_naming_or_writing_the_log(tmp_path: Path, reader: Read
         writer.wait()
 
 
+def test_a_server_whose_wrapper_writes_the_log(tmp_path: Path, reader: Readers) -> None:
+    """A wrapper (PowerShell's `2>`, a script) reads llama-server's output through a pipe and writes the log
+    itself: the llama-server it started is ours, not taken by name."""
+    log = tmp_path / "llama-server.stderr"
+    child = f'exec -a llama-server "$0" -c "{_SLEEPER}"'
+    wrapper_script = (
+        "import subprocess, sys, time\n"
+        "log = open(sys.argv[1], 'ab')\n"
+        f"subprocess.Popen(['bash', '-c', {child!r}, sys.executable], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)\n"
+        "time.sleep(60)"
+    )
+    wrapper = subprocess.Popen([sys.executable, "-c", wrapper_script, str(log)])
+    try:
+        wrapper_proc = psutil.Process(wrapper.pid)
+        wait_for(lambda: wrapper_proc.children(), timeout=10, what="the wrapper's llama-server")
+        (server,) = wrapper_proc.children()
+        wait_for(lambda: server.cmdline()[:1] == ["llama-server"] and log.exists(), timeout=10, what="exec")
+        snap = reader(log_file=str(log)).read()
+        assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, "log_file")
+        if reader.source == "psutil":  # as on Windows and macOS: open files without their mode
+            without_modes = reader(log_file=str(log))
+            without_modes._modes = False  # type: ignore[attr-defined]
+            snap = without_modes.read()
+            assert snap.process is not None and (snap.process.pid, snap.process.found_by) == (server.pid, "log_file")
+        other = tmp_path / "other.stderr"
+        other.write_text("")
+        elsewhere = reader(log_file=str(other)).read().process  # the wrapper writes another log: not ours
+        assert elsewhere is None or elsewhere.pid != server.pid
+    finally:
+        for p in psutil.Process(wrapper.pid).children():
+            p.kill()
+        wrapper.kill()
+        wrapper.wait()
+
+
+_SLEEPER = "import time; time.sleep(60)"
+
+
 def test_real_proc_server_writing_into_our_stdin_pipe(tmp_path: Path, reader: Readers) -> None:
     """/proc sees which process writes into our pipe; psutil lists no pipes, so there the llama-server
     started by the exporter (or its parent) is taken; `tee` never."""

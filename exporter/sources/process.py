@@ -307,7 +307,8 @@ class ProcessFinder(ABC):
         others = sum(c.named for c in candidates)
         where = f" writing {what}" if self.log_file or self.stdin_fd is not None else ""
         missing = " (it does not exist yet)" if self.log_file and log_stat is None else ""
-        also = f"; {others} other {SERVER_NAME} process(es) run" if others else ""
+        # Not how many: the reason would change, and be logged again, whenever another server starts or stops.
+        also = f"; other {SERVER_NAME} processes run, not ours" if others else ""
         return None, "name", f"no {SERVER_NAME} process{where}{missing}{self._where()}{also}"
 
     def _writer(

@@ -108,7 +108,7 @@ def test_no_server_is_ours_while_our_log_does_not_exist(tmp_path: Path, reader: 
         snap = reader(root, log_file=str(tmp_path / "missing.log")).read()
         assert snap.process is None
         assert snap.error is not None and "missing.log (it does not exist yet)" in snap.error
-        assert "1 other llama-server process(es) run" in snap.error
+        assert "other llama-server processes run, not ours" in snap.error
 
 
 def test_real_proc_server_naming_or_writing_the_log(tmp_path: Path, reader: Readers) -> None:

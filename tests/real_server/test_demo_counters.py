@@ -13,6 +13,9 @@ from paths import FIXTURES
 def test_the_demo_counts_what_the_golden_file_says() -> None:
     expected = json.loads((FIXTURES / "golden" / "demo-counters.json").read_text(encoding="utf-8"))
     found = first_run_counters()
-    assert found == expected
+    assert found == expected, (
+        "the demo's counters changed on Linux; if that is intended (a new counter family), record them again: "
+        "python tests/support/demo_counters.py --write tests/fixtures/golden/demo-counters.json"
+    )
     assert found["llamacpp_exporter_log_lines_total{}"] == FIRST_LOG_LINES
     assert found['llamacpp_requests_aborted_total{reason="context_exceeded"}'] == 4  # the recorded overflow

@@ -23,7 +23,7 @@ from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollec
 from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
-from exporter.sources.procfs import ProcReader
+from exporter.sources.process_readers import open_process_reader
 from exporter.sources.server_http import ServerHttpReader
 
 
@@ -68,7 +68,8 @@ def build_live_sources(
     return LiveSources(
         state,
         nvml=NvmlReader() if config.nvml and live and nvml else None,
-        proc=ProcReader(
+        proc=open_process_reader(
+            config.process_source,
             config.proc_root,
             pid=pid,
             pid_file=pid_file,
@@ -102,6 +103,7 @@ def child_sources(config: Config, url: str | None) -> ChildSources:
         api_key=config.api_key,
         timeout=config.server_timeout,
         proc_root=config.proc_root if config.proc and live else None,
+        process_source=config.process_source,
     )
 
 

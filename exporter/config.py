@@ -16,6 +16,7 @@ from exporter.flags import (
     ENV_PREFIX,
     LOG_LEVELS,
     LOG_SOURCES,
+    PROCESS_SOURCES,
     bool_value,
     build_parser,
     read_api_key_file,
@@ -52,6 +53,7 @@ class Config:
     pid: int | None = None
     pid_file: str | None = None
     proc_root: str = "/proc"
+    process_source: str = "auto"  # --process-source: auto, procfs or psutil
     server_timeout: float = 2.0
     api_key: str | None = field(default=None, repr=False)  # never printed
     kv_pool_capacity: int | None = None
@@ -67,6 +69,13 @@ class Config:
     guard_max_connections: int = 256
     guard_head_timeout: float = 10.0
     guard_keepalive_timeout: float = 75.0
+
+
+def _process_source(parser: argparse.ArgumentParser, source: str) -> str:
+    """--process-source, whose value may come from the environment (argparse checks only the flag's)."""
+    if source not in PROCESS_SOURCES:
+        parser.error(f"argument --process-source: invalid choice {source!r} (choose from {', '.join(PROCESS_SOURCES)})")
+    return source
 
 
 def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:
@@ -210,6 +219,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         pid=ns.pid,
         pid_file=ns.pid_file,
         proc_root=ns.proc_root,
+        process_source=_process_source(parser, ns.process_source),
         server_timeout=ns.server_timeout,
         api_key=api_key,
         kv_pool_capacity=ns.kv_pool_capacity,

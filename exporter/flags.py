@@ -16,6 +16,7 @@ from exporter import __version__
 
 LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+PROCESS_SOURCES = ("auto", "procfs", "psutil")  # --process-source (exporter/sources/process.py)
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
 
@@ -425,7 +426,8 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--proc",
-        "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc.",
+        "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc (psutil on "
+        "Windows and macOS: --process-source).",
         type=bool_value,
         fallback="on",
         metavar="on|off",
@@ -437,6 +439,14 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         type=_directory,
         fallback="/proc",
         metavar="PATH",
+    )
+    flags.add(
+        g,
+        "--process-source",
+        "how llama-server's process and the host's memory are read: procfs (Linux's /proc, under --proc-root), "
+        "psutil (Windows, macOS), or auto: procfs where <proc-root>/self/stat is readable, else psutil.",
+        choices=PROCESS_SOURCES,
+        fallback="auto",
     )
     flags.add(
         g,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.sources.nvml import NvmlSnapshot
+
+log = logging.getLogger(__name__)
 
 
 class NvmlCollector(Collector):
@@ -24,6 +27,7 @@ class NvmlCollector(Collector):
     def __init__(self, snapshot: Callable[[], NvmlSnapshot | None], pid: Callable[[], int | None]) -> None:
         self._snapshot = snapshot
         self._pid = pid
+        self._said_unknown: set[int] = set()  # pids said to be listed without their memory (once each)
 
     def collect(self) -> Iterator[Metric]:
         """Yield the GPU families (none when NVML gave nothing)."""
@@ -56,6 +60,16 @@ class NvmlCollector(Collector):
                 used = g.processes.get(pid, 0)  # on another GPU's list, not this one's: it holds nothing here
                 if used is not None:
                     proc.add_metric([str(g.index), g.uuid], used)
+                elif pid not in self._said_unknown:
+                    self._said_unknown.add(pid)
+                    # Windows' WDDM driver (GeForce cards) lists processes without their memory.
+                    log.warning(
+                        "NVML lists llama-server (pid %d) on GPU %d without its memory (a WDDM driver on Windows "
+                        "gives none per process): llamacpp_process_gpu_memory_bytes is left out; free and used "
+                        "VRAM per GPU are exported",
+                        pid,
+                        g.index,
+                    )
         yield from families.values()
         if proc.samples:
             yield proc

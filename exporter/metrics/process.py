@@ -1,4 +1,5 @@
-"""llama-server's memory and start time and the host's memory, from the last /proc read (`exporter.sources.procfs`)."""
+"""llama-server's memory and start time and the host's memory, from the last process read (/proc or psutil:
+`exporter.sources.process`)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,16 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.procfs import ProcSnapshot
+from exporter.sources.process import ProcSnapshot
 
 
 class ProcCollector(Collector):
-    """llama-server's resident memory and start time, and the host's available memory, from the last /proc read.
+    """llama-server's resident memory and start time, and the host's available memory, from the last process read.
 
     # HELP llamacpp_process_resident_memory_bytes Resident memory (RSS) of the llama-server process.
     # TYPE llamacpp_process_resident_memory_bytes gauge
     llamacpp_process_resident_memory_bytes 2.147483648e+09
-    # HELP llamacpp_host_memory_available_bytes MemAvailable of the host (/proc/meminfo).
+    # HELP llamacpp_host_memory_available_bytes MemAvailable of the host (/proc/meminfo; available … macOS): …
     # TYPE llamacpp_host_memory_available_bytes gauge
     llamacpp_host_memory_available_bytes 2.3923986432e+10
     """
@@ -33,8 +34,9 @@ class ProcCollector(Collector):
         if p is not None:
             found = GaugeMetricFamily(
                 "llamacpp_process_found_by",
-                "1 for how the llama-server process was found: pid, pid_file, log_file (it names or writes the "
-                "log), unit (it runs in the journal unit's cgroup), or name (a guess: the only llama-server whose "
+                "1 for how the llama-server process was found: pid, pid_file, log_file (it, or the wrapper that "
+                "started it, names or writes the log), router (a router's child), unit (it runs in the journal "
+                "unit's cgroup), or name (a guess: the only llama-server whose "
                 "log cannot be told).",
                 labels=["how"],
             )
@@ -55,10 +57,11 @@ class ProcCollector(Collector):
         if h is not None and h.available_bytes is not None:
             yield GaugeMetricFamily(
                 "llamacpp_host_memory_available_bytes",
-                "MemAvailable of the host (/proc/meminfo): memory that can be used without swapping.",
+                "MemAvailable of the host (/proc/meminfo; available physical memory on Windows and macOS): memory "
+                "that can be used without swapping.",
                 value=h.available_bytes,
             )
         if h is not None and h.total_bytes is not None:
             yield GaugeMetricFamily(
-                "llamacpp_host_memory_total_bytes", "MemTotal of the host (/proc/meminfo).", value=h.total_bytes
+                "llamacpp_host_memory_total_bytes", "Physical memory of the host (MemTotal).", value=h.total_bytes
             )

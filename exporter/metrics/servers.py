@@ -41,7 +41,7 @@ from exporter.model.forecast import Measured
 from exporter.model.router import EXIT_OUTCOMES, RouterChild
 from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources, SourceStatus
-from exporter.sources.procfs import ProcReader
+from exporter.sources.process_readers import open_process_reader
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class ChildSources:
     url: str | None
     api_key: str | None
     timeout: float
-    proc_root: str | None  # None: no /proc source
+    proc_root: str | None  # None: no process source
+    process_source: str = "auto"  # --process-source
 
 
 def log_collectors(
@@ -178,7 +179,9 @@ class FollowedServer:
             http=ServerHttpReader(src.url, api_key=src.api_key, timeout=src.timeout, model=child.name)
             if src.url
             else None,
-            proc=ProcReader(src.proc_root, router_pid=lambda: self.live.pid, port=child.port)
+            proc=open_process_reader(
+                src.process_source, src.proc_root, router_pid=lambda: self.live.pid, port=child.port
+            )
             if src.proc_root is not None
             else None,
             timeout=src.timeout,

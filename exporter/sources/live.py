@@ -33,7 +33,7 @@ from exporter.model.bounds import MIB
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
 from exporter.sources.nvml import NvmlReader, NvmlSnapshot
-from exporter.sources.procfs import ProcReader, ProcSnapshot
+from exporter.sources.process import ProcessFinder, ProcSnapshot
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class LiveSources:
         state: ServerState,
         *,
         nvml: NvmlReader | None = None,
-        proc: ProcReader | None = None,
+        proc: ProcessFinder | None = None,
         http: ServerHttpReader | None = None,
         timeout: float = 2.0,
         http_gate: Callable[[], tuple[str, bool] | None] | None = None,
@@ -133,6 +133,7 @@ class LiveSources:
         self._proc_read = _Coalesced(_in_thread(proc.read)) if proc else None
         self._http_read = _Coalesced(http.read) if http else None
         self._verbosity_reported: tuple[int, bool] | None = None
+        self._environ_reported: int | None = None  # the pid whose unreadable environment was said
 
     # ------------------------------------------------------------------ reading
 
@@ -164,6 +165,14 @@ class LiveSources:
             if p is not None:  # while none runs, the last server's command line stays, like its log state
                 self.state.observe_process(p.pid, p.start_ticks)
                 self.state.apply_command_line(p.command_line)
+                if not p.environ_readable and self._environ_reported != p.pid:
+                    self._environ_reported = p.pid
+                    log.warning(
+                        "%sllama-server pid %d: its environment is not readable to this user, so LLAMA_ARG_* "
+                        "settings are not seen (only its command line); run the exporter as llama-server's user",
+                        f"{self.unit}: " if self.unit else "",
+                        p.pid,
+                    )
         ok = snap is not None and snap.ok
         self.statuses["proc"].record(ok, took, error or (snap.error if snap else None))
 

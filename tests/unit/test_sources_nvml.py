@@ -87,6 +87,30 @@ def test_unknown_pid_or_unavailable_process_memory_gives_no_process_series() -> 
     assert not [m for m in reg2.collect() if m.name == "llamacpp_process_gpu_memory_bytes"]
 
 
+def test_a_wddm_driver_lists_the_server_without_its_memory_and_the_exporter_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under a GeForce card's WDDM driver (Windows) NVML's process list has `usedGpuMemory` None: the GPU's
+    figures stay, the process series is left out, and the exporter's log says why, once."""
+    fake = FakeNvml([h200(0, 21, [(SERVER_PID, None), (SERVER_PID + 1, None)])])
+    reader = NvmlReader(fake)
+    reg, snaps = _registry(reader)
+    with caplog.at_level(logging.WARNING, logger="exporter.metrics.gpu"):
+        for _ in range(3):
+            snaps.append(reader.read())
+            assert snaps[-1].ok and snaps[-1].gpus[0].processes == {SERVER_PID: None, SERVER_PID + 1: None}
+            assert (
+                reg.get_sample_value("llamacpp_gpu_memory_free_bytes", _gpu_labels(0, fake))
+                == 143771 * 1024**2 - 21 * GIB
+            )
+            assert (
+                reg.get_sample_value("llamacpp_process_gpu_memory_bytes", {"gpu": "0", "uuid": fake.gpus[0].uuid})
+                is None
+            )
+    said = [r.getMessage() for r in caplog.records if "without its memory" in r.getMessage()]
+    assert len(said) == 1 and f"pid {SERVER_PID}" in said[0] and "WDDM" in said[0]
+
+
 def test_process_list_falls_back_to_the_older_api_and_tolerates_not_supported() -> None:
     fake = FakeNvml([h200(0, 10, [(SERVER_PID, 8 * GIB)])])
     fake.old_driver = True

@@ -123,6 +123,18 @@ def test_a_missing_proc_root_is_a_value_not_an_exception(tmp_path: Path) -> None
     assert list(_registry(snap).collect()) == []
 
 
+def test_rss_is_statm_s_exact_count_where_there_is_one(tmp_path: Path) -> None:
+    """`stat`'s RSS is the kernel's per-CPU estimate (measured: 50-65 pages low on a busy llama-server);
+    `statm` has the exact sum, as `VmRSS` and psutil count it. Without `statm`, `stat`'s figure stays."""
+    root = _copy("single", tmp_path)
+    (root / "4242" / "statm").write_text("120000 51264 3000 100 0 60000 0\n")
+    snap = ProcReader(root, log_file=LOG, self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100).read()
+    assert snap.process is not None and snap.process.rss_bytes == 51264 * 4096
+    (root / "4242" / "statm").write_text("garbage")
+    snap = ProcReader(root, log_file=LOG, self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100).read()
+    assert snap.process is not None and snap.process.rss_bytes == 51200 * 4096
+
+
 def _copy(scenario: str, tmp_path: Path) -> Path:
     root = tmp_path / "proc"
     shutil.copytree(PROC / scenario, root, symlinks=True)

@@ -10,9 +10,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from exporter.flags import (
     DEFAULT_PORT,
+    DEFAULT_PROC_ROOT,
     ENV_PREFIX,
     LOG_LEVELS,
     LOG_SOURCES,
@@ -51,7 +53,7 @@ class Config:
     http: bool = True
     pid: int | None = None
     pid_file: str | None = None
-    proc_root: str = "/proc"
+    proc_root: str = DEFAULT_PROC_ROOT
     server_timeout: float = 2.0
     api_key: str | None = field(default=None, repr=False)  # never printed
     kv_pool_capacity: int | None = None
@@ -83,6 +85,8 @@ def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: b
     if demo:
         return "file"
     if source == "journald":
+        if not sys.platform.startswith("linux"):
+            parser.error("--journal-unit: the systemd journal exists only on Linux; follow the log file (--log-file)")
         if not ns.journal_unit:
             parser.error("--log-source journald needs --journal-unit UNIT (e.g. llama-server.service)")
         if ns.log_file:
@@ -158,6 +162,10 @@ def _check_together(
         parser.error("--pid and --pid-file: give one of them")
     if ns.pid_file is not None and not ns.pid_file.strip():
         parser.error("--pid-file: empty path")
+    # The default /proc is not checked: where there is none (Windows, macOS) the /proc source is simply not
+    # used. A root given on purpose must be a directory while --proc is on.
+    if ns.proc and ns.proc_root != DEFAULT_PROC_ROOT and not Path(ns.proc_root).is_dir():
+        parser.error(f"argument --proc-root: not a directory: {ns.proc_root!r}")
     if ns.guard_listen_address is not None and (servers or demo):
         parser.error(
             "--guard.listen-address guards one llama-server (--server-url): leave out "

@@ -18,6 +18,7 @@ LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
+DEFAULT_PROC_ROOT = "/proc"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -94,12 +95,6 @@ def _positive_int(value: str) -> int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
     return n
-
-
-def _directory(value: str) -> str:
-    if not Path(value).is_dir():
-        raise argparse.ArgumentTypeError(f"not a directory: {value!r}")
-    return value
 
 
 def read_api_key_file(path: str) -> str:
@@ -433,9 +428,8 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--proc-root",
-        "where /proc is mounted, e.g. /host/proc in a container.",
-        type=_directory,
-        fallback="/proc",
+        "where /proc is mounted, e.g. /host/proc in a container (checked only where the /proc source is used).",
+        fallback=DEFAULT_PROC_ROOT,
         metavar="PATH",
     )
     flags.add(

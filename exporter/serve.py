@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,13 +46,10 @@ class StartError(Exception):
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
     """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code."""
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):  # not on every platform
-                loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
+        if stop is None:
+            stop = asyncio.Event()
+            stack.callback(stop_on_signals(stop))
         try:
             await start(config, stop, stack)
         except StartError as exc:
@@ -59,6 +57,50 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
             return exc.code
         await stop.wait()
     return 0
+
+
+def stop_signals() -> list[signal.Signals]:
+    """Ctrl-C (SIGINT), SIGTERM, and Windows' Ctrl-Break (SIGBREAK, where it exists)."""
+    names = ("SIGINT", "SIGTERM", "SIGBREAK")
+    return [getattr(signal, name) for name in names if hasattr(signal, name)]
+
+
+def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
+    """Set `stop` on each of `stop_signals()`, saying which in one line; returns the undoing.
+
+    Through the loop's own handlers where it has them (selector loops); else (Windows' proactor loop)
+    through `signal.signal`, whose handler runs in the main thread between two steps of the loop and
+    hands the stop to it. There a second signal, while the stop is under way, ends the program at once.
+    """
+    loop = asyncio.get_running_loop()
+    undo: list[Callable[[], object]] = []
+
+    def stopping(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("received %s: stopping", sig.name)
+        stop.set()
+
+    for sig in stop_signals():
+        try:
+            loop.add_signal_handler(sig, stopping, sig)
+            undo.append(functools.partial(loop.remove_signal_handler, sig))
+            continue
+        except NotImplementedError:
+            pass
+
+        def handler(signum: int, frame: object, sig: signal.Signals = sig) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt  # a second Ctrl-C: the stop is stuck, end now (exit code 130)
+            loop.call_soon_threadsafe(stopping, sig)
+
+        undo.append(functools.partial(signal.signal, sig, signal.signal(sig, handler)))
+
+    def restore() -> None:
+        for step in reversed(undo):
+            with contextlib.suppress(Exception):  # the loop may be closing
+                step()
+
+    return restore
 
 
 async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:

@@ -28,6 +28,7 @@ scanned again.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import stat
 from collections.abc import Callable
@@ -86,6 +87,13 @@ class _Candidate:
     names_log: bool | None
 
 
+def _clock_ticks() -> int:
+    """USER_HZ, the unit of /proc's start times: sysconf's where the system has it (not Windows), else
+    Linux's fixed 100 (a /proc tree read from such a system is a Linux one)."""
+    sysconf = getattr(os, "sysconf", None)
+    return int(sysconf("SC_CLK_TCK")) if sysconf is not None else 100
+
+
 def _read_bytes(path: Path) -> bytes:
     with path.open("rb") as f:
         return f.read()
@@ -126,8 +134,8 @@ class ProcReader:
         self.stdin_fd = 0 if stdin_fd is None and log_file == "-" else stdin_fd
         self.unit = unit  # the systemd unit whose journal is the log: its process is in that unit's cgroup
         self.self_pid = os.getpid() if self_pid is None else self_pid
-        self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
-        self.clock_ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
+        self.page_size = page_size or mmap.PAGESIZE
+        self.clock_ticks = clock_ticks or _clock_ticks()
         self._cached: tuple[int, int, str] | None = None  # (pid, start ticks, found_by) of the last auto match
         self._guessed: int | None = None  # the last pid taken by name only (said once in the log)
 

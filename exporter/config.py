@@ -62,6 +62,7 @@ class Config:
     servers: tuple[ServerSpec, ...] = ()
     # The guard (exporter/guard): off without a listen address.
     guard_listen: tuple[str, int] | None = None
+    guard_listen_also: tuple[tuple[str, int], ...] = ()  # further addresses of the guard (the flag's list)
     guard_default_budget: int = 1024
     guard_queue_size: int = 64
     guard_queue_timeout: float = 120.0
@@ -223,7 +224,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_pool_capacity=ns.kv_pool_capacity,
         web_config_file=ns.web_config_file,
         servers=servers,
-        guard_listen=ns.guard_listen_address,
+        guard_listen=ns.guard_listen_address[0] if ns.guard_listen_address else None,
+        guard_listen_also=tuple(ns.guard_listen_address[1:]) if ns.guard_listen_address else (),
         guard_default_budget=ns.guard_default_budget,
         guard_queue_size=ns.guard_queue_size,
         guard_queue_timeout=ns.guard_queue_timeout,

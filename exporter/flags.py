@@ -37,6 +37,17 @@ def _listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _listen_addresses(value: str) -> tuple[tuple[str, int], ...]:
+    """One or more HOST:PORT, separated by commas (an IPv6 host in brackets: [::1]:8081)."""
+    items = [item.strip() for item in value.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT[,HOST:PORT...] without empty items, got {value!r}")
+    addresses = tuple(_listen_address(item) for item in items)
+    if len(set(addresses)) < len(addresses):
+        raise argparse.ArgumentTypeError(f"an address is given twice in {value!r}")
+    return addresses
+
+
 def _url(value: str) -> str:
     try:
         parts = urlsplit(value)
@@ -462,12 +473,14 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--guard.listen-address",
-        "where the guard listens, e.g. :8081; clients point at it instead of llama-server.",
-        type=_listen_address,
+        "where the guard listens, e.g. :8081, or several addresses separated by commas, e.g. "
+        "127.0.0.1:8081,[::1]:8081 (each is bound, or the exporter does not start); clients point at it "
+        "instead of llama-server.",
+        type=_listen_addresses,
         shown="none: no guard",
         empty_unset=True,
         dest="guard_listen_address",
-        metavar="HOST:PORT",
+        metavar="HOST:PORT[,HOST:PORT...]",
     )
     flags.add(
         g,

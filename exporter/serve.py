@@ -25,7 +25,7 @@ from exporter import __version__
 from exporter.build import build_servers, servers_registry, single_server
 from exporter.config import Config
 from exporter.metrics.servers import FollowedServer, ServersCollector
-from exporter.web.server import make_app, start_server
+from exporter.web.server import BindError, host_port, make_app, start_server
 
 if TYPE_CHECKING:
     from exporter.web.webconfig import WebConfigWatcher
@@ -230,10 +230,11 @@ async def start_guard(
             ),
         )
         limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
-        running = await start_proxy(settings, pools, host, port, limits)
+        running = await start_proxy(settings, pools, host, port, limits, also=config.guard_listen_also)
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
-        raise StartError(f"--guard.listen-address {host}:{port}: {why}") from None
+        where = exc.address if isinstance(exc, BindError) else host_port(host, port)
+        raise StartError(f"--guard.listen-address {where}: {why}") from None
     stack.push_async_callback(running.close)
     g = running.guard
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
@@ -241,7 +242,8 @@ async def start_guard(
     server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
     # The forecast counts the prompts the guard measured at arrival, before the log says their size.
     server.measured = g.measured
-    log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
+    where = ", ".join(f"http://{a}" for a in running.serving.addresses)
+    log.info("guard serving on %s in front of %s", where, config.server_url)
 
 
 def start_task(

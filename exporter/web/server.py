@@ -23,7 +23,7 @@ import math
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -422,6 +422,20 @@ def _descriptor_limit() -> int | None:
     return soft if soft > 0 else None
 
 
+class BindError(OSError):
+    """An address that cannot be bound; `address` says which (HOST:PORT)."""
+
+    def __init__(self, errno: int | None, strerror: str, address: str) -> None:
+        super().__init__(errno, strerror)
+        self.address = address
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` as a URL writes it (IPv6 in brackets; "" is every interface)."""
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass
 class Serving:
     """A running server: aiohttp's runner and the sockets that accept for it."""
@@ -438,6 +452,11 @@ class Serving:
     def holding(self) -> bool:
         """A connection accepted past the cap waits for one to close."""
         return any(a.held for a in self.acceptors)
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every address listened on, as HOST:PORT (the bound port, for port 0)."""
+        return [host_port(*a.sock.getsockname()[:2]) for a in self.acceptors]
 
     @property
     def port(self) -> int:
@@ -459,9 +478,11 @@ async def start_server(
     security: WebConfigWatcher | None = None,
     limits: Limits | None = None,
     handler_cancellation: bool = False,
+    also: Sequence[tuple[str, int]] = (),
 ) -> Serving:
-    """Start serving `app` (with TLS where the web config says so) within `limits`; the caller closes what it
-    returns. Raises OSError when the address cannot be bound."""
+    """Start serving `app` (with TLS where the web config says so) on `host:port` and the addresses `also`,
+    within `limits`; the caller closes what it returns. Raises BindError when an address cannot be bound
+    (then none is)."""
     limits = limits or Limits()
     soft = _descriptor_limit()
     if soft is not None:  # below the descriptor limit: log files, inotify, the HTTP client and NVML need some too
@@ -472,7 +493,17 @@ async def start_server(
         server_log.addFilter(_QuietServerLog())
     connections = _Connections(limits)
     app.middlewares.insert(0, connections.middleware())  # outermost: it must see every request end
-    sockets = listening_sockets(host, port)
+    sockets: list[socket.socket] = []
+    try:
+        for h, p in [(host, port), *also]:  # all or nothing
+            try:
+                sockets += listening_sockets(h, p)
+            except OSError as exc:
+                raise BindError(exc.errno, exc.strerror or str(exc), host_port(h, p)) from None
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     # handler_cancellation: a client that goes away cancels its handler (the guard then closes its upstream
     # connection, and llama-server cancels the task); the exporter's pages are short either way.
     runner = web.AppRunner(

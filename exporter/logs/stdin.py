@@ -113,9 +113,13 @@ class StdinSource:
         lines: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_QUEUED_LINES)
 
         def hand_over(item: bytes | None) -> bool:
+            put = lines.put(item)
             try:
-                asyncio.run_coroutine_threadsafe(lines.put(item), loop).result()
-            except (RuntimeError, concurrent.futures.CancelledError):  # the loop has stopped: nobody reads on
+                asyncio.run_coroutine_threadsafe(put, loop).result()
+            except RuntimeError:  # the loop has stopped: nobody reads on
+                put.close()
+                return False
+            except concurrent.futures.CancelledError:
                 return False
             return True
 

@@ -342,6 +342,10 @@ class _Acceptor:
             task = self.loop.create_task(self._serve(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # sock_accept returns without yielding while connections are waiting: let the loop run once, so that
+            # a connection closed to make room lets go of its descriptor before the next one is taken (a burst
+            # would otherwise reach the descriptor limit), and the others are served meanwhile.
+            await asyncio.sleep(0)
 
     async def _serve(self, conn: socket.socket) -> None:
         made: list[_GuardedProtocol] = []

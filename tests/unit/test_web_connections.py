@@ -155,3 +155,27 @@ async def test_a_second_server_cannot_bind_a_port_in_use(served: tuple[Counted, 
     _, serving = served
     with pytest.raises(OSError):
         await start_server(web.Application(), "127.0.0.1", serving.port)
+
+
+async def test_a_burst_past_the_cap_holds_no_more_than_one_extra_connection(served: tuple[Counted, Serving]) -> None:
+    """40 silent connections at once against a cap of 8: each newcomer closes the oldest silent one, and that one
+    is gone before the next newcomer is taken (descriptors stay bounded by the cap, not by the burst)."""
+    _, serving = served
+    connections = serving.connections
+    seen: list[int] = []
+    room = connections.room
+
+    def counted() -> bool:
+        seen.append(len(connections.open) + connections.pending)
+        return room()
+
+    connections.room = counted  # type: ignore[method-assign]
+    # Blocking connects, the loop not running: the kernel's backlog holds all 40 when the server looks.
+    clients = [socket.create_connection(("127.0.0.1", serving.port)) for _ in range(40)]
+    try:
+        await until(lambda: len(seen) == 40, "every connection accepted")
+        await until(lambda: len(connections.open) == CAP and not connections.pending, "the newest eight open")
+        assert max(seen) <= CAP
+    finally:
+        for s in clients:
+            s.close()

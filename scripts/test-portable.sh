@@ -5,7 +5,7 @@
 # polling observer), then the exporter's, the guard's and diagnose's tests again. Every Python started
 # with tests/support/portable on PYTHONPATH gets it: pytest and each exporter process the tests start.
 # Tests of Linux-only code (marked `linux`: inotify) and `system` ones are left out. Extra arguments go
-# to pytest. scripts/test.sh runs it after the first pass (on a busy 2-core host: 932 tests, 5 min 20 s).
+# to pytest. scripts/test.sh runs it after the first pass (on a busy 2-core host: 953 tests, about 6 minutes).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +18,10 @@ TESTS=(
     tests/real_server/test_cli.py
     tests/real_server/test_stdin.py
     tests/real_server/test_diagnose_cli.py
+    tests/real_server/test_diagnose_history.py
+    tests/real_server/test_hostile_input_exporter.py
+    tests/real_server/test_sources_config.py
+    tests/real_server/test_servers_cli.py
     tests/real_server/test_end_to_end.py
     tests/real_server/test_guard_e2e.py
 )

@@ -302,6 +302,11 @@ class _Acceptor:
         self._reported = -math.inf
         self._tasks: set[asyncio.Task[None]] = set()
         self._task = self.loop.create_task(self._run(), name=f"accept on {sock.getsockname()}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:  # never expected: say it
+            log.error("no longer accepting connections on %s: %s: %s", self.sock, type(exc).__name__, exc)
 
     def wake(self) -> None:
         """A connection closed: a held one may fit now."""
@@ -311,7 +316,7 @@ class _Acceptor:
         while True:
             try:
                 conn, _ = await self.loop.sock_accept(self.sock)
-            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            except (BlockingIOError, InterruptedError, ConnectionError):
                 continue  # the client left before it was accepted (Windows says so; Linux skips it)
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: try again in a second, say so once a minute
                 now = time.monotonic()

@@ -1,5 +1,5 @@
 # Developer entry points. CI (.ci/run) runs `make test`, then `make test-system`.
-.PHONY: bootstrap demo test test-fast test-system lint
+.PHONY: bootstrap demo test test-fast test-portable test-system lint
 
 # Everything: .venv, Python deps, test tools, the real llama-server (~5 min the first time).
 bootstrap:
@@ -20,6 +20,12 @@ test:
 test-fast:
 	scripts/bootstrap.sh --python-only
 	.venv/bin/python -m pytest -p no:cacheprovider -q tests/unit
+
+# The second configuration alone: what Windows' and macOS' Python lack taken away (docs/testing.md). `make test`
+# runs it too, after the first pass.
+test-portable:
+	scripts/bootstrap.sh
+	scripts/test-portable.sh
 
 # The journald and systemd unit tests: root, and systemd's programs (installed where missing).
 test-system:

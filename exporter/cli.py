@@ -1,4 +1,9 @@
-"""Entry point: `llamacpp-exporter` (serve: `serve.py`, built by `build.py`) and `llamacpp-exporter diagnose`."""
+"""Entry point: `llamacpp-exporter` (serve: `serve.py`, built by `build.py`) and `llamacpp-exporter diagnose`.
+
+The flags are parsed before the server's modules are imported: `--help` and a flag's error work wherever
+Python does, whatever the serving code needs. A stop by Ctrl-C (or Ctrl-Break on Windows) is a clean exit
+(see `serve`); one that comes before the signal handlers are in place ends with one line and exit code 130.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,9 @@ import asyncio
 import logging
 import sys
 from collections.abc import Sequence
+
+#: The exit code of a program stopped by Ctrl-C before it could stop on its own (128 + SIGINT, as shells say).
+INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -16,7 +24,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return diagnose_main(args[1:])
     from exporter.config import parse_config
-    from exporter.serve import serve
 
     config = parse_config(args)
     logging.basicConfig(
@@ -24,7 +31,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return asyncio.run(serve(config))
+    try:
+        from exporter.serve import serve
+
+        return asyncio.run(serve(config))
+    except KeyboardInterrupt:
+        print("llamacpp-exporter: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from exporter.flags import (
     DEFAULT_PORT,
+    DEFAULT_PROC_ROOT,
     ENV_PREFIX,
     LOG_LEVELS,
     LOG_SOURCES,
@@ -52,7 +54,7 @@ class Config:
     http: bool = True
     pid: int | None = None
     pid_file: str | None = None
-    proc_root: str = "/proc"
+    proc_root: str = DEFAULT_PROC_ROOT
     process_source: str = "auto"  # --process-source: auto, procfs or psutil
     server_timeout: float = 2.0
     api_key: str | None = field(default=None, repr=False)  # never printed
@@ -62,6 +64,7 @@ class Config:
     servers: tuple[ServerSpec, ...] = ()
     # The guard (exporter/guard): off without a listen address.
     guard_listen: tuple[str, int] | None = None
+    guard_listen_also: tuple[tuple[str, int], ...] = ()  # further addresses of the guard (the flag's list)
     guard_default_budget: int = 1024
     guard_queue_size: int = 64
     guard_queue_timeout: float = 120.0
@@ -92,6 +95,8 @@ def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: b
     if demo:
         return "file"
     if source == "journald":
+        if not sys.platform.startswith("linux"):
+            parser.error("--journal-unit: the systemd journal exists only on Linux; follow the log file (--log-file)")
         if not ns.journal_unit:
             parser.error("--log-source journald needs --journal-unit UNIT (e.g. llama-server.service)")
         if ns.log_file:
@@ -167,6 +172,10 @@ def _check_together(
         parser.error("--pid and --pid-file: give one of them")
     if ns.pid_file is not None and not ns.pid_file.strip():
         parser.error("--pid-file: empty path")
+    # The default /proc is not checked: where there is none (Windows, macOS) the /proc source is simply not
+    # used. A root given on purpose must be a directory while --proc is on.
+    if ns.proc and ns.proc_root != DEFAULT_PROC_ROOT and not Path(ns.proc_root).is_dir():
+        parser.error(f"argument --proc-root: not a directory: {ns.proc_root!r}")
     if ns.guard_listen_address is not None and (servers or demo):
         parser.error(
             "--guard.listen-address guards one llama-server (--server-url): leave out "
@@ -225,7 +234,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_pool_capacity=ns.kv_pool_capacity,
         web_config_file=ns.web_config_file,
         servers=servers,
-        guard_listen=ns.guard_listen_address,
+        guard_listen=ns.guard_listen_address[0] if ns.guard_listen_address else None,
+        guard_listen_also=tuple(ns.guard_listen_address[1:]) if ns.guard_listen_address else (),
         guard_default_budget=ns.guard_default_budget,
         guard_queue_size=ns.guard_queue_size,
         guard_queue_timeout=ns.guard_queue_timeout,

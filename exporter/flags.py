@@ -19,6 +19,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 PROCESS_SOURCES = ("auto", "procfs", "psutil")  # --process-source (exporter/sources/process.py)
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
+DEFAULT_PROC_ROOT = "/proc"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -35,6 +36,17 @@ def _listen_address(value: str) -> tuple[str, int]:
     if not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"port {int(port)} is out of range (0 to 65535) in {value!r}")
     return host.strip("[]"), int(port)
+
+
+def _listen_addresses(value: str) -> tuple[tuple[str, int], ...]:
+    """One or more HOST:PORT, separated by commas (an IPv6 host in brackets: [::1]:8081)."""
+    items = [item.strip() for item in value.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT[,HOST:PORT...] without empty items, got {value!r}")
+    addresses = tuple(_listen_address(item) for item in items)
+    if len(set(addresses)) < len(addresses):
+        raise argparse.ArgumentTypeError(f"an address is given twice in {value!r}")
+    return addresses
 
 
 def _url(value: str) -> str:
@@ -95,12 +107,6 @@ def _positive_int(value: str) -> int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
     return n
-
-
-def _directory(value: str) -> str:
-    if not Path(value).is_dir():
-        raise argparse.ArgumentTypeError(f"not a directory: {value!r}")
-    return value
 
 
 def read_api_key_file(path: str) -> str:
@@ -435,9 +441,8 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--proc-root",
-        "where /proc is mounted, e.g. /host/proc in a container.",
-        type=_directory,
-        fallback="/proc",
+        "where /proc is mounted, e.g. /host/proc in a container (checked only where the /proc source is used).",
+        fallback=DEFAULT_PROC_ROOT,
         metavar="PATH",
     )
     flags.add(
@@ -478,12 +483,14 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--guard.listen-address",
-        "where the guard listens, e.g. :8081; clients point at it instead of llama-server.",
-        type=_listen_address,
+        "where the guard listens, e.g. :8081, or several addresses separated by commas, e.g. "
+        "127.0.0.1:8081,[::1]:8081 (each is bound, or the exporter does not start); clients point at it "
+        "instead of llama-server.",
+        type=_listen_addresses,
         shown="none: no guard",
         empty_unset=True,
         dest="guard_listen_address",
-        metavar="HOST:PORT",
+        metavar="HOST:PORT[,HOST:PORT...]",
     )
     flags.add(
         g,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from exporter import __version__
 from exporter.build import build_servers, servers_registry, single_server
 from exporter.config import Config
 from exporter.metrics.servers import FollowedServer, ServersCollector
-from exporter.web.server import make_app, start_server
+from exporter.web.server import BindError, host_port, make_app, start_server
 
 if TYPE_CHECKING:
     from exporter.web.webconfig import WebConfigWatcher
@@ -45,13 +46,10 @@ class StartError(Exception):
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
     """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code."""
-    if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):  # not on every platform
-                loop.add_signal_handler(sig, stop.set)
     async with contextlib.AsyncExitStack() as stack:
+        if stop is None:
+            stop = asyncio.Event()
+            stack.callback(stop_on_signals(stop))
         try:
             await start(config, stop, stack)
         except StartError as exc:
@@ -59,6 +57,50 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
             return exc.code
         await stop.wait()
     return 0
+
+
+def stop_signals() -> list[signal.Signals]:
+    """Ctrl-C (SIGINT), SIGTERM, and Windows' Ctrl-Break (SIGBREAK, where it exists)."""
+    names = ("SIGINT", "SIGTERM", "SIGBREAK")
+    return [getattr(signal, name) for name in names if hasattr(signal, name)]
+
+
+def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
+    """Set `stop` on each of `stop_signals()`, saying which in one line; returns the undoing.
+
+    Through the loop's own handlers where it has them (selector loops); else (Windows' proactor loop)
+    through `signal.signal`, whose handler runs in the main thread between two steps of the loop and
+    hands the stop to it. There a second signal, while the stop is under way, ends the program at once.
+    """
+    loop = asyncio.get_running_loop()
+    undo: list[Callable[[], object]] = []
+
+    def stopping(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("received %s: stopping", sig.name)
+        stop.set()
+
+    for sig in stop_signals():
+        try:
+            loop.add_signal_handler(sig, stopping, sig)
+            undo.append(functools.partial(loop.remove_signal_handler, sig))
+            continue
+        except NotImplementedError:
+            pass
+
+        def handler(signum: int, frame: object, sig: signal.Signals = sig) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt  # a second Ctrl-C: the stop is stuck, end now (exit code 130)
+            loop.call_soon_threadsafe(stopping, sig)
+
+        undo.append(functools.partial(signal.signal, sig, signal.signal(sig, handler)))
+
+    def restore() -> None:
+        for step in reversed(undo):
+            with contextlib.suppress(Exception):  # the loop may be closing
+                step()
+
+    return restore
 
 
 async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
@@ -188,10 +230,11 @@ async def start_guard(
             ),
         )
         limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
-        running = await start_proxy(settings, pools, host, port, limits)
+        running = await start_proxy(settings, pools, host, port, limits, also=config.guard_listen_also)
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
-        raise StartError(f"--guard.listen-address {host}:{port}: {why}") from None
+        where = exc.address if isinstance(exc, BindError) else host_port(host, port)
+        raise StartError(f"--guard.listen-address {where}: {why}") from None
     stack.push_async_callback(running.close)
     g = running.guard
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
@@ -199,7 +242,8 @@ async def start_guard(
     server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
     # The forecast counts the prompts the guard measured at arrival, before the log says their size.
     server.measured = g.measured
-    log.info("guard serving on http://%s:%d in front of %s", host or "0.0.0.0", running.port, config.server_url)
+    where = ", ".join(f"http://{a}" for a in running.serving.addresses)
+    log.info("guard serving on %s in front of %s", where, config.server_url)
 
 
 def start_task(

@@ -32,6 +32,11 @@ step ruff-check .venv/bin/ruff check .
 step ruff-format .venv/bin/ruff format --check .
 step mypy .venv/bin/mypy
 step pytest .venv/bin/python -m pytest -m "not system" "$@"
+# The second configuration: what Windows' and macOS' Python lack taken away (scripts/test-portable.sh).
+# Left out when pytest is given arguments (a narrowed run); LLAMACPP_EXPORTER_PORTABLE_PASS=1 runs it anyway.
+if (($# == 0)) || [[ "${LLAMACPP_EXPORTER_PORTABLE_PASS:-}" == 1 ]]; then
+    step pytest-portable scripts/test-portable.sh
+fi
 
 if ((${#failed[@]})); then
     echo "test.sh: FAILED: ${failed[*]}" >&2

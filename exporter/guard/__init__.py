@@ -16,7 +16,7 @@ keeps its memory savings and no request is aborted because another one outgrew i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.guard.admission import Pool
@@ -99,16 +99,18 @@ async def start_guard(
     host: str,
     port: int,
     limits: Limits | None = None,
+    also: Sequence[tuple[str, int]] = (),
 ) -> RunningGuard:
-    """Serve the guard on host:port within the exporter's connection limits (a head deadline, a keep-alive
-    timeout, a connection cap); raises OSError when the port cannot be bound."""
+    """Serve the guard on host:port (and the addresses `also`) within the exporter's connection limits (a head
+    deadline, a keep-alive timeout, a connection cap); raises OSError (BindError) when an address cannot be
+    bound."""
     guard = Guard(settings, pool)
     # Each client connection may hold one upstream: two descriptors each.
     limits = dataclasses.replace(limits or Limits(), descriptors_per_connection=2)
     try:
         # handler_cancellation: a client that goes away cancels its handler, which closes the upstream
         # connection, and llama-server cancels the task.
-        serving = await start_server(guard.make_app(), host, port, limits=limits, handler_cancellation=True)
+        serving = await start_server(guard.make_app(), host, port, limits=limits, handler_cancellation=True, also=also)
     except OSError:
         await guard.close()
         raise

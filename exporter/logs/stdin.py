@@ -9,18 +9,24 @@ the journal at start). When the writer closes the pipe the source goes down
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from typing import BinaryIO
+
+from exporter.loops import waits_on_descriptors
 
 log = logging.getLogger(__name__)
 
 #: Longest line accepted; a longer one is skipped whole (llama-server's lines are far shorter).
 MAX_LINE_BYTES = 1 << 20
+#: Lines a reading thread may be ahead of the pipeline.
+_QUEUED_LINES = 1024
 
 
 def _is_pipe(stream: BinaryIO) -> bool:
@@ -62,12 +68,13 @@ class StdinSource:
                 self._closed()
                 return
             stream = sys.stdin.buffer
-        if not _is_pipe(stream):
-            # A regular file (`--log-file - < llama-server.log`) or /dev/null (systemd's StandardInput=null,
-            # `docker run` without -i): the event loop cannot watch those; they are read in a thread.
-            await self._run_blocking(stream, on_lines, stop)
-            return
         loop = asyncio.get_running_loop()
+        if not (_is_pipe(stream) and waits_on_descriptors(loop)):
+            # A regular file (`--log-file - < llama-server.log`), /dev/null (systemd's StandardInput=null,
+            # `docker run` without -i), or a loop that cannot wait on a pipe (Windows' proactor loop and an
+            # anonymous pipe or the console): read in a thread of its own.
+            await self._run_thread(stream, on_lines, stop)
+            return
         reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
         try:
@@ -99,18 +106,54 @@ class StdinSource:
         finally:
             stop_task.cancel()
 
-    async def _run_blocking(self, stream: BinaryIO, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+    async def _run_thread(self, stream: BinaryIO, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+        """Lines read by a daemon thread (a read of a pipe cannot be interrupted: the thread is left blocked in it at
+        stop, and ends with the process), handed over through a bounded queue: the thread waits while it is full."""
         loop = asyncio.get_running_loop()
-        while not stop.is_set():
-            raw = await loop.run_in_executor(None, stream.readline, MAX_LINE_BYTES + 1)
-            if not raw:
-                self._closed()
-                return
-            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):  # skip the rest of an over-long line
-                    raw = await loop.run_in_executor(None, stream.readline, MAX_LINE_BYTES + 1)
-                continue
-            on_lines([_decode(raw)])
+        lines: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_QUEUED_LINES)
+
+        def hand_over(item: bytes | None) -> bool:
+            put = lines.put(item)
+            try:
+                asyncio.run_coroutine_threadsafe(put, loop).result()
+            except RuntimeError:  # the loop has stopped: nobody reads on
+                put.close()
+                return False
+            except concurrent.futures.CancelledError:
+                return False
+            return True
+
+        def read() -> None:
+            try:
+                while True:
+                    raw = stream.readline(MAX_LINE_BYTES + 1)
+                    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                        while raw and not raw.endswith(b"\n"):  # skip the rest of an over-long line
+                            raw = stream.readline(MAX_LINE_BYTES + 1)
+                        if raw:
+                            continue
+                    if not hand_over(raw or None) or not raw:
+                        return
+            except (OSError, ValueError) as exc:  # a read error, or the stream closed under the thread
+                log.warning("cannot read standard input: %s", exc)
+                hand_over(None)
+
+        threading.Thread(target=read, name="standard input", daemon=True).start()
+        stop_task = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                get = asyncio.ensure_future(lines.get())
+                await asyncio.wait({get, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    return
+                raw = get.result()
+                if raw is None:
+                    self._closed()
+                    return
+                on_lines([_decode(raw)])
+        finally:
+            stop_task.cancel()
 
     def _closed(self) -> None:
         self._open = False

@@ -20,6 +20,8 @@ import struct
 import sys
 from typing import TYPE_CHECKING, Any
 
+from exporter.loops import waits_on_descriptors
+
 if TYPE_CHECKING:
     from watchdog.observers.api import BaseObserver, ObservedWatch
 
@@ -230,9 +232,12 @@ class InotifyWatch:
 
     @classmethod
     def create(cls, path: pathlib.Path, wake: WakeUps) -> InotifyWatch | None:
-        """A watch, or None where inotify is missing: then follow() uses watchdog."""
+        """A watch, or None where inotify is missing or the loop cannot wait on its descriptor: then
+        follow() uses watchdog."""
         libc = libc_with_inotify()
-        return cls(libc, path, wake) if libc is not None else None
+        if libc is None or not waits_on_descriptors(asyncio.get_running_loop()):
+            return None
+        return cls(libc, path, wake)
 
     def ensure(self) -> None:
         """Called on every wake: (re)add the watches if the directory appeared or was replaced."""

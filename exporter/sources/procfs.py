@@ -13,6 +13,7 @@ its own command line, never matches.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,13 @@ if TYPE_CHECKING:
 __all__ = ["HostMemory", "ProcReader", "ProcSnapshot", "ProcessInfo"]
 
 _O_ACCMODE = 0o3
+
+
+def _clock_ticks() -> int:
+    """USER_HZ, the unit of /proc's start times: sysconf's where the system has it (not Windows), else
+    Linux's fixed 100 (a /proc tree read from such a system is a Linux one)."""
+    sysconf = getattr(os, "sysconf", None)
+    return int(sysconf("SC_CLK_TCK")) if sysconf is not None else 100
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -77,14 +85,14 @@ class ProcReader(ProcessFinder):
     def page_size(self) -> int:
         """The kernel's page size (RSS is counted in pages); asked for at the first read, not when built."""
         if self._page_size is None:
-            self._page_size = os.sysconf("SC_PAGE_SIZE")
+            self._page_size = mmap.PAGESIZE
         return self._page_size
 
     @property
     def clock_ticks(self) -> int:
         """Clock ticks per second (start times are counted in ticks after boot)."""
         if self._clock_ticks is None:
-            self._clock_ticks = os.sysconf("SC_CLK_TCK")
+            self._clock_ticks = _clock_ticks()
         return self._clock_ticks
 
     # ------------------------------------------------------------------ reading

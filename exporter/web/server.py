@@ -14,16 +14,16 @@ bodies and holds a connection for as long as its answer streams).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import html
 import json
 import logging
 import math
-import resource
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -278,13 +278,14 @@ def _short(exc: BaseException | None) -> str:
 
 
 class _Acceptor:
-    """Accepts connections on one listening socket, only while there is room for them.
+    """Accepts connections on one listening socket, and serves each only while there is room for it.
 
-    asyncio's own accept loop takes every pending connection at once, before any protocol could
-    refuse one: a burst of sockets reaches the descriptor limit, and then each failed accept() is an
-    error with a traceback in the log. Here a connection is accepted only when `_Connections` has room
-    (or made some); otherwise the socket is not read until a connection closes, and the kernel's
-    backlog holds the rest.
+    It waits on `loop.sock_accept`, which selector and proactor (Windows) loops both offer. A connection
+    accepted when `_Connections` has no room (and no idle connection to close for it) is held, unread,
+    until one closes; meanwhile this socket accepts nothing more, and the kernel's backlog holds the
+    rest: a burst takes at most one descriptor per listening socket past the cap. Room is made only for
+    a connection that has arrived, never ahead of one (a connection just made, whose request head is
+    still on its way, must not be closed for a newcomer that does not exist).
     """
 
     def __init__(
@@ -296,42 +297,60 @@ class _Acceptor:
     ) -> None:
         self.sock, self.factory, self.ssl_context, self.connections = sock, factory, ssl_context, connections
         self.loop = asyncio.get_running_loop()
-        self.reading = False
+        self.held = False  # a connection accepted waits for room
+        self._room = asyncio.Event()
         self._reported = -math.inf
         self._tasks: set[asyncio.Task[None]] = set()
+        self._task = self.loop.create_task(self._run(), name=f"accept on {sock.getsockname()}")
+        self._task.add_done_callback(self._ended)
 
-    def resume(self) -> None:
-        if not self.reading and self.sock.fileno() >= 0:
-            self.loop.add_reader(self.sock.fileno(), self._accept)
-            self.reading = True
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:  # never expected: say it
+            log.error("no longer accepting connections on %s: %s: %s", self.sock, type(exc).__name__, exc)
 
-    def pause(self) -> None:
-        if self.reading:
-            self.loop.remove_reader(self.sock.fileno())
-            self.reading = False
+    def wake(self) -> None:
+        """A connection closed: a held one may fit now."""
+        self._room.set()
 
-    def _accept(self) -> None:
-        for _ in range(16):
-            if not self.connections.room():
-                self.pause()  # until a connection closes
-                return
+    async def _run(self) -> None:
+        while True:
             try:
-                conn, _ = self.sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
+                conn, _ = await self.loop.sock_accept(self.sock)
+            except (BlockingIOError, InterruptedError, ConnectionError):
+                continue  # the client left before it was accepted (Windows says so; Linux skips it)
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: try again in a second, say so once a minute
                 now = time.monotonic()
                 if now - self._reported >= 60:
                     log.warning("cannot accept connections: %s; retrying every second", exc.strerror or exc)
                     self._reported = now
-                self.pause()
-                self.loop.call_later(1.0, self.resume)
-                return
+                await asyncio.sleep(1.0)
+                continue
             conn.setblocking(False)
+            try:
+                while True:
+                    self._room.clear()
+                    if self.connections.room():
+                        break
+                    if not self.held:  # the tests wait for this line
+                        log.debug(
+                            "connection cap reached (%d open): a new connection waits for one to close",
+                            len(self.connections.open),
+                        )
+                    self.held = True
+                    await self._room.wait()
+            except BaseException:
+                conn.close()
+                raise
+            finally:
+                self.held = False
             self.connections.pending += 1
             task = self.loop.create_task(self._serve(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            # sock_accept returns without yielding while connections are waiting: let the loop run once, so that
+            # a connection closed to make room lets go of its descriptor before the next one is taken (a burst
+            # would otherwise reach the descriptor limit), and the others are served meanwhile.
+            await asyncio.sleep(0)
 
     async def _serve(self, conn: socket.socket) -> None:
         made: list[_GuardedProtocol] = []
@@ -351,17 +370,28 @@ class _Acceptor:
             conn.close()  # a failed TLS handshake (no client certificate, plain HTTP on the TLS port, too slow)
         finally:
             if not (made and made[0].made):
-                self.connections.pending -= 1  # it never became a connection
-            self.connections.on_close()
+                self.connections.pending -= 1  # it never became a connection: its room is free again
+                self.connections.on_close()
 
-    def close(self) -> None:
-        self.pause()
+    async def close(self) -> None:
+        """Stop accepting (and drop a held connection); then close the socket."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
         self.sock.close()
         for task in self._tasks:
             task.cancel()
 
 
-def _listening_sockets(host: str, port: int) -> list[socket.socket]:
+def address_reuse_option() -> int:
+    """The socket option that lets a restarted exporter bind its port again at once, and no second one.
+
+    Windows' SO_REUSEADDR would let a second socket bind a port in use: there SO_EXCLUSIVEADDRUSE (which
+    exists only there) keeps the port to one socket, and a port in TIME_WAIT can be bound anyway."""
+    return getattr(socket, "SO_EXCLUSIVEADDRUSE", socket.SO_REUSEADDR)
+
+
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
     """Bound, listening, non-blocking sockets for `host` ("" = every interface, IPv4 and IPv6)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
@@ -369,7 +399,7 @@ def _listening_sockets(host: str, port: int) -> list[socket.socket]:
         for family, type_, proto, _, address in dict.fromkeys(infos):
             sock = socket.socket(family, type_, proto)
             sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, address_reuse_option(), 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             if port == 0 and len(sockets) > 1:  # one port for all families
@@ -390,12 +420,52 @@ def _listening_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def _descriptor_limit() -> int | None:
+    """The soft limit on open descriptors (RLIMIT_NOFILE); None where there is none to read (Windows has no
+    `resource` module, and its sockets are handles without such a limit)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft > 0 else None
+
+
+class BindError(OSError):
+    """An address that cannot be bound; `address` says which (HOST:PORT)."""
+
+    def __init__(self, errno: int | None, strerror: str, address: str) -> None:
+        super().__init__(errno, strerror)
+        self.address = address
+
+
+def host_port(host: str, port: int) -> str:
+    """`host:port` as a URL writes it (IPv6 in brackets; "" is every interface)."""
+    host = host or "0.0.0.0"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass
 class Serving:
     """A running server: aiohttp's runner and the sockets that accept for it."""
 
     runner: web.AppRunner
     acceptors: list[_Acceptor]
+
+    @property
+    def connections(self) -> _Connections:
+        """The open connections, counted against the cap."""
+        return self.acceptors[0].connections
+
+    @property
+    def holding(self) -> bool:
+        """A connection accepted past the cap waits for one to close."""
+        return any(a.held for a in self.acceptors)
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every address listened on, as HOST:PORT (the bound port, for port 0)."""
+        return [host_port(*a.sock.getsockname()[:2]) for a in self.acceptors]
 
     @property
     def port(self) -> int:
@@ -405,7 +475,7 @@ class Serving:
     async def close(self) -> None:
         """Stop accepting, then let aiohttp finish and close its connections."""
         for acceptor in self.acceptors:
-            acceptor.close()
+            await acceptor.close()
         await self.runner.cleanup()
 
 
@@ -417,21 +487,32 @@ async def start_server(
     security: WebConfigWatcher | None = None,
     limits: Limits | None = None,
     handler_cancellation: bool = False,
+    also: Sequence[tuple[str, int]] = (),
 ) -> Serving:
-    """Start serving `app` (with TLS where the web config says so) within `limits`; the caller closes what it
-    returns. Raises OSError when the address cannot be bound."""
+    """Start serving `app` (with TLS where the web config says so) on `host:port` and the addresses `also`,
+    within `limits`; the caller closes what it returns. Raises BindError when an address cannot be bound
+    (then none is)."""
     limits = limits or Limits()
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # Below the descriptor limit: log files, inotify, the HTTP client and NVML need some too.
-    fit = (soft - 64) // limits.descriptors_per_connection
-    max_connections = max(8, min(limits.max_connections, fit)) if soft > 0 else limits.max_connections
-    limits = dataclasses.replace(limits, max_connections=max_connections)
+    soft = _descriptor_limit()
+    if soft is not None:  # below the descriptor limit: log files, inotify, the HTTP client and NVML need some too
+        fit = (soft - 64) // limits.descriptors_per_connection
+        limits = dataclasses.replace(limits, max_connections=max(8, min(limits.max_connections, fit)))
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, _QuietServerLog) for f in server_log.filters):
         server_log.addFilter(_QuietServerLog())
     connections = _Connections(limits)
     app.middlewares.insert(0, connections.middleware())  # outermost: it must see every request end
-    sockets = _listening_sockets(host, port)
+    sockets: list[socket.socket] = []
+    try:
+        for h, p in [(host, port), *also]:  # all or nothing
+            try:
+                sockets += listening_sockets(h, p)
+            except OSError as exc:
+                raise BindError(exc.errno, exc.strerror or str(exc), host_port(h, p)) from None
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     # handler_cancellation: a client that goes away cancels its handler (the guard then closes its upstream
     # connection, and llama-server cancels the task); the exporter's pages are short either way.
     runner = web.AppRunner(
@@ -456,10 +537,9 @@ async def start_server(
     ssl_context = security.ssl_context if security is not None else None
     acceptors = [_Acceptor(sock, factory, ssl_context, connections) for sock in sockets]
 
-    def resume_all() -> None:
+    def wake_all() -> None:
         for acceptor in acceptors:
-            acceptor.resume()
+            acceptor.wake()
 
-    connections.on_close = resume_all
-    resume_all()
+    connections.on_close = wake_all
     return Serving(runner, acceptors)

@@ -680,3 +680,52 @@ def test_clients_that_send_no_head_or_stall_are_cut_and_block_nobody(guarded: Gu
         for s in held:
             s.close()
         exporter.stop()
+
+
+def test_past_the_cap_new_connections_wait_for_a_busy_one_to_close(guarded: Guarded, tmp_path: Path) -> None:
+    """8 connections busy with requests (running or queued in the guard): a 9th is accepted but held unread,
+    none of the 8 is closed for it, and it is answered once one of them closes. Every wait is on what the
+    exporter shows (its queue, its debug line for a held connection), none on a clock."""
+    exporter, port = start_guarded(guarded.server, tmp_path, "--guard.max-connections", "8", "--log-level", "debug")
+    busy: list[socket.socket] = []
+    # Each would fill its slot's window: one runs at a time, the others wait in the guard's queue.
+    big = json.dumps({"prompt": "a story", "n_predict": 5000, "ignore_eos": True}).encode()
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(
+                b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(big)}\r\n\r\n".encode()
+                + big
+            )
+            busy.append(s)
+
+        def held() -> bool:  # all 8 requests are in the guard, running or queued
+            queued = exporter.sample("llamacpp_guard_queue_requests") or 0
+            return queued + (exporter.sample("llamacpp_guard_in_flight_requests") or 0) == 8
+
+        wait_for(held, timeout=120, what="all 8 requests in the guard")
+        late = socket.create_connection(("127.0.0.1", port))
+        late.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        wait_for(
+            lambda: "connection cap reached (8 open)" in exporter.output_file.read_text(errors="replace"),
+            timeout=120,
+            what="the 9th connection held at the cap",
+        )
+        late.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            late.recv(1)  # held: not a byte of an answer
+        assert not any(_closed_by_the_guard(s) for s in busy)  # none of them was cut for it
+        busy.pop().close()  # a waiting one leaves: the 9th is served
+        late.setblocking(True)
+        late.settimeout(120)
+        answer = b""
+        while chunk := late.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        late.close()
+        assert "Traceback" not in exporter.output_file.read_text(errors="replace")
+    finally:
+        for s in busy:
+            s.close()
+        exporter.stop()

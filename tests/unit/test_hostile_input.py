@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import random
-import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +63,17 @@ def test_slot_ids_and_counts_are_bounded_before_the_server_says_how_many_slots()
     assert state.rejected["out_of_range"] == sum(1 for i in range(0, 5000, 3) if i >= MAX_SLOTS)
 
 
+def rss_kib() -> int:
+    """The peak RSS in KiB; where there is no `resource` module (Windows, the portable configuration) the
+    current RSS from psutil."""
+    try:
+        import resource
+    except ImportError:
+        psutil = importlib.import_module("psutil")
+        return int(psutil.Process().memory_info().rss // 1024)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def test_fuzz_a_million_mutated_real_lines() -> None:
     """Seeded and bounded: 1,000,000 mutated lines of every capture through parse + state.
 
@@ -74,7 +85,7 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
     ]
     rng = random.Random(20261201)
     state = ServerState()
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_before = rss_kib()
     total, batch = 0, 4096
     # A real server start up to its first retry: after the garbage, a restarted server's lines count.
     real = captured("exhaust-default-verbosity")
@@ -94,7 +105,7 @@ def test_fuzz_a_million_mutated_real_lines() -> None:
         f = forecast(state)
         assert 0 <= f.prompt_demand <= MAX_TOKENS * MAX_SLOTS
     assert sum(state.rejected.values()) > 0
-    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    grown_kib = rss_kib() - rss_before
     assert grown_kib < 200 * 1024, f"RSS grew by {grown_kib} KiB"
 
 

@@ -228,6 +228,7 @@ async def test_follow_falls_back_to_polling_when_watchdog_fails(
     assert seqs(seen.lines) == list(range(20))
 
 
+@pytest.mark.linux  # inotify
 async def test_follow_falls_back_to_polling_when_inotify_refuses(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -250,6 +251,7 @@ async def test_follow_falls_back_to_polling_when_inotify_refuses(
     assert seqs(seen.lines) == list(range(20))
 
 
+@pytest.mark.linux  # inotify
 async def test_follow_without_the_close_watch_still_watches_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

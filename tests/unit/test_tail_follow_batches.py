@@ -85,6 +85,7 @@ def record_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return waits
 
 
+@pytest.mark.linux  # inotify
 async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While lines keep coming the batch wait doubles from 25 ms up to the batch interval, never
     beyond it; a line after a quiet spell is read at once, alone, with no batch wait before it."""

@@ -156,6 +156,7 @@ async def test_every_line_is_read_once_or_counted_lost(tmp_path: Path, fs_events
     )
 
 
+@pytest.mark.linux  # inotify
 async def test_a_rotated_file_written_on_is_read_at_once(tmp_path: Path) -> None:
     """After logrotate's rename llama-server writes on into the renamed file: its lines wake the follower
     (inotify), they do not wait for the poll timer."""

@@ -1,0 +1,119 @@
+"""The exporter as a process with what Windows' Python lacks taken away (tests/support/portable on PYTHONPATH)
+and without: `--help`, a start and a clean stop on Ctrl-C, the guard on several addresses. These run in both
+of the suite's configurations; the portable one itself is checked to take things away in a child process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from llama_harness import ExporterProcess, free_port, http_request
+from paths import REPO
+
+SHIM = REPO / "tests" / "support" / "portable"
+CONFIGURATIONS = {"as-is": {}, "portable": {"PYTHONPATH": str(SHIM)}}
+
+
+def python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_portable_configuration_takes_away_what_windows_lacks_in_a_child() -> None:
+    """What an exporter process started by the tests gets: no resource, fcntl, os.sysconf, os.fork; a loop that
+    refuses add_reader and add_signal_handler; the process source on psutil."""
+    code = """
+import asyncio, importlib, os, signal
+for name in ("resource", "fcntl"):
+    try:
+        importlib.import_module(name)
+        print(name, "present")
+    except ImportError:
+        print(name, "missing")
+print("sysconf", hasattr(os, "sysconf"), "fork", hasattr(os, "fork"))
+async def main():
+    loop = asyncio.get_running_loop()
+    for what, call in (("add_reader", lambda: loop.add_reader(0, print)),
+                       ("add_signal_handler", lambda: loop.add_signal_handler(signal.SIGINT, print))):
+        try:
+            call()
+            print(what, "works")
+        except NotImplementedError:
+            print(what, "refused")
+asyncio.run(main())
+print("source", os.environ.get("LLAMACPP_EXPORTER_PROCESS_SOURCE"))
+"""
+    out = python(code, CONFIGURATIONS["portable"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n") == [
+        "resource missing",
+        "fcntl missing",
+        "sysconf False fork False",
+        "add_reader refused",
+        "add_signal_handler refused",
+        "source psutil",
+        "",
+    ], out.stdout
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_help_works(configuration: str) -> None:
+    env = CONFIGURATIONS[configuration]
+    for args in (["--help"], ["diagnose", "--help"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "exporter", *args],
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0 and out.stdout.startswith("usage:") and not out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_ctrl_c_stops_with_one_line_and_exit_code_0(configuration: str, tmp_path: Path) -> None:
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    exporter = ExporterProcess(
+        log, ["--nvml", "off", "--http", "off", "--proc", "off"], env=CONFIGURATIONS[configuration]
+    ).start()
+    proc = exporter._proc
+    assert proc is not None
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    output = exporter.output_file.read_text(errors="replace")
+    assert "received SIGINT: stopping" in output and "Traceback" not in output and "KeyboardInterrupt" not in output
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_the_guard_listens_on_every_address_given(configuration: str, tmp_path: Path) -> None:
+    """127.0.0.1 and ::1 both answer (502: no llama-server behind it); an address that cannot be bound ends the
+    start in one line, and none is left bound."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    v4, v6 = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{free_port()}"
+    base = ["--nvml", "off", "--http", "off", "--proc", "off", "--server-url", upstream]
+    with ExporterProcess(
+        log, [*base, "--guard.listen-address", f"127.0.0.1:{v4},[::1]:{v6}"], env=CONFIGURATIONS[configuration]
+    ) as exporter:
+        assert http_request(f"http://127.0.0.1:{v4}/health")[0] == 502
+        assert http_request(f"http://[::1]:{v6}/health")[0] == 502
+        output = exporter.output_file.read_text(errors="replace")
+        assert f"guard serving on http://127.0.0.1:{v4}, http://[::1]:{v6} in front of" in output
+        taken = exporter.port  # the exporter's own port: in use
+        free = free_port()
+        bad = subprocess.run(
+            [sys.executable, "-m", "exporter", "--log-file", str(log), "--listen-address", f"127.0.0.1:{free_port()}",
+             *base, "--guard.listen-address", f"127.0.0.1:{free},127.0.0.1:{taken}"],
+            cwd=REPO, env={**os.environ, **CONFIGURATIONS[configuration]}, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert bad.returncode == 1, bad.stderr
+        errors = [line for line in bad.stderr.splitlines() if "error" in line]
+        assert errors == [f"llamacpp-exporter: error: --guard.listen-address 127.0.0.1:{taken}: address already in use"]

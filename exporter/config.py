@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exporter.flags import (
     DEFAULT_PORT,
@@ -234,13 +235,21 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         kv_pool_capacity=ns.kv_pool_capacity,
         web_config_file=ns.web_config_file,
         servers=servers,
-        guard_listen=ns.guard_listen_address[0] if ns.guard_listen_address else None,
-        guard_listen_also=tuple(ns.guard_listen_address[1:]) if ns.guard_listen_address else (),
-        guard_default_budget=ns.guard_default_budget,
-        guard_queue_size=ns.guard_queue_size,
-        guard_queue_timeout=ns.guard_queue_timeout,
-        guard_max_body_bytes=ns.guard_max_body_bytes,
-        guard_max_connections=ns.guard_max_connections,
-        guard_head_timeout=ns.guard_head_timeout,
-        guard_keepalive_timeout=ns.guard_keepalive_timeout,
+        **_guard_settings(ns),
     )
+
+
+def _guard_settings(ns: argparse.Namespace) -> dict[str, Any]:
+    """The `guard_*` fields of `Config`, from the `--guard.*` flags."""
+    listen = ns.guard_listen_address or ()
+    return {
+        "guard_listen": listen[0] if listen else None,
+        "guard_listen_also": tuple(listen[1:]),
+        "guard_default_budget": ns.guard_default_budget,
+        "guard_queue_size": ns.guard_queue_size,
+        "guard_queue_timeout": ns.guard_queue_timeout,
+        "guard_max_body_bytes": ns.guard_max_body_bytes,
+        "guard_max_connections": ns.guard_max_connections,
+        "guard_head_timeout": ns.guard_head_timeout,
+        "guard_keepalive_timeout": ns.guard_keepalive_timeout,
+    }

@@ -22,7 +22,7 @@ given the fuller slot.
     >>> slots = [SlotView(0, 300, 40, n_predict=-1, rate=20.0), SlotView(1, 200, 50, n_predict=-1, rate=20.0)]
     >>> running = [Running(1, prompt=40, n_predict=-1, admitted_at=0.0), Running(2, 50, n_predict=-1, admitted_at=1.0)]
     >>> choose_victim(slots, running, limit=512, horizon=2.0)
-    (1, 'slot 0 holds 300 of the 580 cells projected 2s ahead in a pool of 512')
+    (1, 'slot 0 holds 300 of the 580 cells projected 2.0s ahead in a pool of 512')
     >>> choose_victim(slots, running, limit=1024, horizon=2.0) is None
     True
 """
@@ -177,4 +177,7 @@ def choose_victim(slots: list[SlotView], running: list[Running], limit: int, hor
     admitted = {r.id: r.admitted_at for r in running}
     victim = max(matched, key=lambda rid: (matched[rid].held, admitted[rid]))
     s = matched[victim]
-    return victim, f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:g}s ahead in a pool of {limit}"
+    return (
+        victim,
+        f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:.1f}s ahead in a pool of {limit}",
+    )

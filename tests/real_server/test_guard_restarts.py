@@ -1,6 +1,7 @@
 """The guard across llama-server restarts (b11434): requests wait while it is down or loading and then go in; a
 request whose upstream died before any byte reached its client is sent again (counted, within the retry budget);
 a stream that had begun ends with an error event and a clean end of its body; a crash loop gets clear errors.
+And a wait in the queue that cannot fit the queue timeout is refused at once.
 
 Every assertion is about order and causality (what the client had received when the server died, what the
 server's log says it ran), none about a wall-clock margin.
@@ -269,4 +270,31 @@ def test_acceptance_a_crash_loop_gets_clear_errors_within_the_retry_budget(
             wait_for(lambda: books_empty(exporter), timeout=60)
         finally:
             stop.set()
+            exporter.stop()
+
+
+def test_a_wait_predicted_past_the_queue_timeout_is_refused_at_once(
+    llama_server_bin: Path, slow_model: Path, tmp_path: Path
+) -> None:
+    """One request holds the pool for its long budget; one that needs room meanwhile is told at once (503, a
+    Retry-After of at most a minute) that its wait would outlast the queue timeout, while the first still runs."""
+    pool = ("-c", "1024", "-np", "2", "-kvu", "-t", "2")
+    with LlamaServer(llama_server_bin, slow_model, pool, log_file=tmp_path / "llama-server.log") as server:
+        exporter, guard = start_guard(server, tmp_path, "--guard.queue-timeout", "3")
+        try:
+            holder = Answer(guard, "/completion", completion(1000))
+            wait_for(lambda: exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=60)
+            refused = None
+            while holder.status is None and refused is None:
+                # The first ones may wait their 3 s out while the guard measures the holder's speed.
+                probe = Answer(guard, "/completion", completion(100, prompt_chars=100)).join()
+                assert probe.status == 503, probe.data
+                if b"within the guard's queue timeout" in probe.data:
+                    refused = probe
+            assert refused is not None and holder.status is None  # told while the holder still ran
+            assert 1 <= int(refused.headers["retry-after"]) <= 60
+            assert "\n" not in json.loads(refused.data)["error"]["message"]
+            assert holder.join().status == 200
+            wait_for(lambda: books_empty(exporter), timeout=30)
+        finally:
             exporter.stop()

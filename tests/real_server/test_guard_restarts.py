@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def test_requests_wait_while_the_server_is_down_or_loading_and_then_go_in(
     llama_server_bin: Path, tmp_path: Path
 ) -> None:
     """Sent while nothing listens, and while the server answers `503 Loading model`: both answered 200, each
-    run once; the guard's own /health passes on the truth meanwhile (502, then 503)."""
+    run once; one whose client left meanwhile never runs; the guard's /health passes on the truth (502, 503)."""
     model = write_slow_loading_model(tmp_path / "slow-load.gguf", 1024)
     server = LlamaServer(
         llama_server_bin,
@@ -138,6 +139,17 @@ def test_requests_wait_while_the_server_is_down_or_loading_and_then_go_in(
         assert http_request(guard + "/health")[0] == 502  # not a generation: passed on, nothing waits
         down = Answer(guard, "/completion", completion(2))
         wait_for(lambda: exporter.sample("llamacpp_guard_server_down_waiting_requests") == 1, timeout=30)
+        # A client that leaves while it waits is forgotten: it never runs.
+        leaver = socket.create_connection(("127.0.0.1", int(guard.rsplit(":", 1)[1])))
+        body = json.dumps(completion(2)).encode()
+        leaver.sendall(
+            b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(lambda: exporter.sample("llamacpp_guard_server_down_waiting_requests") == 2, timeout=30)
+        leaver.close()
+        wait_for(lambda: exporter.sample("llamacpp_guard_server_down_waiting_requests") == 1, timeout=30)
         assert down.status is None
         server.start()
         wait_for(lambda: (h := server.health()) is not None and h[0] == 503, timeout=30, what="503 Loading model")
@@ -148,7 +160,7 @@ def test_requests_wait_while_the_server_is_down_or_loading_and_then_go_in(
             assert a.status == 200 and json.loads(a.data)["tokens_predicted"] == 2
         assert sample(exporter, "llamacpp_guard_server_down_wait_seconds_total") > 0
         assert sample(exporter, "llamacpp_guard_requests_total", {"outcome": "retried"}) == 0
-        assert launched(server) == 2  # each ran once
+        assert launched(server) == 2  # each ran once, the one whose client left never
         wait_for(lambda: books_empty(exporter), timeout=30)
     finally:
         exporter.stop()

@@ -90,4 +90,10 @@ def test_acceptance_generation_overflow_on_a_saturated_host_aborts_nothing(
     assert len(g.server.log_lines("Context size has been exceeded")) == exceeded
     # The overflow was coming: it was stopped (or admission held a request back while the guard was blind).
     assert g.outcome("preempted") - preempted == g.outcome("replayed") - replayed
+    stops = [
+        line.split("finish: ", 1)[-1] for line in g.exporter.output_file.read_text().splitlines() if "stopped" in line
+    ]
+    print(
+        f"run {run}: load {os.getloadavg()[0]:.1f}, {g.outcome('preempted') - preempted:g} stopped, last: {stops[-1:]}"
+    )
     wait_for(lambda: g.exporter.sample("llamacpp_guard_in_flight_requests") == 0, timeout=60)

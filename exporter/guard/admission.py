@@ -327,7 +327,7 @@ class RetryBudget:
         for times in (self._sent, self._retried):
             while times and now - times[0] > self.window:
                 times.popleft()
-        if len(self._retried) >= self.floor + self.ratio * len(self._sent):
-            return False
+        if len(self._retried) + 1 > self.floor + self.ratio * len(self._sent):
+            return False  # counting this one, the retries would pass the budget
         self._retried.append(now)
         return True

@@ -278,7 +278,8 @@ def test_acceptance_a_crash_loop_gets_clear_errors_within_the_retry_budget(
             )
             assert retried + failed >= 1, "no kill caught a request in flight"
             assert retried <= 3 + 0.2 * admitted, (retried, admitted, statuses)
-            assert statuses.count(200) >= 1
+            # Once the loop ends, the guard serves as before.
+            assert Answer(guard, "/completion", completion(8)).join().status == 200
             wait_for(lambda: books_empty(exporter), timeout=60)
         finally:
             stop.set()

@@ -68,7 +68,7 @@ class Config:
     guard_listen_also: tuple[tuple[str, int], ...] = ()  # further addresses of the guard (the flag's list)
     guard_default_budget: int = 1024
     guard_queue_size: int = 64
-    guard_queue_timeout: float = 120.0
+    guard_queue_timeout: float = 300.0
     guard_max_body_bytes: int = 64 * 1024 * 1024
     guard_max_connections: int = 256
     guard_head_timeout: float = 10.0

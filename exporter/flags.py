@@ -513,9 +513,11 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--guard.queue-timeout",
-        "the longest wait in the queue, in seconds; past it the request is answered 503 with Retry-After.",
+        "the longest wait in the guard, in seconds (for room in the KV pool, or for llama-server to be ready "
+        "again); past it, or when the wait is predicted to be longer, the request is answered 503 with "
+        "Retry-After. The default is half the openai and anthropic SDKs' own request timeout.",
         type=_positive_float,
-        fallback="120",
+        fallback="300",
         dest="guard_queue_timeout",
         metavar="SECONDS",
     )

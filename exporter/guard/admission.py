@@ -8,7 +8,12 @@ a pool that idle slots fill.
 
 The queue is first in, first out: the head waits until it fits, and nothing behind it overtakes it
 (a small request that always fits must not starve a large one forever). It is bounded by length
-(past it: 429) and by wait (past it: 503), each with a `Retry-After`.
+(past it: 429) and by wait (past it: 503), each with a `Retry-After` of at most a minute (the `openai`
+SDK honours no longer one). A request whose wait is predicted to outlast the timeout (every running
+request using its whole budget at the measured speed) is told so at once, not after the wait.
+
+While the guard cannot see the slots in time (`cautious`), a budget it does not know counts as the
+slot's whole window; a request that has shown it generates past its budget (`overran`) always does.
 
     >>> a = Admission(max_queue=2, max_wait=60.0)
     >>> pool = Pool(capacity=1000, slot_window=1000, unified=True)
@@ -25,6 +30,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+
+#: The longest `Retry-After` the guard suggests: the `openai` SDK ignores longer ones and comes back sooner.
+RETRY_AFTER_MAX = 60
 
 
 @dataclass(frozen=True)
@@ -62,13 +70,18 @@ class Ticket:
     exact: bool = True  # False: `prompt` is a bound (admitted on its byte length), not yet the tokenizer's count
     n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
     key: str | None = None  # its pool: None for a plain server, the model's name behind a router
-    queued_at: float | None = None
+    queued_at: float | None = None  # when its wait began (the queue's one clock: `Admission.deadline`)
     admitted_at: float | None = None
     demand: int = 0  # set on offer: prompt + budget, capped per task at the slot window
+    overran: bool = False  # it generated past its budget: counted at its window from now on
 
-    def size(self, pool: Pool) -> int:
-        """Cells this request may hold at most on `pool`."""
-        total = self.prompt + self.budget
+    def size(self, pool: Pool, cautious: bool = False) -> int:
+        """Cells this request may hold at most on `pool` (`cautious`: an unknown budget counts as the window)."""
+        budget = self.budget
+        if self.overran or (cautious and not self.budget_known):
+            window = pool.slot_window or pool.limit
+            budget = window * self.tasks if window is not None else budget
+        total = self.prompt + budget
         if pool.slot_window is not None:
             total = min(total, pool.slot_window * self.tasks)
         return total
@@ -96,6 +109,28 @@ class Admission:
     max_wait: float
     in_flight: dict[int, Ticket] = field(default_factory=dict)
     queue: deque[Ticket] = field(default_factory=deque)
+    cautious: bool = False  # the slots cannot be observed in time: unknown budgets count as the window
+
+    def deadline(self, ticket: Ticket, now: float) -> float:
+        """When `ticket`'s wait runs out: `max_wait` after it began (now, when it has not begun yet)."""
+        if ticket.queued_at is None:
+            ticket.queued_at = now
+        return ticket.queued_at + self.max_wait
+
+    def set_cautious(self, cautious: bool, pool: Pool, now: float) -> list[Ticket]:
+        """Count unknown budgets as the window (True) or as given (False); admit what fits now."""
+        if cautious == self.cautious:
+            return []
+        self.cautious = cautious
+        for t in self.in_flight.values():
+            t.demand = t.size(pool, cautious)
+        return self.pump(pool, now)
+
+    def overran(self, ticket: Ticket, pool: Pool) -> None:
+        """`ticket` generated past its budget: it holds its window's worth from now on."""
+        if ticket.id in self.in_flight and not ticket.overran:
+            ticket.overran = True
+            ticket.demand = ticket.size(pool, self.cautious)
 
     @property
     def demand(self) -> int:
@@ -111,7 +146,7 @@ class Admission:
 
     def admits_now(self, ticket: Ticket, pool: Pool) -> bool:
         """Whether `offer` would admit `ticket` at once (nothing waits, it fits, it is no refusal)."""
-        demand = ticket.size(pool)
+        demand = ticket.size(pool, self.cautious)
         per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
         if pool.slot_window is not None and per_task >= pool.slot_window:
             return False
@@ -124,12 +159,12 @@ class Admission:
         """The exact prompt size of an admitted request, known after it was admitted on a bound; admit what fits now."""
         ticket.prompt = prompt
         ticket.exact = True
-        ticket.demand = ticket.size(pool)
+        ticket.demand = ticket.size(pool, self.cautious)
         return self.pump(pool, now)
 
-    def offer(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
-        """A newly sized request: admit it, queue it, or say why not."""
-        ticket.demand = ticket.size(pool)
+    def offer(self, ticket: Ticket, pool: Pool, now: float, speed: Speed | None = None) -> Decision:
+        """A newly sized request: admit it, queue it, or say why not (`speed`: for the predicted wait)."""
+        ticket.demand = ticket.size(pool, self.cautious)
         window = pool.slot_window
         per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
         if window is not None and per_task >= window:
@@ -156,12 +191,55 @@ class Admission:
                 retry_after=self.retry_after(),
                 error_type="unavailable_error",
             )
-        ticket.queued_at = now
+        left = self.deadline(ticket, now) - now
+        wait = self.predicted_wait(ticket, pool, now, speed) if speed is not None else None
+        if wait is not None and wait > left:
+            return Decision(
+                "refuse",
+                503,
+                f"no room in the KV pool for this request within the guard's queue timeout of {self.max_wait:g} s "
+                f"(the requests ahead of it need about {wait:.0f} s at the measured speed); retry later",
+                retry_after=min(RETRY_AFTER_MAX, max(1, math.ceil(wait - left))),
+                error_type="unavailable_error",
+            )
         self.queue.append(ticket)
         return Decision("queue")
 
+    def predicted_wait(self, ticket: Ticket, pool: Pool, now: float, speed: Speed) -> float | None:
+        """Seconds until `ticket` (not yet queued) would be admitted if every request ahead of it used its whole
+        budget at the measured speed; None when the speed is not known. An upper bound: a request that ends
+        early (an end-of-sequence token) frees its cells sooner."""
+        limit = pool.limit
+        if limit is None or speed.rate <= 0:
+            return None
+        ticket.demand = ticket.size(pool, self.cautious)
+
+        def takes(t: Ticket) -> float:
+            return t.budget / max(t.tasks, 1) / speed.rate
+
+        ends = []
+        for t in self.in_flight.values():
+            left = speed.ends_in.get(t.id)
+            if left is None:
+                left = max(0.0, takes(t) - (now - (t.admitted_at if t.admitted_at is not None else now)))
+            ends.append((left, t.demand))
+        ends.sort()
+        held = sum(d for _, d in ends)
+        clock = 0.0
+        for q in [*self.queue, ticket]:  # first in, first out: each is admitted once the ones before it are
+            while ends and held + q.demand > limit:
+                clock, freed = ends.pop(0)
+                held -= freed
+            if q is ticket:
+                return clock
+            ends.append((clock + takes(q), q.demand))
+            ends.sort()
+            held += q.demand
+        return clock
+
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.admitted_at = now
+        ticket.queued_at = None  # a later wait (a replay, a restart) starts its own clock
         self.in_flight[ticket.id] = ticket
 
     def pump(self, pool: Pool, now: float) -> list[Ticket]:
@@ -169,7 +247,7 @@ class Admission:
         out: list[Ticket] = []
         while self.queue:
             head = self.queue[0]
-            head.demand = head.size(pool)  # the pool may have become known since
+            head.demand = head.size(pool, self.cautious)  # the pool may have become known since
             if not self.fits(head, pool):
                 break
             self.queue.popleft()
@@ -190,7 +268,7 @@ class Admission:
         """A stopped request goes back to the head of the queue with a new budget (it showed it needs more)."""
         self.in_flight.pop(ticket.id, None)
         ticket.budget = budget
-        ticket.demand = ticket.size(pool)
+        ticket.demand = ticket.size(pool, self.cautious)
         ticket.queued_at = now
         self.queue.appendleft(ticket)
 
@@ -206,5 +284,50 @@ class Admission:
         self.in_flight.clear()
 
     def retry_after(self) -> int:
-        """Seconds to suggest in `Retry-After`: the queue's longest wait, at least 1."""
-        return max(1, math.ceil(self.max_wait))
+        """Seconds to suggest in `Retry-After`: the queue's longest wait, at least 1 and at most a minute."""
+        return min(RETRY_AFTER_MAX, max(1, math.ceil(self.max_wait)))
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How fast the running requests generate: tokens per second per request (`rate`), and for the requests
+    the slots show, the seconds until each would end at its whole budget (`ends_in`, by ticket id)."""
+
+    rate: float
+    ends_in: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class RetryBudget:
+    """How many requests may be sent again after llama-server died under them (as Envoy's retry budget):
+    at most `floor` plus `ratio` of the requests sent within the last `window` seconds. A crash loop
+    then cannot multiply the load it is given.
+
+    >>> b = RetryBudget(ratio=0.2, floor=1, window=60.0)
+    >>> for _ in range(5):
+    ...     b.sent(0.0)
+    >>> [b.allow(1.0) for _ in range(3)]  # 1 + 20 % of 5
+    [True, True, False]
+    >>> b.allow(62.0)  # the window has passed
+    True
+    """
+
+    ratio: float = 0.2
+    floor: int = 3
+    window: float = 60.0
+    _sent: deque[float] = field(default_factory=deque)
+    _retried: deque[float] = field(default_factory=deque)
+
+    def sent(self, now: float) -> None:
+        """A request was sent to llama-server (a first send)."""
+        self._sent.append(now)
+
+    def allow(self, now: float) -> bool:
+        """Whether one more request may be sent again now; counts it when it may."""
+        for times in (self._sent, self._retried):
+            while times and now - times[0] > self.window:
+                times.popleft()
+        if len(self._retried) + 1 > self.floor + self.ratio * len(self._sent):
+            return False  # counting this one, the retries would pass the budget
+        self._retried.append(now)
+        return True

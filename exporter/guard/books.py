@@ -24,7 +24,7 @@ from exporter.guard.admission import Admission
 from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS, Histogram
 
 #: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
-OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "failed", "unsized")
+OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized")
 #: Seconds a request waited in the queue: from a moment to the longest wait a client tolerates.
 WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -37,6 +37,8 @@ class GuardBooks:
     wait_buckets: list[int] = field(default_factory=lambda: [0] * len(WAIT_BUCKETS))
     wait_sum: float = 0.0
     wait_count: int = 0
+    server_wait: float = 0.0  # seconds requests waited because llama-server was down or loading
+    server_waiting: int = 0  # requests waiting for it now
     # The buckets of llamacpp_request_prompt_tokens (the log's), so that the two compare bucket by bucket.
     prompts: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
 
@@ -46,6 +48,10 @@ class GuardBooks:
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
+
+    def server_waited(self, seconds: float) -> None:
+        """A request waited `seconds` for llama-server to come back (from a restart, or loading its model)."""
+        self.server_wait += seconds
 
     def waited(self, seconds: float) -> None:
         """A request left the queue (admitted, expired or gone) after `seconds`."""
@@ -75,14 +81,27 @@ class GuardCollector(Collector):
             "llamacpp_guard_requests",
             "Generation requests through the guard, by outcome: admitted (sent to llama-server), queued (had to "
             "wait for room first), refused (answered 429/503 by the guard, or too large for a slot), preempted "
-            "(stopped so that the others could finish), replayed (sent again after a preemption), failed "
-            "(llama-server could not be reached or broke the connection), unsized (passed on unsized: not JSON "
+            "(stopped so that the others could finish), replayed (sent again after a preemption), retried (sent "
+            "again after llama-server died before answering), failed (llama-server could not be reached, broke "
+            "the connection, or the retries were spent), unsized (passed on unsized: not JSON "
             "the guard could read).",
             labels=["outcome"],
         )
         for outcome in OUTCOMES:
             requests.add_metric([outcome], b.outcomes[outcome])
         yield requests
+        yield CounterMetricFamily(
+            "llamacpp_guard_server_down_wait_seconds",
+            "Seconds requests waited in the guard because llama-server was down or loading its model (summed "
+            "over requests: two requests waiting 3 s add 6 s).",
+            value=b.server_wait,
+        )
+        yield GaugeMetricFamily(
+            "llamacpp_guard_server_down_waiting_requests",
+            "Requests waiting in the guard now for llama-server to be ready again (down, restarting, or loading "
+            "its model).",
+            value=b.server_waiting,
+        )
         yield GaugeMetricFamily(
             "llamacpp_guard_queue_requests",
             "Requests waiting in the guard's queue for room in the KV pool.",

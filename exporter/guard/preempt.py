@@ -22,15 +22,62 @@ given the fuller slot.
     >>> slots = [SlotView(0, 300, 40, n_predict=-1, rate=20.0), SlotView(1, 200, 50, n_predict=-1, rate=20.0)]
     >>> running = [Running(1, prompt=40, n_predict=-1, admitted_at=0.0), Running(2, 50, n_predict=-1, admitted_at=1.0)]
     >>> choose_victim(slots, running, limit=512, horizon=2.0)
-    (1, 'slot 0 holds 300 of the 580 cells projected 2s ahead in a pool of 512')
+    (1, 'slot 0 holds 300 of the 580 cells projected 2.0s ahead in a pool of 512')
     >>> choose_victim(slots, running, limit=1024, horizon=2.0) is None
     True
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Sight:
+    """How late the guard sees the slots, and what follows from it.
+
+    An observation's lag is the time from when a `/slots` read was due to when its answer was read: the
+    guard's own scheduling (a starved process wakes late) plus llama-server's answer (it answers between
+    two batches, slower on a saturated host). The projection must cover the next observation and the time
+    a stop takes to be noticed, both of which grow with the lag: `horizon` is the configured one plus twice
+    the worst recent lag. Past `blind_after` seconds of lag the guard cannot see in time (`blind`), and
+    admission counts unknown budgets as whole windows until it can.
+
+    >>> s = Sight(horizon_base=3.5, blind_after=1.0)
+    >>> s.horizon, s.blind
+    (3.5, False)
+    >>> s.saw(0.1); s.saw(1.5); s.horizon, s.blind
+    (6.5, True)
+    >>> for _ in range(4):
+    ...     s.saw(0.1)
+    >>> round(s.horizon, 2), s.blind  # four timely reads in a row: it sees again
+    (3.7, False)
+    """
+
+    horizon_base: float
+    blind_after: float
+    lags: deque[float] = field(default_factory=lambda: deque(maxlen=4))
+
+    def saw(self, lag: float) -> None:
+        """One observation (or a failed one) `lag` seconds after it was due."""
+        self.lags.append(max(0.0, lag))
+
+    @property
+    def lag(self) -> float:
+        """The worst lag of the last few observations."""
+        return max(self.lags, default=0.0)
+
+    @property
+    def horizon(self) -> float:
+        """How far ahead to project the slots."""
+        return self.horizon_base + 2 * self.lag
+
+    @property
+    def blind(self) -> bool:
+        """Whether the slots cannot be observed in time."""
+        return self.lag >= self.blind_after
 
 
 @dataclass(frozen=True)
@@ -130,4 +177,7 @@ def choose_victim(slots: list[SlotView], running: list[Running], limit: int, hor
     admitted = {r.id: r.admitted_at for r in running}
     victim = max(matched, key=lambda rid: (matched[rid].held, admitted[rid]))
     s = matched[victim]
-    return victim, f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:g}s ahead in a pool of {limit}"
+    return (
+        victim,
+        f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:.1f}s ahead in a pool of {limit}",
+    )

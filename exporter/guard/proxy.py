@@ -12,23 +12,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
 
-from exporter.guard.admission import Admission, Pool, Ticket
+from exporter.guard.admission import Admission, Pool, RetryBudget, Speed, Ticket
 from exporter.guard.books import GuardBooks
+from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
-from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
+from exporter.guard.preempt import Sight
+from exporter.guard.preempting import Preempting, Run
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
-from exporter.guard.upstream import HOP_BY_HOP, Sizer, end_to_end, error_response
+from exporter.guard.upstream import (
+    HOP_BY_HOP,
+    ServerNotReady,
+    Sizer,
+    copy_answer,
+    end_stream,
+    end_to_end,
+    error_response,
+    read_body,
+    why_unreachable,
+)
 from exporter.model.forecast import Measured
 
 log = logging.getLogger(__name__)
@@ -42,7 +52,8 @@ class GuardSettings:
     api_key: str | None = None  # for the guard's own sizing calls when the client sends no Authorization
     default_budget: int = 1024  # generation tokens assumed for a request that gives no limit
     max_queue: int = 64
-    max_wait: float = 120.0
+    #: Half the `openai` and `anthropic` SDKs' default request timeout (600 s): the rest is for the answer.
+    max_wait: float = 300.0
     max_body_bytes: int = 64 * 1024 * 1024
     body_timeout: float = 10.0  # the longest pause between two bytes of a request body
     connect_timeout: float = 10.0
@@ -53,25 +64,33 @@ class GuardSettings:
     poll_interval: float = 1.25
     quiet: float = 2.0
     horizon: float = 3.5
+    #: Past this lag of its `/slots` reads the guard cannot stop a request in time (llama-server's polling
+    #: second alone takes that long): unknown budgets count as whole windows until the reads are timely.
+    blind_after: float = 1.0
+    #: A request whose upstream died before any byte of its answer reached its client is sent again once,
+    #: within a budget: `retry_floor` plus `retry_ratio` of the requests sent in the last minute.
+    retry_ratio: float = 0.2
+    retry_floor: int = 3
+
+
+#: How often one request is sent again after llama-server died under it.
+MAX_RETRIES = 1
+
+
+class _Unanswered(Exception):
+    """llama-server could not take the request, or died before any byte of its answer reached the client."""
+
+    def __init__(self, why: str, sent: bool) -> None:
+        super().__init__(why)
+        self.why = why
+        self.sent = sent  # whether llama-server may have started on it (then a resend is a retry)
 
 
 class _Preempted(Exception):
     """The guard stopped this request before any byte of its answer reached the client."""
 
 
-@dataclass
-class _Run:
-    """A request being forwarded: the guard may stop it (`stop`), and closes `upstream` to do so."""
-
-    ticket: Ticket
-    stop: asyncio.Event
-    anthropic: bool = False
-    upstream: aiohttp.ClientResponse | None = None
-    streaming: bool = False  # its answer is an event stream that has begun
-    sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
-
-
-class Guard:
+class Guard(Preempting):
     """The proxy and its books, one `Admission` per pool (per model behind a router)."""
 
     def __init__(self, settings: GuardSettings, pools: Pools | Callable[[], Pool]) -> None:
@@ -83,7 +102,7 @@ class Guard:
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._props_window: dict[str | None, int] = {}
-        self._runs: dict[int, _Run] = {}
+        self._runs: dict[int, Run] = {}
         # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
         self._quiet_until = 0.0
         self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
@@ -93,6 +112,10 @@ class Guard:
         self._unsized: dict[int, tuple[Ticket, Plan, bytes, Mapping[str, str]]] = {}
         self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
         self._slots_refused = False  # said once: /slots wants a key the guard does not have
+        self.watch = ServerWatch(lambda: self.session, settings.upstream)
+        self.retries = RetryBudget(settings.retry_ratio, settings.retry_floor)
+        self.sight = Sight(settings.horizon, settings.blind_after)
+        self._speed: dict[str | None, Speed] = {}  # pool → how fast its requests generate, last measured
 
     # ------------------------------------------------------------------ pool
 
@@ -159,6 +182,7 @@ class Guard:
         return app
 
     async def close(self) -> None:
+        await self.watch.close()
         if self._monitor is not None:
             self._monitor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -174,41 +198,8 @@ class Guard:
             auth = f"Bearer {self.settings.api_key}"
         return {"Authorization": auth} if auth else {}
 
-    async def _read_body(self, request: web.Request) -> bytes | web.Response:
-        """The request's body, or the error to answer: 413 past the size limit, 408 when it stalls.
-
-        The body may take as long as it needs while it keeps coming; a pause of `body_timeout` between two
-        of its bytes ends the connection (a client that sends a head and then holds the connection)."""
-        limit = self.settings.max_body_bytes
-        too_large = f"request body larger than the guard's limit of {limit} bytes"
-        if request.content_length is not None and request.content_length > limit:
-            return error_response(413, too_large, "invalid_request_error")
-        content = request.content
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            # What has arrived is taken without waiting (a small body is all there with its head).
-            chunk = content.read_nowait()
-            if not chunk:
-                if content.at_eof():
-                    break
-                try:
-                    chunk = await asyncio.wait_for(content.readany(), self.settings.body_timeout)
-                except (asyncio.TimeoutError, TimeoutError):
-                    wait = self.settings.body_timeout
-                    resp = error_response(408, f"no byte of the request body for {wait:g} s", "invalid_request_error")
-                    resp.force_close()
-                    return resp
-                if not chunk:
-                    break
-            size += len(chunk)
-            if size > limit:
-                return error_response(413, too_large, "invalid_request_error")
-            parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await self._read_body(request)
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         if isinstance(body, web.Response):
             return body
         raw = body
@@ -228,19 +219,26 @@ class Guard:
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
         # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
         quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
-        if not quick:
+        while not quick:
+            # While llama-server restarts or loads, the request waits for it (within its queue timeout).
+            refused = await self._server_back(ticket)
+            if refused is not None:
+                return refused
             try:
                 ticket.prompt = await Sizer(
                     self.session, self.settings.upstream, p.model if key is not None else None
                 ).prompt_tokens(p, raw, headers)
-            except (aiohttp.ClientConnectionError, TimeoutError):
-                return await self._forward(request, raw)  # the server is down: the forward says so (502)
+                break
+            except (aiohttp.ClientConnectionError, TimeoutError, ServerNotReady) as exc:
+                self.watch.down(f"sizing a request: {type(exc).__name__}")
+                if time.monotonic() >= books.deadline(ticket, time.monotonic()):
+                    return self._not_ready(books)
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
                 return await self._forward(request, raw)
         if not quick or p.exact:
             self.books.sized(ticket.prompt)
-        decision = books.offer(ticket, self.pool(key), time.monotonic())
+        decision = books.offer(ticket, self.pool(key), time.monotonic(), self._speed.get(key))
         if quick and not p.exact and decision.kind == "admit":
             ticket.exact = False
             self._unsized[ticket.id] = (ticket, p, raw, headers)
@@ -259,13 +257,38 @@ class Guard:
                 return refused
         self.books.count("admitted")
         ticket.n_predict = p.budget if p.budget is not None else -1
+        self.retries.sent(time.monotonic())
+        retried = 0
         try:
             while True:
-                run = _Run(ticket, asyncio.Event(), anthropic=p.route in MESSAGES_ROUTES)
+                refused = await self._server_back(ticket)
+                if refused is not None:
+                    return refused
+                run = Run(ticket, asyncio.Event(), anthropic=p.route in MESSAGES_ROUTES)
                 self._runs[ticket.id] = run
                 self._ensure_monitor()
                 try:
                     return await self._forward(request, raw, run)
+                except _Unanswered as gone:
+                    self._runs.pop(ticket.id, None)
+                    self.watch.down(gone.why)
+                    if not gone.sent:
+                        # llama-server never took it: sent again once it is ready, no retry.
+                        if time.monotonic() >= books.deadline(ticket, time.monotonic()):
+                            return self._not_ready(books)
+                        continue
+                    if retried >= MAX_RETRIES or not self.retries.allow(time.monotonic()):
+                        self.books.count("failed")
+                        return error_response(
+                            502,
+                            f"llama-server at {self.settings.upstream} failed before answering ({gone.why}); "
+                            "the guard's retries are spent",
+                            "unavailable_error",
+                        )
+                    retried += 1
+                    ticket.queued_at = None  # its wait for the server starts now
+                    self.books.count("retried")
+                    log.warning("guard: sending request %d again: llama-server %s", ticket.id, gone.why)
                 except _Preempted:
                     self._runs.pop(ticket.id, None)
                     # It has shown it generates past its budget: replayed alone in its slot's window.
@@ -310,6 +333,32 @@ class Guard:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _server_back(self, ticket: Ticket) -> web.Response | None:
+        """Wait while llama-server is down or loading, within the request's queue timeout: None once it is
+        ready, a 503 with `Retry-After` when the wait runs out."""
+        if self.watch.up:
+            return None
+        books = self.admission(ticket.key)
+        start = time.monotonic()
+        self.books.server_waiting += 1
+        try:
+            ready = await self.watch.wait_up(books.deadline(ticket, start))
+        finally:
+            self.books.server_waiting -= 1
+            self.books.server_waited(time.monotonic() - start)
+        return None if ready else self._not_ready(books)
+
+    def _not_ready(self, books: Admission) -> web.Response:
+        """The answer to a request that waited its whole queue timeout for llama-server to be ready."""
+        self.books.count("refused")
+        return error_response(
+            503,
+            f"llama-server at {self.settings.upstream} is not ready (down or loading its model) after "
+            f"{self.settings.max_wait:g} s in the guard's queue; retry later",
+            "unavailable_error",
+            retry_after=books.retry_after(),
+        )
+
     def _wake(self, admitted: Ticket) -> None:
         fut = self._waiters.get(admitted.id)
         if fut is not None and not fut.done():
@@ -320,9 +369,10 @@ class Guard:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket.id] = fut
         start = time.monotonic()
+        deadline = self.admission(ticket.key).deadline(ticket, start)
         self._release(ticket.key, -1)  # admits it at once if it fits now (a replay into an emptied pool)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=self.settings.max_wait)
+            await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - start))
         except TimeoutError:
             if not fut.done():
                 self._release(ticket.key, ticket.id)
@@ -351,7 +401,7 @@ class Guard:
         for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
             self._wake(admitted)
 
-    async def _send(self, request: web.Request, raw: bytes, run: _Run | None) -> aiohttp.ClientResponse:
+    async def _send(self, request: web.Request, raw: bytes, run: Run | None) -> aiohttp.ClientResponse:
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
         sending = self.session.request(
             request.method,
@@ -375,23 +425,33 @@ class Guard:
         finally:
             run.sending = None
 
-    async def _forward(self, request: web.Request, raw: bytes, run: _Run | None = None) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, raw: bytes, run: Run | None = None) -> web.StreamResponse:
         """Send the request upstream as it came; stream the answer back as it comes."""
         upstream_url = self.settings.upstream
         try:
             upstream = await self._send(request, raw, run)
-        except aiohttp.ClientConnectorError as exc:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            why = f"cannot be reached: {why_unreachable(exc)}"
+            if run is not None:
+                raise _Unanswered(why, sent=False) from None  # it never had the request: sent when it is back
             self.books.count("failed")
-            why = exc.os_error.strerror or str(exc.os_error)
-            return error_response(502, f"llama-server at {upstream_url} cannot be reached: {why}", "unavailable_error")
+            return error_response(502, f"llama-server at {upstream_url} {why}", "unavailable_error")
         except (aiohttp.ClientError, TimeoutError) as exc:
-            self.books.count("failed")
             what = type(exc).__name__
+            if run is not None:
+                raise _Unanswered(f"broke the connection before answering: {what}", sent=True) from None
+            self.books.count("failed")
             return error_response(
                 502, f"llama-server at {upstream_url} failed before answering: {what}", "unavailable_error"
             )
         done = False
         try:
+            if run is not None and upstream.status == 503:
+                # llama-server loading its model answers every request so, before reading it: it waits here.
+                data = await upstream.read()
+                if b"Loading model" in data:
+                    raise _Unanswered("is loading its model", sent=False)
+                return copy_answer(upstream, data)
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP_BY_HOP or k.lower() == "content-length":
@@ -402,18 +462,30 @@ class Guard:
                 run.upstream = upstream
                 if run.stop.is_set() and run.streaming:
                     raise _Preempted  # stopped before the client got a byte: replayed
+            # llama-server sends a stream's head at once and its first event after the prompt is read: the
+            # head waits for that event, so that until then the client has no byte and the request can be
+            # sent again (or replayed) if llama-server dies (or the guard stops it) meanwhile.
+            first = await self._first_event(upstream, run) if run is not None and run.streaming else b""
             await response.prepare(request)
             try:
+                if first:
+                    await response.write(first)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 if run is not None and run.stop.is_set():
                     await self._end_stopped_stream(response, run)
                     return response
-                # The answer has begun: all the client can still be told is that the connection ends here.
                 self.books.count("failed")
-                log.warning("guard: llama-server broke off its answer to %s: %s", request.path, type(exc).__name__)
-                if request.transport is not None:
+                what = type(exc).__name__
+                log.warning("guard: llama-server broke off its answer to %s: %s", request.path, what)
+                self.watch.down(f"it broke off an answer: {what}")
+                if response.headers.get("Content-Type", "").startswith("text/event-stream"):
+                    # A stream that has begun: ended with an error event and a clean end of the body.
+                    message = f"llama-server at {upstream_url} broke off this stream ({what}): it stopped or restarted"
+                    await end_stream(response, message, request.path in MESSAGES_ROUTES)
+                elif request.transport is not None:
+                    # A whole answer cut short: all the client can still be told is that the connection ends here.
                     request.transport.close()
                 return response
             except ConnectionError:
@@ -430,93 +502,25 @@ class Guard:
             else:
                 upstream.close()  # cancels the server's task: llama-server sees its connection close
 
-    async def _end_stopped_stream(self, response: web.StreamResponse, run: _Run) -> None:
+    async def _first_event(self, upstream: aiohttp.ClientResponse, run: Run) -> bytes:
+        """The first bytes of a stream's body; `_Preempted` or `_Unanswered` when it ends before them."""
+        try:
+            first = await upstream.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if run.stop.is_set():
+                raise _Preempted from None
+            raise _Unanswered(f"broke off a stream before its first event: {type(exc).__name__}", sent=True) from None
+        if run.stop.is_set():
+            raise _Preempted  # the guard closed it meanwhile: whatever came, the client has none of it
+        return first
+
+    async def _end_stopped_stream(self, response: web.StreamResponse, run: Run) -> None:
         """End a stream the guard stopped with an error event, in llama-server's own form, that says why."""
-        error = {
-            "code": 503,
-            "message": "stopped by the guard so that the other requests could finish: the KV pool was about to "
-            "overflow; send it again, or with a smaller max_tokens",
-            "type": "unavailable_error",
-        }
-        event = "event: error\n" if run.anthropic else ""
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await response.write(f"{event}data: {json.dumps({'error': error})}\n\n".encode())
-            await response.write_eof()
-
-    # ------------------------------------------------------------------ preemption
-
-    def _ensure_monitor(self) -> None:
-        if self._monitor is None or self._monitor.done():
-            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
-
-    async def _watch(self) -> None:
-        """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
-        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
-        while self._runs:
-            now = time.monotonic()
-            await asyncio.sleep(max(self.settings.poll_interval, self._quiet_until - now))
-            for key in {r.ticket.key for r in self._runs.values()}:
-                # A router's model: its own /slots, without waking a model that is not loaded.
-                query = "" if key is None else "?" + urlencode({"model": key, "autoload": "false"})
-                try:
-                    async with self.session.get(self.settings.upstream + "/slots" + query, headers=headers) as resp:
-                        body = await resp.json(content_type=None) if resp.status == 200 else None
-                        if resp.status in (401, 403) and not self._slots_refused:
-                            self._slots_refused = True
-                            log.warning(
-                                "guard: llama-server's /slots answered %d: preemption needs its API key "
-                                "(--api-key or --api-key-file)",
-                                resp.status,
-                            )
-                except (aiohttp.ClientError, ValueError, TimeoutError):
-                    continue
-                self._consider(key, body, time.monotonic())
-        self._speeds.clear()
-
-    def _consider(self, key: str | None, body: Any, now: float) -> None:
-        speeds = self._speeds.setdefault(key, {})
-        slots = slot_views(body, speeds, now)
-        limit = self.pool(key).limit
-        runs = [r for r in self._runs.values() if not r.stop.is_set() and r.ticket.key == key]
-        # A stream's closed connection is noticed at its next token; a request that waits for its whole
-        # answer only after a second in which no result came for anyone, which never comes while a stream
-        # runs. So while streams run, only a stream is stopped.
-        if any(r.streaming for r in runs):
-            runs = [r for r in runs if r.streaming]
-        running = [
-            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
-            for r in runs
-            if r.ticket.tasks == 1
-        ]
-        horizon = self.settings.horizon
-        self._refine_if_tight(key, projected(slots, horizon))
-        # The books learn from what the slots hold: a request past its budget counts what it will hold.
-        for rid, slot in match(slots, running).items():
-            t = self._runs[rid].ticket
-            t.demand = max(t.demand, slot.ahead(horizon))
-        if limit is None or now < self._quiet_until:
-            return
-        pending = self._pending.get(key)
-        if pending is not None:
-            # The last stop has not taken effect while as many slots still run: llama-server has not
-            # noticed yet (a loaded host). A second stop would not be noticed sooner; wait for the first.
-            if len(slots) >= pending[0] and now - pending[1] < 10 * self.settings.quiet:
-                return
-            del self._pending[key]
-        chosen = choose_victim(slots, running, limit, horizon)
-        if chosen is None:
-            return
-        victim, why = chosen
-        run = self._runs[victim]
-        self._quiet_until = now + self.settings.quiet
-        self._pending[key] = (len(slots), now)
-        run.stop.set()
-        if run.sending is not None:
-            run.sending.cancel()
-        elif run.upstream is not None and run.streaming:
-            run.upstream.close()
-        self.books.count("preempted")
-        log.warning("guard: stopped one request so that the others can finish: %s", why)
+        message = (
+            "stopped by the guard so that the other requests could finish: the KV pool was about to "
+            "overflow; send it again, or with a smaller max_tokens"
+        )
+        await end_stream(response, message, run.anthropic)
 
 
 def _cancelling() -> bool:

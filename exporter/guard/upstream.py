@@ -4,6 +4,8 @@ tokenizer (`/apply-template`, then `/tokenize`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -47,6 +49,66 @@ def error_response(status: int, message: str, error_type: str, retry_after: int 
     return web.json_response(body, status=status, headers=headers)
 
 
+async def read_body(request: web.Request, limit: int, body_timeout: float) -> bytes | web.Response:
+    """The request's body, or the error to answer: 413 past the size limit, 408 when it stalls.
+
+    The body may take as long as it needs while it keeps coming; a pause of `body_timeout` between two
+    of its bytes ends the connection (a client that sends a head and then holds the connection)."""
+    too_large = f"request body larger than the guard's limit of {limit} bytes"
+    if request.content_length is not None and request.content_length > limit:
+        return error_response(413, too_large, "invalid_request_error")
+    content = request.content
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        # What has arrived is taken without waiting (a small body is all there with its head).
+        chunk = content.read_nowait()
+        if not chunk:
+            if content.at_eof():
+                break
+            try:
+                chunk = await asyncio.wait_for(content.readany(), body_timeout)
+            except (asyncio.TimeoutError, TimeoutError):
+                wait = body_timeout
+                resp = error_response(408, f"no byte of the request body for {wait:g} s", "invalid_request_error")
+                resp.force_close()
+                return resp
+            if not chunk:
+                break
+        size += len(chunk)
+        if size > limit:
+            return error_response(413, too_large, "invalid_request_error")
+        parts.append(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def end_stream(response: web.StreamResponse, message: str, anthropic: bool) -> None:
+    """End an event stream with an error event in llama-server's own form, then a clean end of the body."""
+    error = {"code": 503, "message": message, "type": "unavailable_error"}
+    event = "event: error\n" if anthropic else ""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await response.write(f"{event}data: {json.dumps({'error': error})}\n\n".encode())
+        await response.write_eof()
+
+
+def copy_answer(upstream: aiohttp.ClientResponse, body: bytes) -> web.Response:
+    """An answer read whole, passed on as it came."""
+    response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
+    for k, v in upstream.headers.items():
+        if k.lower() not in HOP_BY_HOP:
+            response.headers.add(k, v)
+    return response
+
+
+def why_unreachable(exc: aiohttp.ClientError) -> str:
+    os_error = getattr(exc, "os_error", None)
+    return (os_error.strerror or str(os_error)) if os_error is not None else type(exc).__name__
+
+
+class ServerNotReady(Exception):
+    """llama-server answered 503: it is loading its model."""
+
+
 class Sizer:
     """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
 
@@ -57,6 +119,8 @@ class Sizer:
 
     async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
         async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
+            if resp.status == 503:
+                raise ServerNotReady(f"{path} answered 503")
             if resp.status != 200:
                 raise ValueError(f"{path} answered {resp.status}")
             return await resp.json(content_type=None)

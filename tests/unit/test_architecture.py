@@ -49,6 +49,7 @@ PURE = (
     "exporter.logs.parse",
     "exporter.logs.rules",
     "exporter.guard.admission",
+    "exporter.guard.preempt",
     "exporter.guard.sizing",
 )
 # The wiring: the package's top level (entry point, build, serve, settings).

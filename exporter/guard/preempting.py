@@ -1,0 +1,190 @@
+"""The guard's preemption loop, mixed into `Guard`: while requests run it reads `/slots`, learns what the
+slots say of each request (its speed, a budget it overran), counts unknown budgets as whole windows while
+it cannot see in time, and stops one request when the slots are about to outgrow the pool (the choice is
+`exporter.guard.preempt`'s). I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+import aiohttp
+
+from exporter.guard.admission import Admission, Pool, Speed, Ticket
+from exporter.guard.books import GuardBooks
+from exporter.guard.preempt import Running, Sight, SlotView, choose_victim, match, projected, slot_views
+
+if TYPE_CHECKING:
+    from exporter.guard.proxy import GuardSettings
+
+log = logging.getLogger("exporter.guard.proxy")
+
+
+@dataclass
+class Run:
+    """A request being forwarded: the guard may stop it (`stop`), and closes `upstream` to do so."""
+
+    ticket: Ticket
+    stop: asyncio.Event
+    anthropic: bool = False
+    upstream: aiohttp.ClientResponse | None = None
+    streaming: bool = False  # its answer is an event stream that has begun
+    sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
+
+
+class Preempting:
+    """What `Guard` gives its preemption loop, and the loop."""
+
+    settings: GuardSettings
+    books: GuardBooks
+    admissions: dict[str | None, Admission]
+    sight: Sight
+    _runs: dict[int, Run]
+    _monitor: asyncio.Task[None] | None
+    _quiet_until: float
+    _speeds: dict[str | None, dict[int, tuple[int, float]]]
+    _speed: dict[str | None, Speed]
+    _pending: dict[str | None, tuple[int, float]]
+    _slots_refused: bool
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        raise NotImplementedError
+
+    def admission(self, key: str | None) -> Admission:
+        raise NotImplementedError
+
+    def pool(self, key: str | None = None) -> Pool:
+        raise NotImplementedError
+
+    def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _wake(self, admitted: Ticket) -> None:
+        raise NotImplementedError
+
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
+
+    async def _watch(self) -> None:
+        """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        timeout = aiohttp.ClientTimeout(total=10 * self.settings.poll_interval)
+        while self._runs:
+            now = time.monotonic()
+            due = now + max(self.settings.poll_interval, self._quiet_until - now)
+            await asyncio.sleep(due - now)
+            for key in {r.ticket.key for r in self._runs.values()}:
+                # A router's model: its own /slots, without waking a model that is not loaded.
+                query = "" if key is None else "?" + urlencode({"model": key, "autoload": "false"})
+                url = self.settings.upstream + "/slots" + query
+                try:
+                    async with self.session.get(url, headers=headers, timeout=timeout) as resp:
+                        body = await resp.json(content_type=None) if resp.status == 200 else None
+                        if resp.status in (401, 403) and not self._slots_refused:
+                            self._slots_refused = True
+                            log.warning(
+                                "guard: llama-server's /slots answered %d: preemption needs its API key "
+                                "(--api-key or --api-key-file)",
+                                resp.status,
+                            )
+                except (aiohttp.ClientError, ValueError, TimeoutError):
+                    self.sight.saw(time.monotonic() - due)
+                    continue
+                # How late this look at the slots is: the guard's own wake-up and llama-server's answer.
+                seen = time.monotonic()
+                self.sight.saw(seen - due)
+                self._consider(key, body, seen)
+            self._caution()
+        self._speeds.clear()
+
+    def _caution(self) -> None:
+        """Unknown budgets count as whole windows while the slots cannot be observed in time, as given after."""
+        blind = self.sight.blind
+        for key, books in self.admissions.items():
+            if books.cautious != blind:
+                log.warning(
+                    "guard: its reads of /slots lag %.1f s: %s",
+                    self.sight.lag,
+                    "requests without max_tokens count as whole windows until they are timely"
+                    if blind
+                    else "they are timely again; requests without max_tokens count as their default budget",
+                )
+            for admitted in books.set_cautious(blind, self.pool(key), time.monotonic()):
+                self._wake(admitted)
+
+    def _consider(self, key: str | None, body: Any, now: float) -> None:
+        speeds = self._speeds.setdefault(key, {})
+        slots = slot_views(body, speeds, now)
+        limit = self.pool(key).limit
+        runs = [r for r in self._runs.values() if not r.stop.is_set() and r.ticket.key == key]
+        # A stream's closed connection is noticed at its next token; a request that waits for its whole
+        # answer only after a second in which no result came for anyone, which never comes while a stream
+        # runs. So while streams run, only a stream is stopped.
+        if any(r.streaming for r in runs):
+            runs = [r for r in runs if r.streaming]
+        running = [
+            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
+            for r in runs
+            if r.ticket.tasks == 1
+        ]
+        horizon = self.sight.horizon
+        self._refine_if_tight(key, projected(slots, horizon))
+        self._learn(key, slots, horizon)
+        if limit is None or now < self._quiet_until:
+            return
+        pending = self._pending.get(key)
+        if pending is not None:
+            # The last stop has not taken effect while as many slots still run: llama-server has not
+            # noticed yet (a loaded host). A second stop would not be noticed sooner; wait for the first.
+            if len(slots) >= pending[0] and now - pending[1] < 10 * self.settings.quiet:
+                return
+            del self._pending[key]
+        chosen = choose_victim(slots, running, limit, horizon)
+        if chosen is None:
+            return
+        victim, why = chosen
+        run = self._runs[victim]
+        self._quiet_until = now + self.settings.quiet + self.sight.lag
+        self._pending[key] = (len(slots), now)
+        run.stop.set()
+        if run.sending is not None:
+            run.sending.cancel()
+        elif run.upstream is not None and run.streaming:
+            run.upstream.close()
+        self.books.count("preempted")
+        log.warning("guard: stopped one request so that the others can finish: %s", why)
+
+    def _learn(self, key: str | None, slots: list[SlotView], horizon: float) -> None:
+        """What the slots say of the requests: a request past its budget counts its window from now on, and
+        what it will hold; how fast they generate, and when each would end at its whole budget."""
+        books, pool = self.admission(key), self.pool(key)
+        running = [
+            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
+            for r in self._runs.values()
+            if r.ticket.key == key and r.ticket.tasks == 1 and not r.stop.is_set()
+        ]
+        ends_in: dict[int, float] = {}
+        for rid, slot in match(slots, running).items():
+            t = self._runs[rid].ticket
+            generated = slot.held - (slot.prompt or slot.held)
+            if generated > t.budget:
+                books.overran(t, pool)
+            t.demand = max(t.demand, slot.ahead(horizon))
+            if slot.remaining is not None:
+                left = slot.remaining
+            elif t.overran:  # it runs to its window
+                left = max(0, (slot.window or pool.slot_window or slot.held) - slot.held)
+            else:
+                left = max(0, t.budget - generated)
+            if slot.rate > 0:
+                ends_in[rid] = left / slot.rate
+        rates = [s.rate for s in slots if s.rate > 0 and s.prompt is not None and s.held > s.prompt]
+        before = self._speed.get(key)
+        rate = sum(rates) / len(rates) if rates else (before.rate if before is not None else 0.0)
+        self._speed[key] = Speed(rate, ends_in)

@@ -21,6 +21,7 @@ from exporter.flags import (
     read_api_key_file,
     url_value,
 )
+from exporter.guard_flags import ClientOptions, client_options
 from exporter.servers_file import ServersFileError, ServerSpec, read_servers_file
 
 __all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Config", "parse_config"]
@@ -67,6 +68,7 @@ class Config:
     guard_max_connections: int = 256
     guard_head_timeout: float = 10.0
     guard_keepalive_timeout: float = 75.0
+    guard_clients: ClientOptions = field(default_factory=ClientOptions)  # names, access log, admission on/off
 
 
 def _log_source(parser: argparse.ArgumentParser, ns: argparse.Namespace, demo: bool) -> str:
@@ -223,4 +225,5 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         guard_max_connections=ns.guard_max_connections,
         guard_head_timeout=ns.guard_head_timeout,
         guard_keepalive_timeout=ns.guard_keepalive_timeout,
+        guard_clients=client_options(ns),
     )

@@ -160,6 +160,12 @@ class Admission:
         self.queue.append(ticket)
         return Decision("queue")
 
+    def take(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
+        """Admission off: the request is in the books at once, whatever it asks (llama-server refuses what it must)."""
+        ticket.demand = ticket.size(pool)
+        self._admit(ticket, now)
+        return Decision("admit")
+
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.admitted_at = now
         self.in_flight[ticket.id] = ticket

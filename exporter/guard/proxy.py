@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import json
 import logging
@@ -23,10 +24,12 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import web
 
+from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
+from exporter.guard.clients import ClientNamer
 from exporter.guard.pools import OnePool, Pools
-from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
+from exporter.guard.preempt import Running, SlotView, choose_victim, match, projected, slot_views
 from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
 from exporter.guard.upstream import HOP_BY_HOP, Sizer, end_to_end, error_response
 from exporter.model.forecast import Measured
@@ -53,6 +56,9 @@ class GuardSettings:
     poll_interval: float = 1.25
     quiet: float = 2.0
     horizon: float = 3.5
+    #: False (`--guard.admission off`): every request is sent at once (no queue, no preemption); the books
+    #: by client and the access log still run, to see who fills the pool before the guard holds anyone.
+    admission: bool = True
 
 
 class _Preempted(Exception):
@@ -74,11 +80,15 @@ class _Run:
 class Guard:
     """The proxy and its books, one `Admission` per pool (per model behind a router)."""
 
-    def __init__(self, settings: GuardSettings, pools: Pools | Callable[[], Pool]) -> None:
+    def __init__(
+        self, settings: GuardSettings, pools: Pools | Callable[[], Pool], accounting: Accounting | None = None
+    ) -> None:
         self.settings = settings
         self.pools: Pools = pools if not callable(pools) else OnePool(pools)
         self.admissions: dict[str | None, Admission] = {}
         self.books = GuardBooks()
+        # The books by client and the access log: every count above reaches the request's client.
+        self.accounting = self.books.clients = accounting or Accounting(ClientNamer())
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -155,7 +165,7 @@ class Guard:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.router.add_route("*", "/{tail:.*}", self.accounting.wrap(self.handle))
         return app
 
     async def close(self) -> None:
@@ -224,10 +234,12 @@ class Guard:
         bound = p.bound()
         ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
         ticket.budget_known = p.budget is not None
+        self.accounting.bind(ticket, p.model, budget)
         books = self.admission(key)
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
         # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
         quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
+        quick = quick or not self.settings.admission  # admission off: nothing waits, not even for the tokenizer
         if not quick:
             try:
                 ticket.prompt = await Sizer(
@@ -240,7 +252,10 @@ class Guard:
                 return await self._forward(request, raw)
         if not quick or p.exact:
             self.books.sized(ticket.prompt)
-        decision = books.offer(ticket, self.pool(key), time.monotonic())
+        if self.settings.admission:
+            decision = books.offer(ticket, self.pool(key), time.monotonic())
+        else:
+            decision = books.take(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
             ticket.exact = False
             self._unsized[ticket.id] = (ticket, p, raw, headers)
@@ -287,6 +302,9 @@ class Guard:
         books = self.admission(key)
         limit = self.pool(key).limit
         tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
+        # The books by client and the matching of requests to slots need every prompt's exact size: counted
+        # in the background, the request never waits for it.
+        tight = tight or self.accounting.exact_prompts
         if not tight:
             return
         for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
@@ -447,7 +465,8 @@ class Guard:
 
     def _ensure_monitor(self) -> None:
         if self._monitor is None or self._monitor.done():
-            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
+            # In a context of its own: what it counts is no request's that happened to start it (accounting).
+            self._monitor = contextvars.Context().run(asyncio.create_task, self._watch(), name="guard preemption")
 
     async def _watch(self) -> None:
         """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
@@ -473,6 +492,12 @@ class Guard:
                 self._consider(key, body, time.monotonic())
         self._speeds.clear()
 
+    def _account(self, key: str | None, slots: list[SlotView]) -> None:
+        """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
+        runs = [r.ticket for r in self._runs.values() if r.ticket.key == key]
+        running = [Running(t.id, t.prompt, t.n_predict, t.admitted_at or 0.0) for t in runs if t.tasks == 1]
+        self.accounting.placed([t.id for t in runs], match(slots, running))
+
     def _consider(self, key: str | None, body: Any, now: float) -> None:
         speeds = self._speeds.setdefault(key, {})
         slots = slot_views(body, speeds, now)
@@ -494,7 +519,8 @@ class Guard:
         for rid, slot in match(slots, running).items():
             t = self._runs[rid].ticket
             t.demand = max(t.demand, slot.ahead(horizon))
-        if limit is None or now < self._quiet_until:
+        self._account(key, slots)
+        if limit is None or now < self._quiet_until or not self.settings.admission:
             return
         pending = self._pending.get(key)
         if pending is not None:
@@ -516,6 +542,7 @@ class Guard:
         elif run.upstream is not None and run.streaming:
             run.upstream.close()
         self.books.count("preempted")
+        self.accounting.count_for(victim, "preempted")
         log.warning("guard: stopped one request so that the others can finish: %s", why)
 
 

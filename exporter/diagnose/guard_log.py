@@ -164,9 +164,15 @@ def _cause(f: Failure, summary: GuardLogSummary) -> None:
     share = f" ({heavy.share_of_pool * 100:.1f} % of the pool)" if heavy.share_of_pool is not None else ""
     others = [s for s in f.slots if s is not heavy]
     died = ", ".join(f"{s.client or 'not in the access log'} (slot {s.slot}, {s.tokens:,})" for s in others)
-    f.cause = f"caused by {heavy.client}: its request in slot {heavy.slot} held {heavy.tokens:,} tokens{share}" + (
-        f"; aborted with it: {died}" if died else ""
-    )
+    tail = f"; aborted with it: {died}" if died else ""
+    if f.equal_share is not None and heavy.tokens <= f.equal_share:
+        # No request held more than a private pool would have given it: the slots together filled the pool.
+        f.cause = (
+            f"no one client's size: every aborted request held at most {f.equal_share:,} tokens (pool / slots); "
+            f"the largest, {heavy.client}'s in slot {heavy.slot}, held {heavy.tokens:,}{share}{tail}"
+        )
+        return
+    f.cause = f"caused by {heavy.client}: its request in slot {heavy.slot} held {heavy.tokens:,} tokens{share}{tail}"
     summary.causes[heavy.client] = summary.causes.get(heavy.client, 0) + 1
 
 

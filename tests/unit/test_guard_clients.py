@@ -203,3 +203,21 @@ def test_diagnose_names_every_aborted_slots_client_from_the_lines_that_ended_tog
     text = render_text(report)
     assert "caused by orchestrator: its request in slot 2 held 129 tokens (25.2 % of the pool)" in text
     assert "orchestrator held the largest slot in 1 of the 1 overflows named" in text
+
+
+def test_an_overflow_no_request_outgrew_its_share_of_names_no_culprit(tmp_path: Path) -> None:
+    """When every aborted request held no more than pool / slots, the slots together filled the pool: the
+    failure says so and counts no client as its cause."""
+    report = diagnose_file(str(FIXTURES / "b11434" / "exhaust-lv4" / "llama-server.log"))
+    f = report.runs[0].failures[0]
+    f.equal_share = 130  # as if the pool were a little larger per slot than the heaviest request
+    log = tmp_path / "access.log"
+    log.write_text(
+        "".join(
+            json.dumps({"time": "2026-12-03T08:00:00Z", "client": f"c{s.slot}", "slot": s.slot, "task": s.task}) + "\n"
+            for s in f.slots
+        )
+    )
+    summary = join_guard_log(report, [str(log)])
+    assert f.cause is not None and f.cause.startswith("no one client's size: every aborted request held at most 130")
+    assert summary.named == 4 and summary.causes == {}

@@ -237,7 +237,7 @@ class Guard:
         self.accounting.bind(ticket, p.model, budget)
         books = self.admission(key)
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
-        # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
+        # tokenizer (a load that always fits never waits for it); its exact size follows while it runs.
         quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
         quick = quick or not self.settings.admission  # admission off: nothing waits, not even for the tokenizer
         if not quick:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from exporter.diagnose.read import InputError
 from exporter.diagnose.report import Failure, Report
+from exporter.guard_flags import CLIENT_NAME as _NAME  # what the guard writes as a client name or request id
 
 #: Lines of one abort end within this many seconds of one another (the server errors them all at once;
 #: the guard writes each when its answer has ended).
@@ -41,7 +42,7 @@ class _Entry:
 
     end: float  # epoch seconds: its time plus its duration
     client: str
-    request: str
+    request: str | None
     errored: bool  # the server answered an error status (a stream's error comes inside a 200)
     order: int  # its place in the files read
 
@@ -82,7 +83,11 @@ def _entry(d: dict[str, object], order: int) -> tuple[int, int, _Entry] | None:
     status = d.get("status")
     end = start + (duration if isinstance(duration, (int, float)) else 0.0)
     errored = isinstance(status, int) and status >= 500
-    return slot, task, _Entry(end, client[:64], str(d.get("id", ""))[:64], errored, order)
+    if not _NAME.fullmatch(client):
+        client = "?"  # not a name the guard writes (the file is not trusted: no escape reaches a terminal)
+    request = d.get("id")
+    request = request if isinstance(request, str) and _NAME.fullmatch(request) else None
+    return slot, task, _Entry(end, client, request, errored, order)
 
 
 def _failures(report: Report) -> list[Failure]:

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from exporter.guard_flags import CLIENT_SOURCES
+from exporter.guard_flags import CLIENT_NAME, CLIENT_SOURCES
 
 #: The sources of a name, in their order of preference.
 SOURCES = CLIENT_SOURCES
@@ -41,7 +41,6 @@ OTHER = "other"
 UNKNOWN = "unknown"
 #: A client name is at most this long, of these characters (safe in a label, a JSON line, a log line).
 MAX_NAME_BYTES = 64
-_SAFE = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
 _PRODUCT = re.compile(r"[A-Za-z0-9._+-]{1,32}")
 # User-Agents whose product alone names a library, not the client: the next word says which.
 _QUALIFIED = {"openai": "openai-", "anthropic": "anthropic-"}
@@ -53,7 +52,7 @@ class KeysFileError(ValueError):
 
 def safe_name(value: str) -> str | None:
     """`value` when it is a safe client name, else None."""
-    return value if _SAFE.fullmatch(value) else None
+    return value if CLIENT_NAME.fullmatch(value) else None
 
 
 def key_digest(key: str) -> str:

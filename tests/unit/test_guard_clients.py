@@ -221,3 +221,20 @@ def test_an_overflow_no_request_outgrew_its_share_of_names_no_culprit(tmp_path: 
     summary = join_guard_log(report, [str(log)])
     assert f.cause is not None and f.cause.startswith("no one client's size: every aborted request held at most 130")
     assert summary.named == 4 and summary.causes == {}
+
+
+def test_a_forged_access_log_line_never_puts_an_escape_in_the_report(tmp_path: Path) -> None:
+    report = diagnose_file(str(FIXTURES / "b11434" / "exhaust-lv4" / "llama-server.log"))
+    f = report.runs[0].failures[0]
+    forged = {
+        "time": "2026-12-03T08:00:00Z",
+        "client": "\x1b[31mred\nline",
+        "id": "x\ny",
+        "slot": 0,
+        "task": f.slots[0].task,
+    }
+    log = tmp_path / "access.log"
+    log.write_text(json.dumps(forged) + "\n" + "\x00" * 100 + "\n")
+    summary = join_guard_log(report, [str(log)])
+    assert (f.slots[0].client, f.slots[0].guard_request) == ("?", None) and summary.unreadable == 1
+    assert "\x1b" not in render_text(report)

@@ -87,10 +87,6 @@ def handling(record: Record | None) -> None:
 class Accounting:
     """The guard's books by client and its access log (`access_log` None: no log)."""
 
-    #: Every prompt admitted on its byte bound is counted exactly in the background (its client's prompt
-    #: tokens, and matching it to its slot, need the exact size).
-    exact_prompts = True
-
     def __init__(self, namer: ClientNamer, access_log: AccessLog | None = None) -> None:
         self.namer = namer
         self.access_log = access_log

@@ -302,11 +302,11 @@ class Guard:
         books = self.admission(key)
         limit = self.pool(key).limit
         tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
-        # The books by client and the matching of requests to slots need every prompt's exact size: counted
-        # in the background, the request never waits for it.
-        tight = tight or self.accounting.exact_prompts
-        if not tight:
-            return
+        if tight:
+            self._refine_all(key)
+
+    def _refine_all(self, key: str | None) -> None:
+        """Count exactly, in the background, every prompt of pool `key` admitted on its bound."""
         for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
             ticket, p, raw, headers = self._unsized.pop(tid)
             self._refine(ticket, p, raw, headers)
@@ -496,7 +496,12 @@ class Guard:
         """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
         runs = [r.ticket for r in self._runs.values() if r.ticket.key == key]
         running = [Running(t.id, t.prompt, t.n_predict, t.admitted_at or 0.0) for t in runs if t.tasks == 1]
-        self.accounting.placed([t.id for t in runs], match(slots, running))
+        matched = match(slots, running)
+        self.accounting.placed([t.id for t in runs], matched)
+        if len(matched) < len(slots):
+            # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run
+            # for a read of /slots already (a short one never gets here): count it exactly, to place it next time.
+            self._refine_all(key)
 
     def _consider(self, key: str | None, body: Any, now: float) -> None:
         speeds = self._speeds.setdefault(key, {})

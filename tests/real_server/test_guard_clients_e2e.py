@@ -128,6 +128,25 @@ def test_acceptance_each_clients_cells_are_its_slots_cells_while_they_run(server
         assert f'llamacpp_guard_client_requests_total{{client="{name}",outcome="admitted"}} 1.0' in text
 
 
+def test_a_request_admitted_on_its_byte_length_is_placed_once_it_has_run(server: LlamaServer, tmp_path: Path) -> None:
+    """A small text prompt in an empty pool is admitted without the tokenizer; the guard's first read of /slots
+    finds a slot it cannot place, counts the prompt exactly, and places it at a later read."""
+    exporter, guard = start_guard(server, tmp_path, "--guard.client-header", "X-Client-Name")
+    size = prompt_tokens(server, 30)
+    status: list[int] = []
+    body = {"prompt": make_prompt(30), "n_predict": 300, "ignore_eos": True, "cache_prompt": False}
+    sender = threading.Thread(target=lambda: status.append(post(guard, body, {"X-Client-Name": "chat"})[0]))
+    try:
+        sender.start()
+        wait_for(lambda: cells_by_client(exporter.scrape()).get("chat", 0) > size, timeout=120)
+    finally:
+        sender.join(300)
+        text = exporter.scrape()
+        exporter.stop()
+    assert status == [200]
+    assert f'llamacpp_guard_client_prompt_tokens_total{{client="chat"}} {size:.1f}' in text
+
+
 def test_acceptance_a_hundred_header_values_make_at_most_max_clients_series(
     server: LlamaServer, tmp_path: Path, promtool_bin: Path
 ) -> None:

@@ -25,6 +25,7 @@ from exporter.flags import (
     read_api_key_file,
     url_value,
 )
+from exporter.guard_flags import ClientOptions, client_options
 from exporter.servers_file import ServersFileError, ServerSpec, read_servers_file
 
 __all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Config", "parse_config"]
@@ -73,6 +74,7 @@ class Config:
     guard_max_connections: int = 256
     guard_head_timeout: float = 10.0
     guard_keepalive_timeout: float = 75.0
+    guard_clients: ClientOptions = field(default_factory=ClientOptions)  # names, access log, admission on/off
 
 
 def _process_source(parser: argparse.ArgumentParser, source: str) -> str:
@@ -252,4 +254,5 @@ def _guard_settings(ns: argparse.Namespace) -> dict[str, Any]:
         "guard_max_connections": ns.guard_max_connections,
         "guard_head_timeout": ns.guard_head_timeout,
         "guard_keepalive_timeout": ns.guard_keepalive_timeout,
+        "guard_clients": client_options(ns),
     }

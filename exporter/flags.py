@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from exporter import __version__
+from exporter.guard_flags import add_client_flags
 
 LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -522,6 +523,7 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         metavar="SECONDS",
     )
     _add_guard_client_flags(g, flags)
+    add_client_flags(g, flags)  # who fills the pool: client names, the access log, admission on or off
 
 
 def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:

@@ -210,6 +210,7 @@ async def start_guard(
     """Start the guard in front of --server-url and add its families to `registry`."""
     from exporter.guard import GuardCollector, GuardSettings, Limits, ServerPools
     from exporter.guard import start_guard as start_proxy
+    from exporter.guard.client_metrics import ClientCollector
 
     assert config.guard_listen is not None
     host, port = config.guard_listen
@@ -221,7 +222,9 @@ async def start_guard(
         max_wait=config.guard_queue_timeout,
         max_body_bytes=config.guard_max_body_bytes,
         body_timeout=config.guard_head_timeout,
+        admission=config.guard_clients.admission,
     )
+    accounting = guard_accounting(config, stack)
     try:
         pools = ServerPools(
             lambda: server.live.state,
@@ -230,7 +233,9 @@ async def start_guard(
             ),
         )
         limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
-        running = await start_proxy(settings, pools, host, port, limits, also=config.guard_listen_also)
+        running = await start_proxy(
+            settings, pools, host, port, limits, also=config.guard_listen_also, accounting=accounting
+        )
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
         where = exc.address if isinstance(exc, BindError) else host_port(host, port)
@@ -238,12 +243,36 @@ async def start_guard(
     stack.push_async_callback(running.close)
     g = running.guard
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
+    # Cells by client, as fresh as the exporter's own /slots read for the scrape.
+    registry.register(ClientCollector(accounting, lambda: server.live.http.slots if server.live.http else None))
     # What a gateway reads as the server's queue includes the requests the guard holds back.
     server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
     # The forecast counts the prompts the guard measured at arrival, before the log says their size.
     server.measured = g.measured
     where = ", ".join(f"http://{a}" for a in running.serving.addresses)
     log.info("guard serving on %s in front of %s", where, config.server_url)
+
+
+def guard_accounting(config: Config, stack: contextlib.AsyncExitStack) -> Any:
+    """The guard's client names and access log (`exporter.guard.accounting.Accounting`) from the flags."""
+    from exporter.guard.access_log import AccessLog
+    from exporter.guard.accounting import Accounting
+    from exporter.guard.clients import ClientNamer, KeysFileError, read_keys_file
+
+    opts = config.guard_clients
+    try:
+        keys = read_keys_file(opts.keys_file) if opts.keys_file else None
+    except KeysFileError as exc:
+        raise StartError(f"--guard.client-keys-file {exc}") from None
+    namer = ClientNamer(header=opts.header, keys=keys, sources=opts.sources, max_clients=opts.max_clients)
+    access_log = None
+    if opts.access_log:
+        try:
+            access_log = AccessLog(opts.access_log, opts.access_log_max_bytes)
+        except OSError as exc:
+            raise StartError(f"--guard.access-log {opts.access_log}: {exc.strerror or exc}") from None
+        stack.callback(access_log.close)  # after the guard has stopped: its last lines are written
+    return Accounting(namer, access_log)
 
 
 def start_task(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llamacpp_rules.builder import BUSY, Rule, Rules
+from llamacpp_rules.clients import LARGEST_HOLDER
 from llamacpp_rules.text import COUNT, THIS, figure, num
 
 DEMAND = "llamacpp_kv_pool_demand_ratio"
@@ -49,7 +50,8 @@ def overflow_ahead(r: Rules) -> Rule:
             after=". ",
         )
         + "Act in the time left: cancel the request that holds the most "
-        "(dashboard: demand per slot; close that client's connection), then hold back new long prompts.",
+        "(dashboard: demand per slot; close that client's connection), then hold back new long prompts."
+        + LARGEST_HOLDER,
     )
 
 
@@ -71,7 +73,7 @@ def saturated(r: Rules) -> Rule:
         + " Act now: cancel the request that holds the most (dashboard: demand per slot), stop sending new "
         "long requests to this instance or drain it. In the daytime, size the pool so every slot's "
         "promise can be kept: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots (-np) or no -kvu, a "
-        "smaller -c.",
+        "smaller -c." + LARGEST_HOLDER,
     )
 
 
@@ -197,7 +199,7 @@ def context_exceeded(r: Rules) -> Rule:
         "moment was answered with HTTP 500, small ones included. It is over; while it keeps happening "
         "the KV pages (OverflowAhead, Saturated) fire. Confirm with grep 'Context size has been exceeded' "
         "in the server log; in the daytime, fix the sizing: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer "
-        "slots or no -kvu, a smaller -c.",
+        "slots or no -kvu, a smaller -c." + LARGEST_HOLDER,
     )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from llamacpp_dashboard.clients import who_holds_the_pool
 from llamacpp_dashboard.layout import Layout
 from llamacpp_dashboard.panels import (
     BLUE,
@@ -31,8 +32,9 @@ def kv_pool_forecast(lay: Layout) -> None:
 def kv_pool(lay: Layout) -> None:
     """The row "KV pool"."""
     lay.row("KV pool")
-    lay.add(_tokens_per_slot(), 16, 9)
-    lay.add(_usage(), 8, 9)
+    lay.add(_tokens_per_slot(), 9, 9)
+    lay.add(who_holds_the_pool(), 9, 9)  # beside the slots: whose requests fill them
+    lay.add(_usage(), 6, 9)
     lay.add(_events(), 12, 8)
     lay.add(_overcommit(), 6, 8)
     lay.add(_slots_processing(), 6, 8)

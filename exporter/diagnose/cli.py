@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from exporter.diagnose.guard_log import join_guard_log
 from exporter.diagnose.inputs import diagnose_files, input_files
 from exporter.diagnose.read import InputError
 from exporter.diagnose.render import json_chunks, render_text
@@ -64,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"{extra_install_hint('html')})",
     )
     p.add_argument(
+        "--guard-log",
+        metavar="ACCESS_LOG",
+        action="append",
+        help="the guard's access log (--guard.access-log; repeat it for PATH.1, or give a quoted pattern): names "
+        "the client of each aborted slot and whose size caused each overflow",
+    )
+    p.add_argument(
         "--max-runs",
         type=_non_negative,
         default=10,
@@ -90,6 +98,8 @@ def main(argv: Sequence[str]) -> int:
             _check_html(ns.html, paths)  # said before the logs are read, not after
         report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=ns.html is not None)
         report.files_order = order
+        if ns.guard_log:
+            report.guard = join_guard_log(report, input_files(ns.guard_log)[0])
         if ns.html is not None:
             _write_html(report, ns.html)
     except InputError as exc:

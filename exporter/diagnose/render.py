@@ -197,7 +197,11 @@ def _failure_lines(i: int, f: Failure) -> list[str]:
             if f.smallest_batch == 1:
                 cascade += ": the pool was full, not one prompt too long"
         body.append(cascade)
-    if f.slots:
+    if f.slots and any(s.client for s in f.slots):  # named by the guard's access log (--guard-log)
+        rows = [[str(s.slot), str(s.task), s.client or "?", f"{s.tokens:,}", _pct(s.share_of_pool)] for s in f.slots]
+        rows.append(["sum", "", "", f"{f.tokens_sum:,}", _pct(f.share_sum)])
+        body.extend(_table(rows, ["slot", "task", "client", "tokens at abort", "share of pool"]))
+    elif f.slots:
         rows = [[str(s.slot), str(s.task), f"{s.tokens:,}", _pct(s.share_of_pool)] for s in f.slots]
         rows.append(["sum", "", f"{f.tokens_sum:,}", _pct(f.share_sum)])
         body.extend(_table(rows, ["slot", "task", "tokens at abort", "share of pool"]))
@@ -223,6 +227,8 @@ def _failure_lines(i: int, f: Failure) -> list[str]:
         tied = [s.slot for s in f.slots if s.tokens == heavy.tokens]
         who = f"slot {heavy.slot}" if len(tied) == 1 else f"{_slots_list(tied)} (tied)"
         body.append(f"heaviest: {who}, {heavy.tokens:,} tokens ({_pct(heavy.share_of_pool)} of the pool)")
+    if f.cause:
+        body.extend(_wrap(f.cause, "", "  ", width=92))
     if f.equal_share is not None and f.slots:
         if f.victims:
             each = " each" if len(f.victims) > 1 else ""
@@ -467,4 +473,7 @@ def render_text(report: Report) -> str:
             out.extend("    " + x for x in _recommendation_lines(r))
         elif c.overcommit is not None and c.overcommit <= 1.0 and s.total:
             out.append("  The pool is not overcommitted: these failures have another cause than slots sharing a pool.")
+    if report.guard is not None:
+        out.extend(["", f"Clients (the guard's access log: {', '.join(report.guard.files)})"])
+        out.extend(x for advice in report.guard.advice for x in _wrap(advice, "  ", "    "))
     return "\n".join(out) + "\n"

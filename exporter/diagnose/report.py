@@ -7,7 +7,7 @@ from typing import Any
 
 from exporter.model.request_sizes import RequestSizes, RequestSummary
 
-SCHEMA = "llamacpp-exporter/diagnose/v6"
+SCHEMA = "llamacpp-exporter/diagnose/v7"
 
 
 @dataclass
@@ -18,6 +18,9 @@ class SlotAtAbort:
     task: int
     tokens: int
     share_of_pool: float | None  # tokens / pool cells (0-1)
+    # With --guard-log: the client the guard's access log names for this slot and task, and its request id.
+    client: str | None = None
+    guard_request: str | None = None
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Failure:
     predictable_lead_s: float | None = None  # seconds from that line to the failure line
     predictable_demand: int | None = None  # the prompt demand at that line (cells)
     predictable_from: list[str] = field(default_factory=list)  # new_prompt | progress (how the sizes were known)
+    cause: str | None = None  # with --guard-log: whose request held the largest slot, in words
 
 
 @dataclass
@@ -324,6 +328,9 @@ class Report:
     history_advice: list[str] = field(default_factory=list)  # what the whole history points at
     # What the requests asked of the pool over the whole history, and the pool that would have held them.
     requests: RequestSummary | None = None
+    # With --guard-log: what the guard's access log said of the aborted slots' clients
+    # (exporter.diagnose.guard_log.GuardLogSummary).
+    guard: Any = None
     # Each shown run's pool series (exporter.diagnose.run.PoolSeries) by run index, for --html; not JSON.
     series: dict[int, Any] = field(default_factory=dict, repr=False)
 

@@ -10,7 +10,9 @@ keeps its memory savings and no request is aborted because another one outgrew i
 - `pools`: the pools it admits against (one server's, or a router's per model);
 - `proxy`: the aiohttp server and client (I/O);
 - `upstream`: the headers it passes, the errors it answers with, prompts counted by the server;
-- `books`: its counts and their families on `/metrics`.
+- `books`: its counts and their families on `/metrics`;
+- `clients`, `accounting`, `client_metrics`, `access_log`: who sent each request, the books by client and
+  their families, and the access log (one JSON line per generation request, written off the request path).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Pool
 from exporter.guard.books import GuardCollector
 from exporter.guard.pools import Pools
@@ -27,6 +30,7 @@ from exporter.model.state import ServerState
 from exporter.web.server import Limits, Serving, start_server
 
 __all__ = [
+    "Accounting",
     "Guard",
     "GuardCollector",
     "GuardSettings",
@@ -100,11 +104,13 @@ async def start_guard(
     port: int,
     limits: Limits | None = None,
     also: Sequence[tuple[str, int]] = (),
+    accounting: Accounting | None = None,
 ) -> RunningGuard:
     """Serve the guard on host:port (and the addresses `also`) within the exporter's connection limits (a head
     deadline, a keep-alive timeout, a connection cap); raises OSError (BindError) when an address cannot be
-    bound."""
-    guard = Guard(settings, pool)
+    bound. `accounting`: how clients are named and where the access log goes (default: named by User-Agent or
+    address, no access log)."""
+    guard = Guard(settings, pool, accounting)
     # Each client connection may hold one upstream: two descriptors each.
     limits = dataclasses.replace(limits or Limits(), descriptors_per_connection=2)
     try:

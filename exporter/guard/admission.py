@@ -237,6 +237,12 @@ class Admission:
             held += q.demand
         return clock
 
+    def take(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
+        """Admission off: the request is in the books at once, whatever it asks (llama-server refuses what it must)."""
+        ticket.demand = ticket.size(pool)
+        self._admit(ticket, now)
+        return Decision("admit")
+
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.admitted_at = now
         ticket.queued_at = None  # a later wait (a replay, a restart) starts its own clock

@@ -16,6 +16,7 @@ import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -41,6 +42,8 @@ class GuardBooks:
     server_waiting: int = 0  # requests waiting for it now
     # The buckets of llamacpp_request_prompt_tokens (the log's), so that the two compare bucket by bucket.
     prompts: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
+    # The books by client (exporter.guard.accounting.Accounting): told of every count and wait.
+    clients: Any = field(default=None, repr=False)
 
     def sized(self, tokens: int) -> None:
         """A request's prompt, counted exactly by the server's tokenizer."""
@@ -48,6 +51,8 @@ class GuardBooks:
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
+        if self.clients is not None:
+            self.clients.count(outcome)
 
     def server_waited(self, seconds: float) -> None:
         """A request waited `seconds` for llama-server to come back (from a restart, or loading its model)."""
@@ -60,6 +65,8 @@ class GuardBooks:
             self.wait_buckets[j] += 1
         self.wait_sum += seconds
         self.wait_count += 1
+        if self.clients is not None:
+            self.clients.waited(seconds)
 
 
 class GuardCollector(Collector):

@@ -91,6 +91,7 @@ class SlotView:
     rate: float = 0.0  # tokens per second it adds (measured between two reads)
     remaining: int | None = None  # tokens it may still generate (next_token.n_remain; None: no limit)
     window: int | None = None  # its n_ctx
+    task: int | None = None  # id_task: its task now
 
     def ahead(self, horizon: float) -> int:
         """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
@@ -133,6 +134,7 @@ def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> l
         first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
         remain = first.get("n_remain") if isinstance(first, dict) else None
         window = s.get("n_ctx")
+        task = s.get("id_task")
         out.append(
             SlotView(
                 s["id"],
@@ -142,6 +144,7 @@ def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> l
                 rate,
                 remain if isinstance(remain, int) and remain >= 0 else None,
                 window if isinstance(window, int) and window > 0 else None,
+                task if isinstance(task, int) and not isinstance(task, bool) else None,
             )
         )
     return out

@@ -6,6 +6,7 @@ it cannot see in time, and stops one request when the slots are about to outgrow
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, Speed, Ticket
 from exporter.guard.books import GuardBooks
 from exporter.guard.preempt import Running, Sight, SlotView, choose_victim, match, projected, slot_views
@@ -41,6 +43,7 @@ class Preempting:
 
     settings: GuardSettings
     books: GuardBooks
+    accounting: Accounting
     admissions: dict[str | None, Admission]
     sight: Sight
     _runs: dict[int, Run]
@@ -67,9 +70,13 @@ class Preempting:
     def _wake(self, admitted: Ticket) -> None:
         raise NotImplementedError
 
+    def _refine_all(self, key: str | None) -> None:
+        raise NotImplementedError
+
     def _ensure_monitor(self) -> None:
         if self._monitor is None or self._monitor.done():
-            self._monitor = asyncio.create_task(self._watch(), name="guard preemption")
+            # In a context of its own: what it counts is no request's that happened to start it (accounting).
+            self._monitor = contextvars.Context().run(asyncio.create_task, self._watch(), name="guard preemption")
 
     async def _watch(self) -> None:
         """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
@@ -136,7 +143,8 @@ class Preempting:
         horizon = self.sight.horizon
         self._refine_if_tight(key, projected(slots, horizon))
         self._learn(key, slots, horizon)
-        if limit is None or now < self._quiet_until:
+        self._account(key, slots)
+        if limit is None or now < self._quiet_until or not self.settings.admission:
             return
         pending = self._pending.get(key)
         if pending is not None:
@@ -158,7 +166,19 @@ class Preempting:
         elif run.upstream is not None and run.streaming:
             run.upstream.close()
         self.books.count("preempted")
+        self.accounting.count_for(victim, "preempted")
         log.warning("guard: stopped one request so that the others can finish: %s", why)
+
+    def _account(self, key: str | None, slots: list[SlotView]) -> None:
+        """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
+        runs = [r.ticket for r in self._runs.values() if r.ticket.key == key]
+        running = [Running(t.id, t.prompt, t.n_predict, t.admitted_at or 0.0) for t in runs if t.tasks == 1]
+        matched = match(slots, running)
+        self.accounting.placed([t.id for t in runs], matched)
+        if len(matched) < len(slots):
+            # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run
+            # for a read of /slots already (a short one never gets here): count it exactly, to place it next time.
+            self._refine_all(key)
 
     def _learn(self, key: str | None, slots: list[SlotView], horizon: float) -> None:
         """What the slots say of the requests: a request past its budget counts its window from now on, and

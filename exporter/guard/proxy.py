@@ -21,8 +21,10 @@ from urllib.parse import urlencode
 import aiohttp
 from aiohttp import web
 
+from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, RetryBudget, Speed, Ticket
 from exporter.guard.books import GuardBooks
+from exporter.guard.clients import ClientNamer
 from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
 from exporter.guard.preempt import Sight
@@ -71,6 +73,9 @@ class GuardSettings:
     #: within a budget: `retry_floor` plus `retry_ratio` of the requests sent in the last minute.
     retry_ratio: float = 0.2
     retry_floor: int = 3
+    #: False (`--guard.admission off`): every request is sent at once (no queue, no preemption); the books
+    #: by client and the access log still run, to see who fills the pool before the guard holds anyone.
+    admission: bool = True
 
 
 #: How often one request is sent again after llama-server died under it.
@@ -93,11 +98,15 @@ class _Preempted(Exception):
 class Guard(Preempting):
     """The proxy and its books, one `Admission` per pool (per model behind a router)."""
 
-    def __init__(self, settings: GuardSettings, pools: Pools | Callable[[], Pool]) -> None:
+    def __init__(
+        self, settings: GuardSettings, pools: Pools | Callable[[], Pool], accounting: Accounting | None = None
+    ) -> None:
         self.settings = settings
         self.pools: Pools = pools if not callable(pools) else OnePool(pools)
         self.admissions: dict[str | None, Admission] = {}
         self.books = GuardBooks()
+        # The books by client and the access log: every count above reaches the request's client.
+        self.accounting = self.books.clients = accounting or Accounting(ClientNamer())
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -178,7 +187,7 @@ class Guard(Preempting):
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes)
-        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.router.add_route("*", "/{tail:.*}", self.accounting.wrap(self.handle))
         return app
 
     async def close(self) -> None:
@@ -215,10 +224,12 @@ class Guard(Preempting):
         bound = p.bound()
         ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
         ticket.budget_known = p.budget is not None
+        self.accounting.bind(ticket, p.model, budget)
         books = self.admission(key)
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
-        # tokenizer (a load that always fits pays nothing for it); its exact size follows while it runs.
+        # tokenizer (a load that always fits never waits for it); its exact size follows while it runs.
         quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
+        quick = quick or not self.settings.admission  # admission off: nothing waits, not even for the tokenizer
         while not quick:
             # While llama-server restarts or loads, the request waits for it (within its queue timeout).
             refused = await self._server_back(ticket)
@@ -238,7 +249,10 @@ class Guard(Preempting):
                 return await self._forward(request, raw)
         if not quick or p.exact:
             self.books.sized(ticket.prompt)
-        decision = books.offer(ticket, self.pool(key), time.monotonic(), self._speed.get(key))
+        if self.settings.admission:
+            decision = books.offer(ticket, self.pool(key), time.monotonic(), self._speed.get(key))
+        else:
+            decision = books.take(ticket, self.pool(key), time.monotonic())
         if quick and not p.exact and decision.kind == "admit":
             ticket.exact = False
             self._unsized[ticket.id] = (ticket, p, raw, headers)
@@ -310,8 +324,11 @@ class Guard(Preempting):
         books = self.admission(key)
         limit = self.pool(key).limit
         tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
-        if not tight:
-            return
+        if tight:
+            self._refine_all(key)
+
+    def _refine_all(self, key: str | None) -> None:
+        """Count exactly, in the background, every prompt of pool `key` admitted on its bound."""
         for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
             ticket, p, raw, headers = self._unsized.pop(tid)
             self._refine(ticket, p, raw, headers)

@@ -53,6 +53,7 @@ class LiveSlot:
     n_remain: int | None = None  # next_token.n_remain: generation budget left (-1 = unlimited or not started)
     n_predict: int | None = None  # params.n_predict (-1 = unlimited)
     n_cached: int | None = None  # n_prompt_tokens_cache (b9276+): the prompt's prefix reused from the cache
+    task: int | None = None  # id_task: the slot's task (its last one while idle)
 
     @property
     def generation_budget(self) -> int | None:
@@ -158,6 +159,7 @@ def parse_slots(body: object) -> tuple[LiveSlot, ...]:
                 n_remain=n_remain,
                 n_predict=n_predict,
                 n_cached=_int(item.get("n_prompt_tokens_cache")),
+                task=_int(item.get("id_task")),
             )
         )
     return tuple(slots)

@@ -24,7 +24,10 @@ from paths import REPO
 from prom_harness import collector_samples, dashboard_queries, metric_names_in
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.guard.accounting import Accounting
 from exporter.guard.books import GuardBooks, GuardCollector
+from exporter.guard.client_metrics import ClientCollector
+from exporter.guard.clients import ClientNamer
 
 pytestmark = pytest.mark.llama_server
 
@@ -154,6 +157,16 @@ ONLY_IN_ROUTER_MODE = {
 #: The guard's families, emitted only with --guard.listen-address: what its collector puts on /metrics (a pool
 #: limit known); test_guard_e2e.py scrapes them from a real guard.
 ONLY_WITH_THE_GUARD = {s.name for s in collector_samples(GuardCollector(GuardBooks(), lambda: [], lambda: 1))}
+
+
+def _client_samples() -> set[str]:
+    """The guard's families by client (one client seen), also emitted only with the guard."""
+    accounting = Accounting(ClientNamer())
+    accounting.books("orchestrator")
+    return {s.name for s in collector_samples(ClientCollector(accounting))}
+
+
+ONLY_WITH_THE_GUARD |= _client_samples()
 
 
 def test_every_queried_metric_is_emitted(emitted: set[str]) -> None:

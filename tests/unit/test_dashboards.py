@@ -49,6 +49,8 @@ ROUTER_METRICS = {
 }
 #: The guard's families (exporter/guard/books.py): it fronts one llama-server, so they are one per exporter
 #: target, never labelled server or model, and filtered by job and instance only.
+#: The guard's series by client (one per exporter target, like the guard's own): the "Who holds the pool" panel.
+CLIENT_METRICS = {"llamacpp_guard_client_pool_tokens", "llamacpp_guard_pool_limit_tokens"}
 GUARD_METRICS = {
     "llamacpp_guard_requests_total",
     "llamacpp_guard_queue_requests",
@@ -176,7 +178,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     per_server = False
     for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
         name = selector.split("{", 1)[0]
-        if name in GLOBAL_METRICS | GUARD_METRICS:
+        if name in GLOBAL_METRICS | GUARD_METRICS | CLIENT_METRICS:
             assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
         elif name in ROUTER_METRICS:
             assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
@@ -189,7 +191,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
         kept = {label.strip() for label in grouping.split(",")}
         if name in ROUTER_METRICS:
             assert "server" in kept, f"{title}: by ({grouping}) ({name})"
-        elif name not in GLOBAL_METRICS | GUARD_METRICS:
+        elif name not in GLOBAL_METRICS | GUARD_METRICS | CLIENT_METRICS:
             assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
     if per_server:
         assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"
@@ -380,3 +382,30 @@ def test_the_guard_row_plots_what_the_guard_exports() -> None:
     assert limit["matcher"]["options"] == next(
         t["refId"] for t in pool["targets"] if "llamacpp_guard_pool_limit_tokens" in t["expr"]
     )
+
+
+def test_who_holds_the_pool_stacks_the_clients_cells_beside_the_slots() -> None:
+    """The "KV pool" row shows, beside the slots' stack, the cells by client stacked against the guard's pool limit;
+    both names are ones the guard exports."""
+    panels = dashboard_json()["panels"]
+    slots = next(p for p in panels if p["title"].startswith("KV pool: tokens per slot"))
+    who = next(p for p in panels if p["title"].startswith("Who holds the pool"))
+    assert (
+        who["gridPos"]["y"] == slots["gridPos"]["y"]
+        and who["gridPos"]["x"] == slots["gridPos"]["x"] + slots["gridPos"]["w"]
+    )
+    assert who["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] != "none"
+    cells, limit = who["targets"]
+    assert (
+        metric_names_in(cells["expr"]) == {"llamacpp_guard_client_pool_tokens"}
+        and "{{client}}" in cells["legendFormat"]
+    )
+    (line,) = who["fieldConfig"]["overrides"]
+    assert line["matcher"]["options"] == limit["refId"]
+    from exporter.guard.accounting import Accounting
+    from exporter.guard.client_metrics import ClientCollector
+    from exporter.guard.clients import ClientNamer
+
+    accounting = Accounting(ClientNamer())
+    accounting.books("orchestrator")
+    assert "llamacpp_guard_client_pool_tokens" in {s.name for s in collector_samples(ClientCollector(accounting))}

@@ -259,13 +259,14 @@ _FAILURE_KEYS = [
     "predictable_lead_s",
     "predictable_demand",
     "predictable_from",
+    "cause",
 ]
 
 
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v6" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v7" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -287,6 +288,7 @@ def test_json_schema_is_stable() -> None:
         "overlaps",
         "history_advice",
         "requests",
+        "guard",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -377,7 +379,14 @@ def test_json_schema_is_stable() -> None:
         "requests_over_equal_share",
     ]
     assert list(run["failures"][0]) == _FAILURE_KEYS
-    assert list(run["failures"][0]["slots"][0]) == ["slot", "task", "tokens", "share_of_pool"]
+    assert list(run["failures"][0]["slots"][0]) == [
+        "slot",
+        "task",
+        "tokens",
+        "share_of_pool",
+        "client",
+        "guard_request",
+    ]
     assert list(run["recommendations"][0]) == [
         "kind",
         "flags",

@@ -1,0 +1,156 @@
+"""The guard's flags for who fills the pool: client names, the access log, and admission on or off.
+
+Added to the guard's group of `--help` by exporter/flags.py; `client_options(ns)` gathers them for the Config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+#: The sources of a client's name, in their order of preference (exporter.guard.clients.SOURCES).
+CLIENT_SOURCES = ("header", "api-key", "user-agent", "address")
+#: A client name: safe in a label, a JSON line and a terminal (the guard's names, and what diagnose accepts).
+CLIENT_NAME = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
+
+
+class _AddsFlags(Protocol):
+    def add(self, group: argparse._ArgumentGroup, flag: str, text: str, **kwargs: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """How the guard names clients, where it logs each request, and whether it holds any back."""
+
+    admission: bool = True
+    sources: tuple[str, ...] = CLIENT_SOURCES
+    header: str | None = None
+    keys_file: str | None = None
+    max_clients: int = 16
+    access_log: str | None = None
+    access_log_max_bytes: int = 64 * 1024 * 1024
+
+
+def _sources(value: str) -> tuple[str, ...]:
+    chosen = [v.strip().lower() for v in value.split(",") if v.strip()]
+    bad = [v for v in chosen if v not in CLIENT_SOURCES]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(f"expected a list of {', '.join(CLIENT_SOURCES)}, got {value!r}")
+    return tuple(s for s in CLIENT_SOURCES if s in chosen)  # always in the order of preference
+
+
+def _count(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
+    return n
+
+
+def _on_off(value: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}")
+    return v == "on"
+
+
+def _header(value: str) -> str:
+    if not value or any(not (c.isalnum() or c in "-_") for c in value):
+        raise argparse.ArgumentTypeError(f"expected a header name such as X-Client-Name, got {value!r}")
+    return value
+
+
+def add_client_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
+    """`--guard.admission`, `--guard.client-*`, `--guard.max-clients`, `--guard.access-log*`."""
+    flags.add(
+        g,
+        "--guard.admission",
+        "on: requests that do not fit the pool wait their turn and one may be stopped; off: every request is "
+        "sent at once (no queue, no preemption) while the books by client and the access log still run, to "
+        "see who fills the pool before letting the guard hold anyone.",
+        type=_on_off,
+        fallback="on",
+        dest="guard_admission",
+        metavar="on|off",
+    )
+    flags.add(
+        g,
+        "--guard.client-from",
+        "where a request's client name comes from, tried in this order: header (--guard.client-header), "
+        "api-key (--guard.client-keys-file), user-agent (its product: claude-cli, openai-python …), address "
+        "(the client's IP). Never from a body.",
+        type=_sources,
+        fallback=",".join(CLIENT_SOURCES),
+        dest="guard_client_from",
+        metavar="LIST",
+    )
+    flags.add(
+        g,
+        "--guard.client-header",
+        "a request header that names the client (e.g. X-Client-Name), used as sent when it is 1-64 of letters, "
+        "digits and ._-:@/+.",
+        type=_header,
+        shown="none",
+        empty_unset=True,
+        dest="guard_client_header",
+        metavar="NAME",
+    )
+    flags.add(
+        g,
+        "--guard.client-keys-file",
+        "names for API keys: one 'SHA256-HEX NAME' per line, the hex SHA-256 of a key (printf %s KEY | "
+        "sha256sum), never the key itself; read at start.",
+        shown="none",
+        empty_unset=True,
+        dest="guard_client_keys_file",
+        metavar="PATH",
+    )
+    _add_log_flags(g, flags)
+
+
+def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
+    flags.add(
+        g,
+        "--guard.max-clients",
+        "client names kept apart at most (the first seen); every later one counts as 'other'.",
+        type=_count,
+        fallback="16",
+        dest="guard_max_clients",
+        metavar="N",
+    )
+    flags.add(
+        g,
+        "--guard.access-log",
+        "append one JSON line per generation request to this file (time, id, client, route, prompt tokens, "
+        "budget, slot, outcome, status, duration; never a body or a key), written off the request path.",
+        shown="none",
+        empty_unset=True,
+        dest="guard_access_log",
+        metavar="PATH",
+    )
+    flags.add(
+        g,
+        "--guard.access-log-max-bytes",
+        "past this size the access log is moved to PATH.1 (replacing it) and started anew.",
+        type=_count,
+        fallback=str(64 * 1024 * 1024),
+        dest="guard_access_log_max_bytes",
+        metavar="BYTES",
+    )
+
+
+def client_options(ns: argparse.Namespace) -> ClientOptions:
+    """The flags above, from parsed arguments."""
+    return ClientOptions(
+        admission=ns.guard_admission,
+        sources=ns.guard_client_from,
+        header=ns.guard_client_header,
+        keys_file=ns.guard_client_keys_file,
+        max_clients=ns.guard_max_clients,
+        access_log=ns.guard_access_log,
+        access_log_max_bytes=ns.guard_access_log_max_bytes,
+    )

@@ -22,13 +22,14 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks
 from exporter.guard.pools import OnePool, Pools
 from exporter.guard.preempt import Running, choose_victim, match, projected, slot_views
-from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
-from exporter.guard.upstream import HOP_BY_HOP, Sizer, end_to_end, error_response
+from exporter.guard.sizing import GENERATION_ROUTES, MESSAGES_ROUTES, Plan, plan, server_path
+from exporter.guard.upstream import HOP_BY_HOP, Sizer, end_to_end, error_response, sizing_headers
 from exporter.model.forecast import Measured
 
 log = logging.getLogger(__name__)
@@ -168,12 +169,6 @@ class Guard:
 
     # ------------------------------------------------------------------ requests
 
-    def _sizing_headers(self, request: web.Request) -> dict[str, str]:
-        auth = request.headers.get("Authorization")
-        if auth is None and self.settings.api_key:
-            auth = f"Bearer {self.settings.api_key}"
-        return {"Authorization": auth} if auth else {}
-
     async def _read_body(self, request: web.Request) -> bytes | web.Response:
         """The request's body, or the error to answer: 413 past the size limit, 408 when it stalls.
 
@@ -212,17 +207,21 @@ class Guard:
         if isinstance(body, web.Response):
             return body
         raw = body
-        p = plan(request.path, raw) if request.method == "POST" else None
+        # Routed as llama-server routes it: the path as sent, escapes decoded, dot segments kept.
+        path = server_path(request.raw_path)
+        p = plan(path, raw) if request.method == "POST" else None
         if p is None:
-            if request.method == "POST" and request.path in _generation_paths():
+            if request.method == "POST" and path in GENERATION_ROUTES:
                 self.books.count("unsized")
             return await self._forward(request, raw)
-        headers = self._sizing_headers(request)
+        headers = sizing_headers(request.headers, self.settings.api_key)
         budget = p.budget if p.budget is not None else self.settings.default_budget
         key = self.pools.key(p.model)
         await self._learn_window(key, headers)  # at once when the log has said it (nearly always)
         bound = p.bound()
-        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
+        ticket = Ticket(
+            next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, copies=p.copies, key=key
+        )
         ticket.budget_known = p.budget is not None
         books = self.admission(key)
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
@@ -230,9 +229,9 @@ class Guard:
         quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
         if not quick:
             try:
-                ticket.prompt = await Sizer(
-                    self.session, self.settings.upstream, p.model if key is not None else None
-                ).prompt_tokens(p, raw, headers)
+                ticket.prompt = await self._sizer(key, p.model if key is not None else None).prompt_tokens(
+                    p, raw, headers
+                )
             except (aiohttp.ClientConnectionError, TimeoutError):
                 return await self._forward(request, raw)  # the server is down: the forward says so (502)
             except (aiohttp.ClientError, ValueError):
@@ -280,6 +279,9 @@ class Guard:
             self._runs.pop(ticket.id, None)
             self._release(key, ticket.id)
 
+    def _sizer(self, key: str | None, model: str | None) -> Sizer:
+        return Sizer(self.session, self.settings.upstream, model, self.pool(key).slot_window)
+
     def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
         """Count exactly the prompts admitted on their bound, once the exact counts can matter: the books
         (or `used`, the slots' projection) pass half the pool, or a request waits. Below that the bound
@@ -299,7 +301,7 @@ class Guard:
 
         async def refine() -> None:
             with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-                prompt = await Sizer(self.session, self.settings.upstream, ticket.key).prompt_tokens(p, raw, headers)
+                prompt = await self._sizer(ticket.key, ticket.key).prompt_tokens(p, raw, headers)
                 self.books.sized(prompt)
                 books = self.admission(ticket.key)
                 if ticket.id in books.in_flight:
@@ -355,7 +357,8 @@ class Guard:
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
         sending = self.session.request(
             request.method,
-            self.settings.upstream + str(request.rel_url),
+            # The path and query byte for byte, as the client sent them: never normalised, never re-encoded.
+            URL(self.settings.upstream + request.raw_path, encoded=True),
             headers=end_to_end(request.headers),
             data=raw if raw else None,
             allow_redirects=False,
@@ -524,9 +527,3 @@ def _cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return bool(cancelling()) if cancelling is not None else False
-
-
-def _generation_paths() -> frozenset[str]:
-    from exporter.guard.sizing import GENERATION_ROUTES
-
-    return GENERATION_ROUTES

@@ -1,0 +1,153 @@
+"""The guard under the clients that agents use: the `openai` SDK (Responses API and chat completions) and the
+`anthropic` SDK (messages), streaming and not, with the SDKs' default timeouts, against a real llama-server.
+
+Three ~9,000-token requests overflow a `-c 24576 -np 3 -kvu` pool together: direct, llama-server aborts them
+all (`Context size has been exceeded`); through the guard every one is answered and llama-server aborts none.
+The SDKs' retries are off (`max_retries=0`) so that an abort cannot hide behind a retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_harness import ExporterProcess, LlamaServer, free_port, make_prompt, wait_for
+from tiny_gguf import write_tiny_llama
+
+anthropic = pytest.importorskip("anthropic", reason="pip install -e '.[test]' (the anthropic SDK)")
+openai = pytest.importorskip("openai", reason="pip install -e '.[test]' (the openai SDK)")
+
+pytestmark = pytest.mark.llama_server
+
+POOL = ("-c", "24576", "-np", "3", "-kvu", "-t", "2")
+PROMPT_CHARS = (
+    10750  # about 9,000 tokens of the tiny model (0.84 per character): three pass the 24,576-cell pool, two fit
+)
+BUDGET = 64  # generated past the prompts, so that all three hold their cells at once
+EXTRA = {"ignore_eos": True}  # the random model would end its answers at random
+
+
+class Rig:
+    def __init__(self, server: LlamaServer, exporter: ExporterProcess, guard: str) -> None:
+        self.server = server
+        self.exporter = exporter
+        self.guard = guard
+
+    def exceeded(self) -> int:
+        return len(self.server.log_lines("Context size has been exceeded"))
+
+
+@pytest.fixture(scope="module")
+def rig(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    tmp = tmp_path_factory.mktemp("guard-sdks")
+    model = write_tiny_llama(tmp / "tiny.gguf")
+    with LlamaServer(llama_server_bin, model, POOL, log_file=tmp / "llama-server.log") as server:
+        port = free_port()
+        # An explicit queue timeout past the SDKs' own (600 s): the wait is the guard's to bound, not the test's.
+        args = ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}"]
+        exporter = ExporterProcess(
+            server.log_file, [*args, "--guard.queue-timeout", "600"], output_file=tmp / "exporter.out"
+        ).start()
+        try:
+            # The guard admits against the pool once the exporter has read its size from the log.
+            wait_for(lambda: exporter.sample("llamacpp_kv_pool_capacity_tokens") == 24576, timeout=30)
+            yield Rig(server, exporter, f"http://127.0.0.1:{port}")
+        finally:
+            exporter.stop()
+
+
+def _three(call: Callable[[int], Any]) -> list[Any]:
+    """Three calls at once; each one's result, or the exception it raised."""
+
+    def safe(i: int) -> Any:
+        try:
+            return call(i)
+        except Exception as exc:  # the outcome is what the test compares
+            return exc
+
+    with ThreadPoolExecutor(3) as pool:
+        return list(pool.map(safe, range(3)))
+
+
+def _text(i: int) -> str:
+    return f"{i} " + make_prompt(PROMPT_CHARS)  # each its own prompt: no prompt-cache sharing between them
+
+
+def responses(base: str, stream: bool) -> Callable[[int], Any]:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+
+    def call(i: int) -> Any:
+        kwargs: dict[str, Any] = {"model": "tiny", "input": _text(i), "instructions": "Answer.", "extra_body": EXTRA}
+        if not stream:
+            r = client.responses.create(max_output_tokens=BUDGET, **kwargs)
+            return r.status
+        # The raw events (the SDK's `responses.stream` helper cannot assemble b11434's events: a TypeError in it,
+        # direct as through the guard); the last one is `response.completed` with the response's status.
+        events = list(client.responses.create(max_output_tokens=BUDGET, stream=True, **kwargs))
+        return events[-1].response.status if events[-1].type == "response.completed" else events[-1]
+
+    return call
+
+
+def chat(base: str, stream: bool) -> Callable[[int], Any]:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+
+    def call(i: int) -> Any:
+        messages = [{"role": "user", "content": _text(i)}]
+        if not stream:
+            r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=BUDGET, extra_body=EXTRA)
+            return r.choices[0].finish_reason
+        chunks = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=BUDGET, extra_body=EXTRA, stream=True
+        )
+        return [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+
+    return call
+
+
+def messages(base: str, stream: bool) -> Callable[[int], Any]:
+    client = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0)
+
+    def call(i: int) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": "tiny",
+            "max_tokens": BUDGET,
+            "messages": [{"role": "user", "content": _text(i)}],
+            "extra_body": EXTRA,
+        }
+        if not stream:
+            return client.messages.create(**kwargs).stop_reason
+        with client.messages.stream(**kwargs) as events:
+            return events.get_final_message().stop_reason
+
+    return call
+
+
+FINISHED = {"completed", "length", "max_tokens", "stop", "end_turn"}
+
+
+def test_acceptance_three_responses_that_overflow_the_pool_directly_are_all_aborted(rig: Rig) -> None:
+    """The load is one that llama-server cannot serve alone: every request of it aborted."""
+    before = rig.exceeded()
+    outcomes = _three(responses(rig.server.url, stream=False))
+    assert all(isinstance(o, openai.InternalServerError) for o in outcomes), outcomes
+    assert all("Context size has been exceeded" in str(o) for o in outcomes)
+    wait_for(lambda: rig.exceeded() > before, timeout=30)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("api", [responses, chat, messages], ids=["responses", "chat", "messages"])
+def test_acceptance_three_sdk_requests_that_overflow_the_pool_are_all_answered_through_the_guard(
+    rig: Rig, api: Callable[[str, bool], Callable[[int], Any]], stream: bool
+) -> None:
+    before = rig.exceeded()
+    queued = rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0
+    outcomes = _three(api(rig.guard, stream))
+    assert all(o in FINISHED for o in outcomes), outcomes
+    assert rig.exceeded() == before  # llama-server aborted nothing
+    # They did not fit together: one waited in the guard's queue for the others' room.
+    assert (rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0) > queued
+    assert rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "unsized"}) in (None, 0)

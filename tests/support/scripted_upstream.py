@@ -7,7 +7,8 @@ The real llama-server is tested against the guard in tests/real_server/test_guar
 paths that a real server cannot be made to take on cue (a stop at a chosen moment, a connection that dies).
 
 A generation request's body says how it is answered, in keys llama-server would ignore: `tag` names it,
-`script` is `answer` (JSON), `stream` (two SSE events), `die` (the connection closed before any answer),
+`script` is `answer` (JSON), `stream` (two SSE events), `stream-hold` (one event, then the rest when the
+test releases `tag + "+"`), `die` (the connection closed before any answer),
 `fail` (500 in llama-server's error shape).
 """
 
@@ -177,10 +178,17 @@ class Upstream:
         if script == "fail":
             error = {"error": {"code": 500, "message": "Context size has been exceeded.", "type": "server_error"}}
             return web.json_response(error, status=500)
-        if script == "stream":
+        if script in ("stream", "stream-hold"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             await resp.write(b'data: {"content": "a"}\n\n')
+            if script == "stream-hold":  # the stream has begun; the rest waits for `release(tag + "+")`
+                try:
+                    await self._gates[tag + "+"].wait()
+                except asyncio.CancelledError:
+                    self.cancelled.append(tag)
+                    self._cancel_seen[tag].set()
+                    raise
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp

@@ -294,6 +294,53 @@ async def test_a_request_that_outgrows_its_budget_is_stopped_and_replayed_unseen
         assert not r.books.in_flight and not r.books.queue
 
 
+async def test_a_stream_that_has_begun_is_stopped_with_an_error_event_and_a_clean_end() -> None:
+    fast: dict[str, Any] = {"poll_interval": 0.02, "quiet": 0.05, "horizon": 0.5, "default_budget": 100}
+    async with rig(**fast) as r:
+        r.up.hold("a+", "b+")
+        a = r.post(
+            "/v1/messages",
+            {
+                "messages": [{"role": "user", "content": prompt(300)}],
+                "stream": True,
+                "tag": "a",
+                "script": "stream-hold",
+            },
+        )
+        await r.up.arrived("a")
+        b = r.post("/completion", {"prompt": prompt(301), "stream": True, "tag": "b", "script": "stream-hold"})
+        await r.up.arrived("b")
+        await until(
+            lambda: all(run.streaming for run in r.guard.guard._runs.values()) and len(r.guard.guard._runs) == 2
+        )
+        r.up.slots = [_slot(0, 530, 300), _slot(1, 520, 301)]
+        await r.up.was_cancelled("a")
+        status, body, _ = await a
+        # What the server had sent, then the error in the form llama-server gives a /v1/messages stream, then the end.
+        assert status == 200 and body.startswith('data: {"content": "a"}\n\nevent: error\ndata: {"error": {"code": 503')
+        assert body.endswith("}}\n\n")
+        r.up.slots = []
+        r.up.release("b+")
+        assert (await b)[1] == 'data: {"content": "a"}\n\ndata: [DONE]\n\n'
+        assert r.outcomes()["preempted"] == 1 and "replayed" not in r.outcomes()
+
+
+async def test_bodies_over_the_limit_or_stalled_are_refused_and_the_window_comes_from_props() -> None:
+    async with rig(Pool(capacity=None, slot_window=None, unified=True), max_body_bytes=1000, body_timeout=0.2) as r:
+        status, body, _ = await r.post("/completion", {"prompt": "x" * 2000})
+        assert status == 413 and "larger than the guard's limit of 1000 bytes" in body["error"]["message"]
+        host, port = r.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        head = await reader.readline()
+        assert head.startswith(b"HTTP/1.1 408")
+        writer.close()
+        # Without a pool from the log, the guard admits against one slot's window, read from /props.
+        assert (await r.post("/completion", {"prompt": "a b", "n_predict": 2}))[0] == 200
+        assert "/props" in r.up.paths() and r.guard.guard.pool().limit == 1000
+
+
 # ---------------------------------------------------------------------- upstream errors
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_harness import ExporterProcess, LlamaServer, free_port, make_prompt, wait_for
+from llama_harness import ExporterProcess, LlamaServer, free_port, http_json, make_prompt, wait_for
 from tiny_gguf import write_tiny_llama
 
 anthropic = pytest.importorskip("anthropic", reason="pip install -e '.[test]' (the anthropic SDK)")
@@ -72,8 +72,8 @@ def _three(call: Callable[[int], Any]) -> list[Any]:
         return list(pool.map(safe, range(3)))
 
 
-def _text(i: int) -> str:
-    return f"{i} " + make_prompt(PROMPT_CHARS)  # each its own prompt: no prompt-cache sharing between them
+def _text(i: int, chars: int = PROMPT_CHARS) -> str:
+    return f"{i} " + make_prompt(chars)  # each its own prompt: no prompt-cache sharing between them
 
 
 def responses(base: str, stream: bool) -> Callable[[int], Any]:
@@ -151,3 +151,29 @@ def test_acceptance_three_sdk_requests_that_overflow_the_pool_are_all_answered_t
     # They did not fit together: one waited in the guard's queue for the others' room.
     assert (rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0) > queued
     assert rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "unsized"}) in (None, 0)
+
+
+def test_n_completions_are_counted_per_task_so_the_request_beside_them_waits(rig: Rig) -> None:
+    """`n: 2` starts two tasks on one prompt: 11,000 + 2 x 1,200 cells, next to an 11,000 + 1,200 request: 25,600
+    of 24,576. Counted once (12,200 + 12,200) they would both be sent and all three tasks aborted; counted per
+    task the second request waits for the first, and none is aborted."""
+    before = rig.exceeded()
+    queued = rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0
+
+    def call(i: int) -> tuple[int, dict[str, Any]]:
+        body: dict[str, Any] = {"prompt": _text(i, 13300), "n_predict": 1200, "ignore_eos": True}
+        if i == 0:
+            body["n"] = 2
+        return http_json(rig.guard + "/completion", body=body, timeout=600)
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(call, 0)
+        wait_for(lambda: rig.exporter.sample("llamacpp_guard_in_flight_requests") == 1, timeout=60)
+        demand = rig.exporter.sample("llamacpp_guard_admitted_demand_tokens")
+        second = pool.submit(call, 1)
+        (s1, b1), (s2, b2) = first.result(), second.result()
+    assert demand is not None and 10800 + 2400 < demand < 11200 + 2400  # its prompt (about 11,000) once, 2 x 1,200
+    assert (s1, s2) == (200, 200), (b1, b2)
+    assert [r["tokens_predicted"] for r in b1["_"]] == [1200, 1200] and b2["tokens_predicted"] == 1200
+    assert rig.exceeded() == before
+    assert (rig.exporter.sample("llamacpp_guard_requests_total", {"outcome": "queued"}) or 0) == queued + 1

@@ -8,6 +8,7 @@
 #                                                       tools/server/tests; default: the 250 tests of the
 #                                                       generation side, FILES below)
 #   SUITE_RUNS=guard scripts/llama-server-suite.sh      one run only (direct or guard)
+#   SUITE_JOBS=2 scripts/llama-server-suite.sh          two pytest-xdist workers per run (ports 8080, 8090)
 #
 # Needs scripts/bootstrap.sh's .venv and llama-server (scripts/install-llama-server.sh). The suite's own
 # Python packages go into their own venv beside the llama.cpp tree (in $LLAMA_SERVER_CACHE, default
@@ -40,7 +41,8 @@ SUITE_VENV="$CACHE/llama-server-suite-venv"
 if [[ ! -x "$SUITE_VENV/bin/pytest" ]]; then
     python3 -m venv "$SUITE_VENV"
     # requirements.txt's packages, unpinned: its pins (aiohttp 3.9, numpy 2.2) are older than some Pythons.
-    "$SUITE_VENV/bin/pip" install --quiet pytest filelock numpy openai prometheus-client requests wget aiohttp >&2
+    "$SUITE_VENV/bin/pip" install --quiet pytest pytest-xdist filelock numpy openai prometheus-client requests \
+        wget aiohttp >&2
 fi
 
 mkdir -p "$OUT"
@@ -61,6 +63,9 @@ else
     TESTS=("${TESTS[@]/%/.py}")
 fi
 runs="${SUITE_RUNS:-direct guard}"
+# SUITE_JOBS=N: N pytest-xdist workers per run (the suite then gives worker k the port 8080 + 10 k).
+jobs=()
+[[ -n "${SUITE_JOBS:-}" ]] && jobs=(-n "$SUITE_JOBS")
 # Both runs at once, side by side on the same ports' neighbourhood and the same load, each on its own port
 # (the suite's PORT): a test that a busy host makes fail fails in both.
 port=$(( 20000 + RANDOM % 20000 ))
@@ -76,7 +81,7 @@ for mode in $runs; do
             SUITE_EXPORTER_PYTHON="$PY" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
             LLAMA_SERVER_BIN_PATH="$ROOT/scripts/llama_server_suite.py" LLAMA_CACHE="$OUT/hf-cache" \
             "$SUITE_VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
-            --junitxml="$OUT/$mode.xml" -o junit_family=xunit2 "${TESTS[@]}" >"$OUT/$mode.out" 2>&1 || true
+            --junitxml="$OUT/$mode.xml" -o junit_family=xunit2 "${jobs[@]}" "${TESTS[@]}" >"$OUT/$mode.out" 2>&1 || true
         echo "llama-server-suite: $mode run took $(( $(date +%s) - start )) s: $(tail -1 "$OUT/$mode.out")" >&2
     ) &
     pids+=($!)

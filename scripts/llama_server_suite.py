@@ -169,5 +169,8 @@ def compare(direct: str, guard: str) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["compare"] and len(sys.argv) == 4:
+        missing = [p for p in sys.argv[2:] if not Path(p).is_file()]
+        if missing:
+            sys.exit(f"llama_server_suite: no report {', '.join(missing)} (did that run end?)")
         sys.exit(compare(sys.argv[2], sys.argv[3]))
     sys.exit(wrap(sys.argv[1:]))

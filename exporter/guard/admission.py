@@ -66,6 +66,7 @@ class Ticket:
     prompt: int  # prompt tokens, as the server's own tokenizer counts them (all tasks together)
     budget: int  # generation budget (all tasks together)
     tasks: int = 1
+    copies: int = 1  # tasks per prompt (`n`): they share their prompt's cells
     budget_known: bool = True  # False: the default budget stands in for one the request did not give
     exact: bool = True  # False: `prompt` is a bound (admitted on its byte length), not yet the tokenizer's count
     n_predict: int = -1  # the request's own limit as llama-server reads it (-1: none)
@@ -74,6 +75,11 @@ class Ticket:
     admitted_at: float | None = None
     demand: int = 0  # set on offer: prompt + budget, capped per task at the slot window
     overran: bool = False  # it generated past its budget: counted at its window from now on
+
+    @property
+    def per_prompt(self) -> int:
+        """Prompt tokens per prompt: what one slot reads before it generates."""
+        return math.ceil(self.prompt / max(self.tasks // max(self.copies, 1), 1))
 
     def size(self, pool: Pool, cautious: bool = False) -> int:
         """Cells this request may hold at most on `pool` (`cautious`: an unknown budget counts as the window)."""
@@ -147,7 +153,7 @@ class Admission:
     def admits_now(self, ticket: Ticket, pool: Pool) -> bool:
         """Whether `offer` would admit `ticket` at once (nothing waits, it fits, it is no refusal)."""
         demand = ticket.size(pool, self.cautious)
-        per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
+        per_task = ticket.per_prompt
         if pool.slot_window is not None and per_task >= pool.slot_window:
             return False
         limit = pool.limit
@@ -166,7 +172,7 @@ class Admission:
         """A newly sized request: admit it, queue it, or say why not (`speed`: for the predicted wait)."""
         ticket.demand = ticket.size(pool, self.cautious)
         window = pool.slot_window
-        per_task = math.ceil(ticket.prompt / max(ticket.tasks, 1))
+        per_task = ticket.per_prompt
         if window is not None and per_task >= window:
             # llama-server refuses it before reading it, with its own status and message, and no other
             # request is touched: let it say so.

@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, RetryBudget, Speed, Ticket
@@ -29,7 +30,7 @@ from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
 from exporter.guard.preempt import Sight
 from exporter.guard.preempting import Preempting, Run
-from exporter.guard.sizing import MESSAGES_ROUTES, Plan, plan
+from exporter.guard.sizing import GENERATION_ROUTES, MESSAGES_ROUTES, Plan, plan, server_path
 from exporter.guard.upstream import (
     HOP_BY_HOP,
     ServerNotReady,
@@ -39,6 +40,7 @@ from exporter.guard.upstream import (
     end_to_end,
     error_response,
     read_body,
+    sizing_headers,
     why_unreachable,
 )
 from exporter.model.forecast import Measured
@@ -201,28 +203,27 @@ class Guard(Preempting):
 
     # ------------------------------------------------------------------ requests
 
-    def _sizing_headers(self, request: web.Request) -> dict[str, str]:
-        auth = request.headers.get("Authorization")
-        if auth is None and self.settings.api_key:
-            auth = f"Bearer {self.settings.api_key}"
-        return {"Authorization": auth} if auth else {}
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         if isinstance(body, web.Response):
             return body
         raw = body
-        p = plan(request.path, raw) if request.method == "POST" else None
+        # Routed as llama-server routes it: the path as sent, escapes decoded, dot segments kept.
+        path = server_path(request.raw_path)
+        p = plan(path, raw) if request.method == "POST" else None
         if p is None:
-            if request.method == "POST" and request.path in _generation_paths():
+            if request.method == "POST" and path in GENERATION_ROUTES:
                 self.books.count("unsized")
             return await self._forward(request, raw)
-        headers = self._sizing_headers(request)
+        headers = sizing_headers(request.headers, self.settings.api_key)
         budget = p.budget if p.budget is not None else self.settings.default_budget
         key = self.pools.key(p.model)
         await self._learn_window(key, headers)  # at once when the log has said it (nearly always)
         bound = p.bound()
-        ticket = Ticket(next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, key=key)
+        ticket = Ticket(
+            next(self._ids), prompt=bound or 0, budget=budget * p.tasks, tasks=p.tasks, copies=p.copies, key=key
+        )
         ticket.budget_known = p.budget is not None
         self.accounting.bind(ticket, p.model, budget)
         books = self.admission(key)
@@ -236,9 +237,9 @@ class Guard(Preempting):
             if refused is not None:
                 return refused
             try:
-                ticket.prompt = await Sizer(
-                    self.session, self.settings.upstream, p.model if key is not None else None
-                ).prompt_tokens(p, raw, headers)
+                ticket.prompt = await self._sizer(key, p.model if key is not None else None).prompt_tokens(
+                    p, raw, headers
+                )
                 break
             except (aiohttp.ClientConnectionError, TimeoutError, ServerNotReady) as exc:
                 self.watch.down(f"sizing a request: {type(exc).__name__}")
@@ -317,6 +318,9 @@ class Guard(Preempting):
             self._runs.pop(ticket.id, None)
             self._release(key, ticket.id)
 
+    def _sizer(self, key: str | None, model: str | None) -> Sizer:
+        return Sizer(self.session, self.settings.upstream, model, self.pool(key).slot_window)
+
     def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
         """Count exactly the prompts admitted on their bound, once the exact counts can matter: the books
         (or `used`, the slots' projection) pass half the pool, or a request waits. Below that the bound
@@ -339,7 +343,7 @@ class Guard(Preempting):
 
         async def refine() -> None:
             with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
-                prompt = await Sizer(self.session, self.settings.upstream, ticket.key).prompt_tokens(p, raw, headers)
+                prompt = await self._sizer(ticket.key, ticket.key).prompt_tokens(p, raw, headers)
                 self.books.sized(prompt)
                 books = self.admission(ticket.key)
                 if ticket.id in books.in_flight:
@@ -422,7 +426,8 @@ class Guard(Preempting):
         """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
         sending = self.session.request(
             request.method,
-            self.settings.upstream + str(request.rel_url),
+            # The path and query byte for byte, as the client sent them: never normalised, never re-encoded.
+            URL(self.settings.upstream + request.raw_path, encoded=True),
             headers=end_to_end(request.headers),
             data=raw if raw else None,
             allow_redirects=False,
@@ -545,9 +550,3 @@ def _cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return bool(cancelling()) if cancelling is not None else False
-
-
-def _generation_paths() -> frozenset[str]:
-    from exporter.guard.sizing import GENERATION_ROUTES
-
-    return GENERATION_ROUTES

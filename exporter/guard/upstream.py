@@ -42,6 +42,15 @@ def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return out
 
 
+def sizing_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    """The credentials for the guard's own calls to llama-server: the client's (`Authorization`, else `X-Api-Key`,
+    both of which llama-server accepts), else the exporter's `--api-key`."""
+    out = {k: headers[k] for k in ("Authorization", "X-Api-Key") if k in headers}
+    if not out and api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    return out
+
+
 def error_response(status: int, message: str, error_type: str, retry_after: int | None = None) -> web.Response:
     """An error in llama-server's own JSON shape, with a one-line message."""
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
@@ -109,23 +118,49 @@ class ServerNotReady(Exception):
     """llama-server answered 503: it is loading its model."""
 
 
-class Sizer:
-    """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`)."""
+#: A text longer than this many characters per token of the slot's window is tokenized only this far: a prefix
+#: that alone passes the window proves the whole cannot fit (llama-server refuses it before reading it), and
+#: one that does not (a text of long tokens) is counted at the window, the most one task holds. So a 5 MB
+#: prompt costs the guard the tokenizing of a few window's worth of text, not of 5 MB.
+PREFIX_CHARS_PER_TOKEN = 8
+#: Tokens a cut text may lose at its cut against the same text uncut (the last word is split differently).
+CUT_MARGIN = 64
 
-    def __init__(self, session: aiohttp.ClientSession, upstream: str, model: str | None = None) -> None:
+
+class NoCountRoute(ValueError):
+    """The server has no counting route for this body (an older build answers 404)."""
+
+
+class Sizer:
+    """Counts a request's prompt tokens with llama-server's own tokenizer (its `/apply-template`, `/tokenize`, and
+    its counting routes). `window`: one slot's window where known, which bounds the work (see `PREFIX_CHARS_PER_TOKEN`)
+    and stands in for what no route can count (a multimodal completion prompt)."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, upstream: str, model: str | None = None, window: int | None = None
+    ) -> None:
         self._session = session
         self._upstream = upstream
         self._model = model  # behind a router: the model whose tokenizer counts
+        self._window = window
 
     async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
         async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
             if resp.status == 503:
                 raise ServerNotReady(f"{path} answered 503")
+            if resp.status in (404, 405, 501):
+                raise NoCountRoute(f"{path} answered {resp.status}")
             if resp.status != 200:
                 raise ValueError(f"{path} answered {resp.status}")
             return await resp.json(content_type=None)
 
     async def _tokens(self, text: str, headers: Mapping[str, str]) -> int:
+        window = self._window
+        if window is not None and len(text) > PREFIX_CHARS_PER_TOKEN * window:
+            n = await self._tokens(text[: PREFIX_CHARS_PER_TOKEN * window], headers)
+            # Past the window even after the cut's margin: too large for any slot, and the count says so.
+            # Otherwise the longest prompt a slot takes (llama-server refuses one that fills its window).
+            return n if n - CUT_MARGIN > window else window - 1
         # add_special: the BOS the server adds to a prompt counts too (llama-server sizes prompts this way).
         body: dict[str, Any] = {"content": text, "add_special": True}
         if self._model is not None:
@@ -137,7 +172,21 @@ class Sizer:
         return len(tokens)
 
     async def prompt_tokens(self, p: Plan, raw: bytes, headers: Mapping[str, str]) -> int:
-        """All tasks' prompt tokens together; raises ValueError (or an aiohttp error) when the server will not say."""
+        """The prompts' tokens (each prompt once: its `n` copies share its cells); raises ValueError (or an aiohttp
+        error) when the server will not say."""
+        try:
+            return await self._prompt_tokens(p, raw, headers)
+        except NoCountRoute:
+            # Images or audio on a build without a counting route: the longest prompt a slot takes, per prompt.
+            if p.media and self._window is not None:
+                return (self._window - 1) * p.prompts
+            raise
+
+    async def _prompt_tokens(self, p: Plan, raw: bytes, headers: Mapping[str, str]) -> int:
+        if p.windows:
+            if self._window is None:
+                raise ValueError("a multimodal prompt and no slot window known")
+            return (self._window - 1) * p.windows
         if p.template:
             out = await self._post("/apply-template", json.loads(raw), headers)
             prompt = out.get("prompt") if isinstance(out, dict) else None
@@ -150,7 +199,7 @@ class Sizer:
             if not isinstance(n, int):
                 raise ValueError(f"{p.count_route} gave no input_tokens")
             return n
-        total = sum(p.token_counts)
+        total = sum(p.token_counts)  # prompts given as tokens
         for text in p.texts:
             total += await self._tokens(text, headers)
         return total

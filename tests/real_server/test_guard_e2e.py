@@ -338,7 +338,13 @@ def test_authorization_passes_through_and_sizing_uses_the_clients_key(
         try:
             # A chat request: the guard sizes it through the server's /apply-template and /tokenize.
             body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer k-123"}):
+            keys: tuple[dict[str, str], ...] = (
+                {},
+                {"Authorization": "Bearer wrong"},
+                {"X-Api-Key": "k-123"},
+                {"Authorization": "Bearer k-123"},
+            )
+            for headers in keys:
                 headers = {**headers, "Content-Type": "application/json"}
                 direct = raw_request(server.url, "POST", "/v1/chat/completions", body, headers)
                 through = raw_request(guard, "POST", "/v1/chat/completions", body, headers)
@@ -346,11 +352,12 @@ def test_authorization_passes_through_and_sizing_uses_the_clients_key(
                 if direct[0] != 200:
                     assert through[2] == direct[2]
             assert direct[0] == 200
-            # The keyed request was sized (the server's /tokenize took the client's key); the others were
-            # refused by the server's /tokenize, and so passed on unsized for the server's own 401.
+            # The keyed requests were sized (the server's /tokenize took the client's key, in either header
+            # llama-server accepts); the others were refused by the server's /tokenize, and so passed on unsized
+            # for the server's own 401.
             admitted = exporter.sample("llamacpp_guard_requests_total", {"outcome": "admitted"})
             unsized = exporter.sample("llamacpp_guard_requests_total", {"outcome": "unsized"})
-            assert (admitted, unsized) == (1, 2)
+            assert (admitted, unsized) == (2, 2)
             assert raw_request(guard, "GET", "/health")[0] == 200  # public, as on llama-server
             assert raw_request(guard, "GET", "/slots")[0] == raw_request(server.url, "GET", "/slots")[0] == 401
         finally:

@@ -122,10 +122,53 @@ def test_sizing_plans() -> None:
         ("/completion", b'{"prompt": [true]}'),
         ("/v1/chat/completions", b'{"messages": "hi"}'),
         ("/completion", b"\xff\xfe"),
-        ("/v1/responses", b'{"input": "hi"}'),
+        ("/v1/responses", b'{"input": 3}'),
         ("/health", b'{"prompt": "x"}'),
     ]:
         assert plan(path, body) is None, (path, body)
+
+
+def test_responses_are_counted_by_the_servers_own_route_and_budgeted_by_max_output_tokens() -> None:
+    r = plan("/v1/responses", b'{"input": "hi", "instructions": "be brief", "max_output_tokens": 50, "stream": true}')
+    assert r is not None
+    assert (r.count_route, r.budget, r.stream, r.media, r.tasks) == ("/v1/responses/input_tokens", 50, True, False, 1)
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "what is it"}, image]}]}
+    m = plan("/responses", json.dumps(items).encode())
+    assert m is not None and m.media and m.bound() is None and not m.exact
+
+
+def test_n_completions_multiply_the_tasks_not_the_prompt() -> None:
+    """llama-server starts `n` (or `n_cmpl`) tasks per prompt, each in its own slot; the children copy the
+    parent's cells (shared in a unified pool), so the prompt counts once and the budget once per task."""
+    p = plan("/v1/chat/completions", b'{"messages": [], "n": 3, "max_tokens": 600}')
+    assert p is not None and (p.copies, p.prompts, p.tasks) == (3, 1, 3)
+    both = plan("/completion", b'{"prompt": ["a", "b"], "n_cmpl": 2, "n": 5}')
+    assert both is not None and (both.copies, both.tasks) == (2, 4)  # n_cmpl wins over its alias
+    a = Admission(max_queue=5, max_wait=60)
+    pool = Pool(capacity=4096, slot_window=1024, unified=True)
+    t = Ticket(1, prompt=64, budget=600 * 3, tasks=3, copies=3)
+    assert a.offer(t, pool, 0).kind == "admit"
+    assert t.demand == 1864  # the measured growth of such a request: 64 + 3 x 600
+    # A prompt too large for its slot is left to the server, whatever `n` asks.
+    assert a.offer(Ticket(2, prompt=1100, budget=3, tasks=3, copies=3), pool, 0).kind == "forward"
+
+
+def test_chat_with_images_is_counted_by_the_servers_route_and_a_multimodal_prompt_at_the_window() -> None:
+    chat = plan(
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
+    )
+    assert chat is not None and chat.media and not chat.template
+    assert chat.count_route == "/v1/chat/completions/input_tokens"
+    mm = plan("/completion", b'{"prompt": [{"prompt_string": "<__media__>", "multimodal_data": ["AAAA"]}]}')
+    assert mm is not None and mm.media and mm.windows == 1 and mm.tasks == 1
+
+
+def test_the_path_is_routed_as_llama_server_routes_it() -> None:
+    assert sizing_module.server_path("/v1/chat%2fcompletions") == "/v1/chat/completions"
+    assert sizing_module.server_path("/v1/%u0063hat/completions#x") == "/v1/chat/completions"
+    assert sizing_module.server_path("/%zz/../completion?prompt=%2F") == "/%zz/../completion"
 
 
 def test_slots_answer_read_for_preemption() -> None:

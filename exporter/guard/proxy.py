@@ -203,7 +203,6 @@ class Guard(Preempting):
 
     # ------------------------------------------------------------------ requests
 
-
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
         if isinstance(body, web.Response):

@@ -348,14 +348,23 @@ async def test_upstream_errors_are_answered_or_passed_on() -> None:
     async with rig() as r:
         status, body, _ = await r.post("/completion", {"prompt": "a b", "n_predict": 2, "script": "fail"})
         assert (status, body["error"]["message"]) == (500, "Context size has been exceeded.")  # passed on as it came
-        status, body, _ = await r.post("/completion", {"prompt": "a b", "n_predict": 2, "script": "die"})
+        # llama-server dies before answering: the request is sent once more (counted), then the 502 says so.
+        status, body, _ = await r.post("/completion", {"prompt": "a b", "n_predict": 2, "script": "die", "tag": "d"})
         assert status == 502 and "failed before answering" in body["error"]["message"]
+        assert "retries are spent" in body["error"]["message"]
+        assert r.up.arrivals["d"] == 2 and r.outcomes()["retried"] == 1
         status, body, headers = await r.post("/completion", {"prompt": "a b", "n_predict": 2, "script": "stream"})
         assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
         assert body == 'data: {"content": "a"}\n\ndata: [DONE]\n\n'
         assert r.outcomes()["failed"] == 1
         assert not r.books.in_flight
     # Nothing listens where llama-server should be.
-    async with rig(upstream=r.url) as dead:
-        status, body, _ = await dead.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    # Nothing listens where llama-server should be: a generation waits for it within its queue timeout, then
+    # hears 503 with a Retry-After; any other route is answered 502 at once.
+    async with rig(upstream=r.url, max_wait=0.5) as dead:
+        status, body, headers = await dead.post(
+            "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}
+        )
+        assert status == 503 and "Retry-After" in headers
+        status, body, _ = await dead.post("/tokenize", {"content": "x"})
         assert status == 502 and "cannot be reached" in body["error"]["message"]

@@ -7,15 +7,17 @@ Thresholds, ``for:`` durations, the series selector and where the runbook and Gr
 alert links to both, by absolute URL) are settings:
 
     python alerts/generate_rules.py           # rewrite alerts/llamacpp-rules.yml and the docs' alert table
-    python alerts/generate_rules.py -o my-rules.yml --runbook-url https://git.example.org/ops/llamacpp/runbook.md \
-        --grafana-url https://grafana.example.org --set vram_free_bytes=1073741824 --set selector='job="llama"'
+    python alerts/generate_rules.py -o my-rules.yml --runbook-url https://git.mycorp.net/ops/llamacpp/runbook.md \
+        --grafana-url https://grafana.mycorp.net --set vram_free_bytes=1073741824 --set selector='job="llama"'
     python alerts/generate_rules.py --list    # every setting with its default
 
-Severity policy (alerts/runbook.md, "Severity policy"): ``critical`` pages, and only where a person must
-act now and can; every page needs its condition at two evaluations in a row at least (a ``for:``) or
-is itself a repeat (three starts in 15 minutes). ``warning`` is work for the day (chat, a ticket);
-``info`` is context for the dashboard and the next sizing. A forecast that the guard (a request-path
-proxy) acts on by itself is not a page: with a guard, LlamaCppKVPoolOverflowAhead becomes its work.
+Severity policy (alerts/runbook.md, "Severity policy"): ``critical`` pages where requests are being lost
+(LlamaCppKVPoolRequestsAborted) or the pool is past 90 % (LlamaCppKVPoolSaturated), at once and kept up
+with ``keep_firing_for``, one page per incident; or where nothing watches or serves any more. No alert fires
+on one sample, whatever the scrape and evaluation intervals. ``warning`` is work for the day (the
+seconds-ahead forecast is the guard's signal and a warning); ``info`` is context; LlamaCppWatchdog always
+fires (severity ``none``), for a dead man's switch. Without --runbook-url/--grafana-url no link is rendered
+(each description names its runbook section); a placeholder or loopback address is refused.
 
 Only the Python standard library and PyYAML are needed.
 """

@@ -13,8 +13,15 @@ DASHBOARD_UID = "llamacpp-exporter"
 Rule = dict[str, Any]
 #: Recorded by recording.py: the slots processing now, per server.
 BUSY = "instance:llamacpp_slots_processing:sum"
-#: Recorded by recording.py: the targets that are llamacpp-exporters.
-KNOWN = "job_instance:llamacpp_exporter_target:known"
+#: Recorded by recording.py: cells held by the requests in flight, each slot's at two samples in a row.
+HELD = "instance:llamacpp_kv_pool_in_flight_tokens:two_samples"
+#: Recorded by recording.py: cells the requests in flight hold or were promised (their prompts and the
+#: generation budgets their clients set: the forecast's `limits` horizon), the lesser of its last two samples.
+PROMISED = "instance:llamacpp_kv_pool_promised_tokens:two_samples"
+#: Recorded by recording.py: cells the largest request in flight holds, at two samples in a row.
+LARGEST = "instance:llamacpp_request_in_flight_tokens:two_samples_max"
+#: Labels that name one llama-server (an absent label matches its absence): for joins with ALERTS.
+SERVER = "job, instance, server, model"
 #: Recorded by recording.py: when a job's llamacpp-exporter was last scraped.
 SEEN = "job:llamacpp_exporter_last_scrape:timestamp"
 
@@ -43,6 +50,13 @@ class Rules:
         matchers = ", ".join(x for x in (self.cfg.selector, extra) if x)
         return f"{name}{{{matchers}}}" if matchers else name
 
+    def last_two(self, selector: str, op: str, threshold: str) -> str:
+        """``selector op threshold`` at its last two samples (within two_samples_window): the sample before
+        the last is the last one minus idelta. Scrape-interval proof: one sample never passes, however
+        often the rules are evaluated."""
+        prev = f"({selector} - idelta({selector}[{self.cfg.two_samples_window}]))"
+        return f"{selector} {op} {threshold}\nand {prev} {op} {threshold}"
+
     def runbook(self, alert: str) -> str:
         return f"{self.runbook_base}#{alert.lower()}"
 
@@ -54,18 +68,31 @@ class Rules:
         )
         return f"{self.grafana_base}/d/{DASHBOARD_UID}?from=now-3h&to=now{variables}"
 
-    def alert(self, name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> Rule:
-        """An alerting rule; ``<WHO>`` in the annotations names the server and model (see WHO)."""
+    def alert(
+        self,
+        name: str,
+        expr: str,
+        for_: str,
+        severity: str,
+        summary: str,
+        description: str,
+        keep_firing_for: str = "",
+    ) -> Rule:
+        """An alerting rule; ``<WHO>`` in the annotations names the server and model (see WHO). The links
+        are there when their addresses are set; without a runbook address the description names the
+        runbook's section."""
         assert severity in SEVERITIES, severity
-        return {
-            "alert": name,
-            "expr": expr,
-            "for": for_,
-            "labels": {"severity": severity},
-            "annotations": {
-                "summary": summary.replace(W, WHO),
-                "description": description.replace(W, WHO),
-                "runbook_url": self.runbook(name),
-                "dashboard_url": self.dashboard(),
-            },
-        }
+        rule: Rule = {"alert": name, "expr": expr, "for": for_}
+        if keep_firing_for:
+            rule["keep_firing_for"] = keep_firing_for
+        description = description.replace(W, WHO)
+        if not self.runbook_base:
+            description += f" Runbook: section {name} of alerts/runbook.md (llamacpp-exporter)."
+        annotations = {"summary": summary.replace(W, WHO), "description": description}
+        if self.runbook_base:
+            annotations["runbook_url"] = self.runbook(name)
+        if self.grafana_base:
+            annotations["dashboard_url"] = self.dashboard()
+        rule["labels"] = {"severity": severity}
+        rule["annotations"] = annotations
+        return rule

@@ -16,11 +16,22 @@ def seconds(duration: str) -> int:
     return int(sum(int(n) * units[u] for n, u in parts))
 
 
+#: Hosts that are placeholders or this machine only: a link to them is dead on a pager.
+PLACEHOLDER_HOSTS = re.compile(r"(^|\.)(example\.(com|org|net)|localhost|invalid|test)$|^127\.|^\[?::1\]?$")
+
+
 def absolute_url(name: str, url: str) -> str:
-    """``url`` without a trailing slash, if it is an absolute http(s) URL; else a one-line ValueError."""
+    """``url`` without a trailing slash, if it is an absolute http(s) URL that is not a placeholder; '' stays
+    '' (no link); else a one-line ValueError."""
+    if url == "":
+        return ""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"{name} must be an absolute http(s) URL that a pager can open (https://...), not {url!r}")
+    if PLACEHOLDER_HOSTS.search(parts.hostname or ""):
+        raise ValueError(
+            f"{name} {url!r} is a placeholder or this machine only: a pager cannot open it; give the real address"
+        )
     return url.rstrip("/")
 
 
@@ -31,22 +42,28 @@ class Config:
     #: Label matchers added to every llamacpp_* selector, e.g. ``job="llamacpp"`` ('' = all jobs).
     selector: str = ""
     #: Where runbook.md is published (absolute); each alert links to ``<this>#<alert name in lower case>``.
-    #: The default is a placeholder: set your own (--runbook-url), or the links lead nowhere.
-    runbook_url: str = "https://git.example.com/ops/llamacpp-exporter/blob/main/alerts/runbook.md"
+    #: Empty (the default): no runbook_url annotation, and the description names the runbook's section.
+    #: A placeholder address (example.com/.org/.net, localhost) is refused: a pager cannot open it.
+    runbook_url: str = ""
     #: Grafana's address (absolute); each alert links to the dashboard with its job, instance, server and
-    #: model selected. The default is the Compose stack's Grafana (docker-compose.yml).
-    grafana_url: str = "http://localhost:3000"
-    #: LlamaCppKVPoolOverflowAhead: the prompts in flight need more than this share of the pool (pages). The
-    #: abort can be seconds away, so the page waits only for the next evaluation to agree (1s: the condition at
-    #: two evaluations in a row, whatever the interval; scrape at least as often as the rules are evaluated).
+    #: model selected. Empty (the default): no dashboard_url annotation.
+    grafana_url: str = ""
+    #: The longest scrape interval the rules must stand: a condition on gauges needs its last two samples
+    #: within this window (idelta), so that no alert fires on one sample, whatever the evaluation interval.
+    two_samples_window: str = "5m"
+    #: LlamaCppKVPoolRequestsAborted (critical): requests aborted because the pool overflowed within this
+    #: window; it fires at the first evaluation that sees the abort and keeps firing for keep_firing_for
+    #: after the last one, so that aborts less than window + keep_firing_for apart are one page.
+    aborted_window: str = "15m"
+    kv_page_keep_firing_for: str = "15m"
+    #: LlamaCppKVPoolOverflowAhead (warning, the guard's signal): the prompts in flight need more than this
+    #: share of the pool, at two samples in a row.
     kv_overflow_ahead_ratio: float = 1.0
-    kv_overflow_ahead_for: str = "1s"
-    #: LlamaCppKVPoolSaturated: KV pool usage ratio above this while the requests in flight hold that much
-    #: (pages). Sustained: a pool that passes it for one sample and frees itself (requests ended) is no page.
-    #: The pool moves in whole batches; a burst of prompts is OverflowAhead's, a fill by generation is
-    #: slower (token by token) and this page's.
+    kv_overflow_ahead_for: str = "0s"
+    #: LlamaCppKVPoolSaturated (critical): KV pool usage ratio above this at two samples in a row while the
+    #: requests in flight hold that much; fires at once and keeps firing for kv_page_keep_firing_for.
     kv_saturated_ratio: float = 0.9
-    kv_saturated_for: str = "30s"
+    kv_saturated_for: str = "0s"
     #: LlamaCppKVPoolOverflowPossible: at the limits their clients set (the `limits` horizon: known
     #: generation budgets; a request without one counts its prompt) the requests in flight need more than
     #: this share of the pool, while at least this many run.
@@ -60,21 +77,28 @@ class Config:
     kv_fill_min_ratio: float = 0.5
     kv_fill_for: str = "2m"
     #: LlamaCppKVPoolOvercommitted (info): overcommit above this while at least this many requests run and
-    #: they hold more than overcommit_min_usage_ratio of the pool. A default server (-np auto, -kvu) is 4x
-    #: overcommitted by design; only a pool that concurrent requests really fill makes it worth a look.
+    #: they hold more than overcommit_min_usage_ratio of the pool (idle slots' cells do not count: llama-server
+    #: purges them when it needs room). A default server (-np auto, -kvu) is 4x overcommitted by design; only a
+    #: pool that concurrent requests really fill makes it worth a look.
     overcommit_ratio: float = 1.0
     overcommit_min_processing: int = 2
     overcommit_min_usage_ratio: float = 0.5
     overcommit_for: str = "10m"
-    #: LlamaCppKVPoolUndersized: over this window, the p99 request size times the p99 number of requests in
-    #: flight together exceeds the pool, for this long, with at least this many requests in the window.
+    #: LlamaCppKVPoolUndersized (warning): over this window, the requests in flight held or were promised
+    #: (prompts and the max_tokens their clients set) more than undersized_peak_ratio of the pool together
+    #: (at two samples in a row), or the largest request held times the number of requests in flight together
+    #: at the busiest moments (p99 at each request's start) exceeds the pool; for this long, with at least
+    #: this many requests in the window.
     undersized_window: str = "1d"
-    undersized_for: str = "2h"
+    undersized_peak_ratio: float = 0.8
+    undersized_for: str = "3m"
     undersized_min_requests: int = 20
     #: LlamaCppKVPoolCapacityUnknown: slots known, pool size not, for this long.
     capacity_unknown_for: str = "10m"
-    #: LlamaCppContextExceeded / LlamaCppKVRetryCascade: an event within this window.
+    #: LlamaCppKVRetryCascade: a cascade that recovered (nothing aborted) within this window.
     event_window: str = "15m"
+    #: LlamaCppContextExceeded: overflows within this window, once the page is over (the daytime follow-up).
+    context_exceeded_window: str = "1d"
     #: LlamaCppVRAMHeadroomLow: free memory of a GPU that llama-server uses below this many bytes (512 MiB).
     vram_free_bytes: int = 512 * 1024 * 1024
     vram_for: str = "5m"
@@ -96,8 +120,9 @@ class Config:
     log_stalled_for: str = "5m"
     #: LlamaCppExporterLogNotUnderstood: llamacpp_exporter_log_understood 0 for this long.
     log_not_understood_for: str = "5m"
-    #: LlamaCppExporterDown: a target that was a llamacpp-exporter fails its scrapes for this long. It
-    #: fires until the target answers again or leaves service discovery (then LlamaCppExporterTargetGone).
+    #: LlamaCppExporterDown: a target of a job that has had a llamacpp-exporter (within exporter_forget_after)
+    #: fails its scrapes for this long: also a new target after a rollout that never answered. It fires
+    #: until the target answers again or leaves service discovery (then LlamaCppExporterTargetGone).
     exporter_down_for: str = "5m"
     #: LlamaCppExporterTargetGone: a job that had a llamacpp-exporter has no target at all for this long...
     exporter_gone_for: str = "5m"
@@ -107,3 +132,8 @@ class Config:
     router_event_window: str = "15m"
     #: LlamaCppGuardQueueBacklog: the guard's queue has not been empty for this long.
     guard_backlog_for: str = "5m"
+    #: LlamaCppGuardRefusing / LlamaCppGuardUpstreamFailing: at least this many requests refused (429/503) /
+    #: failed (llama-server unreachable or the connection broken) within guard_event_window.
+    guard_event_window: str = "15m"
+    guard_refused_count: int = 3
+    guard_failed_count: int = 1

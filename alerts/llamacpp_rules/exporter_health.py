@@ -3,7 +3,7 @@ itself down or gone from Prometheus' targets."""
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, KNOWN, SEEN, Rule, Rules
+from llamacpp_rules.builder import BUSY, SEEN, Rule, Rules
 
 
 def source_down(r: Rules) -> Rule:
@@ -88,11 +88,15 @@ def exporter_down(r: Rules) -> Rule:
     c = r.cfg
     return r.alert(
         "LlamaCppExporterDown",
-        f"up == 0\nand on (job, instance) {KNOWN}",
+        # Keyed on the job, not the instance: after a rollout the new target (a new pod address) that never
+        # answered is as much a dead exporter as the old one.
+        f"up == 0\nand on (job) {SEEN}",
         c.exporter_down_for,
         "critical",
         "Prometheus cannot scrape llamacpp-exporter: llama-server is not watched.",
-        "Prometheus has failed to scrape the llamacpp-exporter at {{ $labels.instance }} for "
+        "Prometheus has failed to scrape the llamacpp-exporter target {{ $labels.instance }} of job "
+        "{{ $labels.job }} (a job whose exporters were scraped within "
+        f"{c.exporter_forget_after}; a new target after a rollout included) for "
         f"{c.exporter_down_for} or more; every llama-server alert for it is blind, LlamaCppServerDown "
         "included (llama-server may be down too). This fires until the exporter answers. Check the "
         "exporter process or container (systemctl status, kubectl describe pod, its log) and its listen "
@@ -115,4 +119,20 @@ def target_gone(r: Rules) -> Rule:
         "Targets page: a renamed job, a changed label selector, the pod or PodMonitor deleted). If the "
         "servers were removed on purpose, silence this alert: it ends by itself "
         f"{c.exporter_forget_after} after the last scrape.",
+    )
+
+
+def watchdog(r: Rules) -> Rule:
+    """LlamaCppWatchdog: always firing, so that its absence says the rule pipeline is broken."""
+    return r.alert(
+        "LlamaCppWatchdog",
+        "vector(1)",
+        "0m",
+        "none",
+        "Always firing: the pipeline from Prometheus' rules to Alertmanager works.",
+        "This alert fires all the time on purpose. Route it to a dead man's switch (a service that pages when "
+        "it stops hearing from it, e.g. a healthchecks or a pager's heartbeat webhook), never to a person: if "
+        "it stops arriving, Prometheus no longer evaluates these rules or cannot reach Alertmanager, and no "
+        "llama-server alert can reach you. Check Prometheus (its Rules and Alerts pages, the rule_files it "
+        "loaded) and Alertmanager (its status page, the receiver's errors).",
     )

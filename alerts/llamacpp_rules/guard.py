@@ -1,4 +1,4 @@
-"""The guard's alert: requests keep waiting in its queue for room in the KV pool."""
+"""The guard's alerts: requests waiting in its queue, refused, or failing to reach llama-server."""
 
 from __future__ import annotations
 
@@ -21,4 +21,46 @@ def queue_backlog(r: Rules) -> Rule:
         "seconds) and past --guard.queue-timeout get 503. Ask clients to send max_tokens (a request "
         "without one counts --guard.default-budget), or give the pool more cells: a larger -c, "
         "-ctk/-ctv q8_0, or another server.",
+    )
+
+
+def refusing(r: Rules) -> Rule:
+    """LlamaCppGuardRefusing: the guard answers requests with 429/503 instead of passing them on."""
+    c, m = r.cfg, r.m
+    refused = m("llamacpp_guard_requests_total", 'outcome="refused"')
+    return r.alert(
+        "LlamaCppGuardRefusing",
+        f"sum without (outcome) (increase({refused}[{c.guard_event_window}])) >= {c.guard_refused_count}",
+        "0m",
+        "warning",
+        "The guard in front of llama-server<WHO> refuses requests (429/503): clients get errors.",
+        "The guard in front of {{ $labels.instance }}<WHO> refused "
+        + COUNT
+        + f" requests in the last {c.guard_event_window}: its queue was full (--guard.queue-size), a request "
+        "waited past --guard.queue-timeout, or a request was larger than a slot's window. The pool was "
+        "protected (no request was aborted), but those clients got 429/503. Look at the queue wait "
+        "(llamacpp_guard_queue_wait_seconds) and who sends the long requests "
+        "(llamacpp_guard_client_requests_total); give the pool more cells (-ctk/-ctv q8_0, a larger -c) or "
+        "move a client to another server; raise --guard.queue-timeout if clients can wait longer.",
+    )
+
+
+def upstream_failing(r: Rules) -> Rule:
+    """LlamaCppGuardUpstreamFailing: requests through the guard failed at llama-server."""
+    c, m = r.cfg, r.m
+    failed = m("llamacpp_guard_requests_total", 'outcome="failed"')
+    return r.alert(
+        "LlamaCppGuardUpstreamFailing",
+        f"sum without (outcome) (increase({failed}[{c.guard_event_window}])) >= {c.guard_failed_count}",
+        "0m",
+        "warning",
+        "Requests through the guard of llama-server<WHO> fail: llama-server is unreachable or breaks connections.",
+        "The guard in front of {{ $labels.instance }}<WHO> saw "
+        + COUNT
+        + f" requests fail in the last {c.guard_event_window}: llama-server could not be reached or closed "
+        "the connection before the answer ended (a crash, a restart, an out-of-memory kill). Requests "
+        "that had no byte yet were retried within the guard's budget; these were not. Check "
+        "llamacpp_up and llamacpp_server_starts_total (LlamaCppServerDown or ServerRestarting page when "
+        "it is down or looping), the end of llama-server's log, and --server-url (where the guard "
+        "sends requests).",
     )

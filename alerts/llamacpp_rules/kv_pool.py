@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, Rule, Rules
+from llamacpp_rules.builder import BUSY, HELD, SERVER, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
 from llamacpp_rules.text import COUNT, THIS, figure, num
 
 DEMAND = "llamacpp_kv_pool_demand_ratio"
 
 
-def _forecast() -> str:
+def forecast_text() -> str:
     """What the forecast says of the alert's server: demand now and at the clients' limits, time to full."""
     pct, never = "humanizePercentage", "unknown"
     return (
@@ -28,14 +28,14 @@ def _forecast() -> str:
 
 
 def overflow_ahead(r: Rules) -> Rule:
-    """LlamaCppKVPoolOverflowAhead (critical): the prompts in flight do not fit the pool."""
+    """LlamaCppKVPoolOverflowAhead (warning, the guard's signal): the prompts in flight do not fit the pool."""
     c = r.cfg
     prompt_demand, busy = r.m(DEMAND, 'horizon="prompt"'), BUSY
     return r.alert(
         "LlamaCppKVPoolOverflowAhead",
-        f"{prompt_demand} > {num(c.kv_overflow_ahead_ratio)}\nand ignoring (horizon) {busy} > 0",
+        f"{r.last_two(prompt_demand, '>', num(c.kv_overflow_ahead_ratio))}\nand ignoring (horizon) {busy} > 0",
         c.kv_overflow_ahead_for,
-        "critical",
+        "warning",
         "The prompts in flight on llama-server<WHO> do not fit its KV pool: every request will be aborted.",
         "Once the prompts now being processed on {{ $labels.instance }}<WHO> are read, they need {{ $value | "
         "humanizePercentage }} of the shared KV pool. When it is full llama-server aborts EVERY in-flight "
@@ -49,31 +49,11 @@ def overflow_ahead(r: Rules) -> Rule:
             before="At the current speed it is full in ",
             after=". ",
         )
-        + "Act in the time left: cancel the request that holds the most "
+        + "This is seconds ahead: the guard (--guard.listen-address) acts on it by itself, holding back or "
+        "stopping the request that would overflow the pool; a person cannot. If the overflow happens, "
+        "LlamaCppKVPoolRequestsAborted pages. Without the guard: cancel the request that holds the most "
         "(dashboard: demand per slot; close that client's connection), then hold back new long prompts."
         + LARGEST_HOLDER,
-    )
-
-
-def saturated(r: Rules) -> Rule:
-    """LlamaCppKVPoolSaturated (critical): the pool is almost full while requests run."""
-    c, m, busy = r.cfg, r.m, BUSY
-    usage, prompt_demand = m("llamacpp_kv_pool_usage_ratio"), m(DEMAND, 'horizon="prompt"')
-    return r.alert(
-        "LlamaCppKVPoolSaturated",
-        f"{usage} > {num(c.kv_saturated_ratio)}\n"
-        f"and ignoring (horizon) {prompt_demand} > {num(c.kv_saturated_ratio)}\nand {busy} > 0",
-        c.kv_saturated_for,
-        "critical",
-        f"llama-server's shared KV pool<WHO> has been almost full for {c.kv_saturated_for} while requests run.",
-        "The KV pool of {{ $labels.instance }}<WHO> is {{ $value | humanizePercentage }} full and the requests "
-        "in flight hold that much. When it is full, llama-server halves its batch down to 1 and then "
-        "aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500). "
-        + _forecast()
-        + " Act now: cancel the request that holds the most (dashboard: demand per slot), stop sending new "
-        "long requests to this instance or drain it. In the daytime, size the pool so every slot's "
-        "promise can be kept: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots (-np) or no -kvu, a "
-        "smaller -c." + LARGEST_HOLDER,
     )
 
 
@@ -83,7 +63,7 @@ def overflow_possible(r: Rules) -> Rule:
     limits_demand, busy = r.m(DEMAND, 'horizon="limits"'), BUSY
     return r.alert(
         "LlamaCppKVPoolOverflowPossible",
-        f"{limits_demand} > {num(c.kv_overflow_possible_ratio)}\n"
+        f"{r.last_two(limits_demand, '>', num(c.kv_overflow_possible_ratio))}\n"
         f"and ignoring (horizon) {busy} >= {c.kv_overflow_possible_min_processing}",
         c.kv_overflow_possible_for,
         "warning",
@@ -118,11 +98,11 @@ def filling_up(r: Rules) -> Rule:
 def overcommitted(r: Rules) -> Rule:
     """LlamaCppKVPoolOvercommitted (info): the slots are promised more than the pool, and fill it."""
     c, m, busy = r.cfg, r.m, BUSY
-    usage = m("llamacpp_kv_pool_usage_ratio")
+    capacity = m("llamacpp_kv_pool_capacity_tokens")
     return r.alert(
         "LlamaCppKVPoolOvercommitted",
         f"{m('llamacpp_kv_pool_overcommit_ratio')} > {num(c.overcommit_ratio)}\n"
-        f"and {usage} > {num(c.overcommit_min_usage_ratio)}\n"
+        f"and {HELD} / {capacity} > {num(c.overcommit_min_usage_ratio)}\n"
         f"and {busy} >= {c.overcommit_min_processing}",
         c.overcommit_for,
         "info",
@@ -137,32 +117,46 @@ def overcommitted(r: Rules) -> Rule:
 
 
 def undersized(r: Rules) -> Rule:
-    """LlamaCppKVPoolUndersized: a day's p99 request times its p99 concurrency outgrows the pool."""
+    """LlamaCppKVPoolUndersized: what the day's requests held together, or would at their usual concurrency,
+    outgrows the pool."""
     c, m = r.cfg, r.m
     window = c.undersized_window
-    needed = f"instance:llamacpp_kv_pool_needed_tokens:p99_{window}"
+    capacity = m("llamacpp_kv_pool_capacity_tokens")
+    peak = f"instance:llamacpp_kv_pool_promised_tokens:max_{window}"
+    needed = f"instance:llamacpp_kv_pool_needed_tokens:{window}"
     return r.alert(
         "LlamaCppKVPoolUndersized",
-        f"{needed}\n> {m('llamacpp_kv_pool_capacity_tokens')}\n"
-        f"and increase({m('llamacpp_request_tokens_count')}[{window}]) >= {c.undersized_min_requests}",
+        "\n".join(
+            [
+                "(",
+                f"  {needed} > {capacity}",
+                f"  or {peak} > {num(c.undersized_peak_ratio)} * {capacity}",
+                ")",
+                f"and increase({m('llamacpp_request_tokens_count')}[{window}]) >= {c.undersized_min_requests}",
+            ]
+        ),
         c.undersized_for,
         "warning",
-        "llama-server's KV pool<WHO> is too small for the requests it serves: a day of long requests "
-        "at once will abort every request in flight.",
+        "llama-server's KV pool<WHO> is too small for the requests it serves: long requests at once will "
+        "abort every request in flight.",
         THIS
         + "Over the last "
         + window
-        + ", the p99 request on {{ $labels.instance }}<WHO> held "
-        + figure(f"instance:llamacpp_request_tokens:p99_{window}", 'printf "%.0f"', "?")
-        + " tokens and p99 "
-        + figure(f"instance:llamacpp_request_concurrency:p99_{window}", 'printf "%.1f"', "?")
-        + ' requests ran at once: together they need about {{ $value | printf "%.0f" }} KV cells, and the '
-        "pool has "
+        + ", the requests in flight on {{ $labels.instance }}<WHO> held or were promised (prompts and the "
+        "max_tokens their clients set) up to "
+        + figure(peak, 'printf "%.0f"', "?")
+        + " KV cells together; the largest request held "
+        + figure(f"instance:llamacpp_request_in_flight_tokens:max_{window}", 'printf "%.0f"', "?")
+        + " and at the busiest moments (p99 at each request's start) "
+        + figure(f"instance:llamacpp_request_concurrency:p99_{window}", 'printf "%.0f"', "?")
+        + " requests ran at once: requests like the largest, that many at once, need about "
+        + figure(needed, 'printf "%.0f"', "?")
+        + " cells, and the pool has "
         + figure("llamacpp_kv_pool_capacity_tokens", 'printf "%.0f"', "?")
-        + ". Nothing has to overflow yet; the first time that many long requests run together, "
-        "llama-server aborts every request in flight. In the daytime: give each slot its own window "
-        "(--kv-unified-per-slot N: one request can no longer abort the others), run fewer slots (-np), "
-        "or afford a larger pool (-ctk/-ctv q8_0 halves the cache, then a larger -c).",
+        + ". The first time long requests run together past the pool, llama-server aborts every request in "
+        "flight. In the daytime: give each slot its own window (--kv-unified-per-slot N: one request can no "
+        "longer abort the others), run fewer slots (-np), or afford a larger pool (-ctk/-ctv q8_0 halves the "
+        "cache, then a larger -c); or run the guard in front of it.",
     )
 
 
@@ -185,36 +179,44 @@ def capacity_unknown(r: Rules) -> Rule:
     )
 
 
+def _pages_firing() -> str:
+    return (
+        f"on ({SERVER}) "
+        'ALERTS{alertname=~"LlamaCppKVPoolRequestsAborted|LlamaCppKVPoolSaturated", alertstate="firing"}'
+    )
+
+
 def context_exceeded(r: Rules) -> Rule:
-    """LlamaCppContextExceeded: llama-server aborted every request in flight."""
+    """LlamaCppContextExceeded: the pool overflowed within the day; the page for it is over (the follow-up)."""
     c, m = r.cfg, r.m
     return r.alert(
         "LlamaCppContextExceeded",
-        f"increase({m('llamacpp_context_exceeded_total')}[{c.event_window}]) > 0",
+        f"increase({m('llamacpp_context_exceeded_total')}[{c.context_exceeded_window}]) > 0\nunless {_pages_firing()}",
         "0m",
         "warning",
-        "llama-server<WHO> ran out of KV cells and aborted every in-flight request.",
+        "llama-server<WHO> ran out of KV cells and aborted every in-flight request; the sizing needs a fix.",
         "{{ $labels.instance }}<WHO> logged 'Context size has been exceeded' in the last "
-        f"{c.event_window} (count: {COUNT}): the shared KV pool was full, and every request in flight at that "
-        "moment was answered with HTTP 500, small ones included. It is over; while it keeps happening "
-        "the KV pages (OverflowAhead, Saturated) fire. Confirm with grep 'Context size has been exceeded' "
-        "in the server log; in the daytime, fix the sizing: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer "
-        "slots or no -kvu, a smaller -c." + LARGEST_HOLDER,
+        f"{c.context_exceeded_window} (count: {COUNT}): the shared KV pool was full, and every request in flight "
+        "at that moment was answered with HTTP 500, small ones included. The page for it "
+        "(LlamaCppKVPoolRequestsAborted or Saturated) is over; this stays until a day without one. Confirm "
+        "with grep 'Context size has been exceeded' in the server log; in the daytime, fix the sizing: "
+        "--kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots or no -kvu, a smaller -c." + LARGEST_HOLDER,
     )
 
 
 def retry_cascade(r: Rules) -> Rule:
-    """LlamaCppKVRetryCascade: llama-server found its pool full and retried with smaller batches."""
+    """LlamaCppKVRetryCascade: llama-server found its pool full, retried with smaller batches and recovered."""
     c, m = r.cfg, r.m
+    recovered = m("llamacpp_kv_cascades_total", 'outcome="recovered"')
     return r.alert(
         "LlamaCppKVRetryCascade",
-        f"sum without (outcome) (increase({m('llamacpp_kv_cascades_total')}[{c.event_window}])) > 0",
+        f"sum without (outcome) (increase({recovered}[{c.event_window}])) > 0\nunless {_pages_firing()}",
         "0m",
         "warning",
-        "llama-server<WHO> found its KV pool full and retried with smaller batches.",
-        f"{{{{ $labels.instance }}}}<WHO> ran KV retry cascades in the last {c.event_window} (count: {COUNT}; "
-        "'failed to find free space in the KV cache, retrying with smaller batch "
-        "size'). The pool was full; a cascade that ends in 'Context size has been exceeded' aborts every "
-        "request. Look at the slots' tokens on the dashboard and plan the pool: --kv-unified-per-slot, "
-        "-ctk/-ctv q8_0, fewer slots.",
+        "llama-server<WHO> found its KV pool full and retried with smaller batches (nothing aborted yet).",
+        f"{{{{ $labels.instance }}}}<WHO> ran KV retry cascades that recovered in the last {c.event_window} "
+        f"(count: {COUNT}; 'failed to find free space in the KV cache, retrying with smaller batch "
+        "size'). The pool was full and nothing was lost this time; a cascade that ends in 'Context size has "
+        "been exceeded' aborts every request (then LlamaCppKVPoolRequestsAborted pages). Look at the slots' "
+        "tokens on the dashboard and plan the pool: --kv-unified-per-slot, -ctk/-ctv q8_0, fewer slots.",
     )

@@ -1,31 +1,57 @@
-"""The recording rules: per-server sums and the day's p99 sizes the alerts and the dashboard read."""
+"""The recording rules: per-server sums, what the requests in flight held, and the day's sizing figures."""
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, KNOWN, SEEN, Rule, Rules
+from llamacpp_rules.builder import BUSY, HELD, LARGEST, PROMISED, SEEN, Rule, Rules
 
 
 def recording(r: Rules) -> list[Rule]:
     """Every recording rule, in the order of the rules file."""
-    m, known, seen = r.m, KNOWN, SEEN
+    m, seen, w = r.m, SEEN, r.cfg.two_samples_window
     window = r.cfg.undersized_window
+    tokens, processing = m("llamacpp_slot_tokens"), m("llamacpp_slot_processing")
+    promised = m("llamacpp_kv_pool_demand_tokens", 'horizon="limits"')
+    # A slot's cells while it processes, at two samples in a row (the lesser of the two; 0 unless it was
+    # processing at both): one sample never counts, whatever the scrape and evaluation intervals.
+    held_per_slot = (
+        f"({tokens} - clamp_min(idelta({tokens}[{w}]), 0))\n"
+        f"* ({processing} - idelta({processing}[{w}]))\n* {processing}"
+    )
 
-    def p99(histogram: str) -> str:
+    def quantile(q: str, histogram: str) -> str:
         # One histogram per server: every label but `le` is kept, server and model included.
-        return f"histogram_quantile(0.99, rate({m(histogram + '_bucket')}[{window}]))"
+        return f"histogram_quantile({q}, rate({m(histogram + '_bucket')}[{window}]))"
 
     return [
-        # What the requests of the last day asked of the pool: the p99 request's cells, the p99 number of
-        # requests in flight together, and their product (the pool that would have held them).
-        {"record": f"instance:llamacpp_request_tokens:p99_{window}", "expr": p99("llamacpp_request_tokens")},
+        # What the requests in flight held together, and the largest of them (sizing; LlamaCppKVPoolUndersized).
+        {"record": HELD, "expr": f"sum without (slot) (\n{held_per_slot}\n)"},
+        {"record": LARGEST, "expr": f"max without (slot) (\n{held_per_slot}\n)"},
         {
-            "record": f"instance:llamacpp_request_concurrency:p99_{window}",
-            "expr": p99("llamacpp_request_concurrency"),
+            "record": PROMISED,
+            "expr": f"sum without (horizon) ({promised} - clamp_min(idelta({promised}[{w}]), 0))",
         },
         {
-            "record": f"instance:llamacpp_kv_pool_needed_tokens:p99_{window}",
+            "record": f"instance:llamacpp_kv_pool_promised_tokens:max_{window}",
+            "expr": f"max_over_time({PROMISED}[{window}])",
+        },
+        {
+            "record": f"instance:llamacpp_request_in_flight_tokens:max_{window}",
+            "expr": f"max_over_time({LARGEST}[{window}])",
+        },
+        # How many requests ran together at the busiest moments (p99 at each request's start), rounded up to
+        # the whole number its bucket holds (concurrency is a whole number; the buckets are 1, 2, 3 ... 8).
+        {
+            "record": f"instance:llamacpp_request_concurrency:p99_{window}",
+            "expr": f"ceil({quantile('0.99', 'llamacpp_request_concurrency')})",
+        },
+        # The pool the day's traffic needs: requests like its largest, as many at once as at its busiest
+        # moments (exact at any scrape interval: the concurrency histogram counts every request's start). A
+        # pool that aborts every request when it overflows is sized for the peak, not the median.
+        {
+            "record": f"instance:llamacpp_kv_pool_needed_tokens:{window}",
             "expr": (
-                f"instance:llamacpp_request_tokens:p99_{window}\n* instance:llamacpp_request_concurrency:p99_{window}"
+                f"instance:llamacpp_request_in_flight_tokens:max_{window}\n"
+                f"* clamp_min(instance:llamacpp_request_concurrency:p99_{window}, 1)"
             ),
         },
         {
@@ -40,16 +66,6 @@ def recording(r: Rules) -> list[Rule]:
                 f"(sum without (slot) ({m('llamacpp_checkpoint_bytes')})"
                 f" or {m('llamacpp_prompt_cache_bytes')} * 0)\n"
                 f"+ {m('llamacpp_prompt_cache_bytes')}"
-            ),
-        },
-        {
-            # The targets that are llamacpp-exporters: those scraped now, and, reading this rule's own
-            # previous result, those that were and that service discovery still lists (their `up` is
-            # there, 0 or 1). A lookback window would forget a target that stays down for longer.
-            "record": known,
-            "expr": (
-                f"group by (job, instance) ({m('llamacpp_exporter_build_info')})\n"
-                f"or ({known} and on (job, instance) up)"
             ),
         },
         {

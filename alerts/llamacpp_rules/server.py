@@ -11,7 +11,7 @@ def server_down(r: Rules) -> Rule:
     c, m = r.cfg, r.m
     return r.alert(
         "LlamaCppServerDown",
-        f"{m('llamacpp_up')} == 0\nunless {m('llamacpp_server_loading')} == 1",
+        f"{r.last_two(m('llamacpp_up'), '==', '0')}\nunless {m('llamacpp_server_loading')} == 1",
         c.server_down_for,
         "critical",
         "llama-server<WHO> does not answer /health.",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-SEVERITIES = ("critical", "warning", "info")
+#: "none": the Watchdog only (always firing; routed to a dead man's switch, never to a person).
+SEVERITIES = ("critical", "warning", "info", "none")
 #: A counter increase for a description: increase() extrapolates, so round it.
 COUNT = '{{ printf "%.0f" $value }}'
 #: Which llama-server an alert is about, when one exporter follows several: " (server gpu0, model alpha)",

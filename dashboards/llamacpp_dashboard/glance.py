@@ -18,7 +18,7 @@ from llamacpp_dashboard.panels import (
     thresholds,
     value_map,
 )
-from llamacpp_dashboard.query import q
+from llamacpp_dashboard.query import OF_MODEL, q
 
 
 def at_a_glance(lay: Layout) -> None:
@@ -31,10 +31,11 @@ def at_a_glance(lay: Layout) -> None:
     lay.add(_server_state(), 3, 5)
     lay.add(_slots_busy(), 3, 5)
     lay.add(_aborted(), 3, 5)
-    lay.add(_overcommit(), 6, 4)
-    lay.add(_least_free_vram(), 6, 4)
-    lay.add(_host_cache(), 6, 4)
-    lay.add(_starts(), 6, 4)
+    lay.add(_sizing(), 5, 4)
+    lay.add(_overcommit(), 5, 4)
+    lay.add(_least_free_vram(), 5, 4)
+    lay.add(_host_cache(), 5, 4)
+    lay.add(_starts(), 4, 4)
 
 
 def _firing_alerts() -> Panel:
@@ -140,12 +141,31 @@ def _overcommit() -> Panel:
     )
 
 
+def _sizing() -> Panel:
+    return stat(
+        "Pool needed / pool (1d)" + OF_MODEL,
+        "instance:llamacpp_kv_pool_needed_tokens:1d over llamacpp_kv_pool_capacity_tokens: requests like the "
+        "day's largest, as many at once as at its busiest moments, against the pool. Past 100% the pool is too "
+        "small for the traffic it gets (LlamaCppKVPoolUndersized); the request-size row has the details.",
+        q("instance:llamacpp_kv_pool_needed_tokens:1d{S} / llamacpp_kv_pool_capacity_tokens{S}", "{W}"),
+        unit="percentunit",
+        steps=thresholds((None, GREEN), (0.8, ORANGE), (1.0, RED)),
+        decimals=0,
+    )
+
+
 def _least_free_vram() -> Panel:
     return stat(
         "Least free VRAM",
-        "min of llamacpp_gpu_memory_free_bytes over the GPUs (NVML); red below the 512 MiB headroom of "
-        "LlamaCppVRAMHeadroomLow.",
-        q("min by (instance) (llamacpp_gpu_memory_free_bytes{G})", "{{instance}}"),
+        "min of llamacpp_gpu_memory_free_bytes over the GPUs that llama-server uses (those that hold its "
+        "memory, llamacpp_process_gpu_memory_bytes; every GPU where the exporter cannot tell); red below the "
+        "512 MiB headroom of LlamaCppVRAMHeadroomLow.",
+        q(
+            "min by ({BY}) (llamacpp_gpu_memory_free_bytes{G} and on (instance, uuid) "
+            "(llamacpp_process_gpu_memory_bytes{S} > 0) or (llamacpp_gpu_memory_free_bytes{G} unless on (instance) "
+            "llamacpp_process_gpu_memory_bytes{S}))",
+            "{W}",
+        ),
         unit="bytes",
         steps=thresholds((None, RED), (VRAM_HEADROOM_BYTES, GREEN)),
     )

@@ -100,9 +100,9 @@ def stat(
         defaults["decimals"] = decimals
     if no_value is not None:
         defaults["noValue"] = no_value
-    # A stat shows the value now: an instant query only (with `range` too, Grafana runs both and shows each
-    # series twice).
-    target = {**target, "range": False, "instant": True}
+    # A stat shows the last value and its trend (the sparkline): a range query only (with `instant` too,
+    # Grafana runs both and shows each series twice).
+    target = {**target, "range": True, "instant": False}
     return {
         "type": "stat",
         "title": title,
@@ -239,8 +239,14 @@ SERVER_MAP = value_map(
 SEVERITY_MAP = value_map(("critical", "critical", RED), ("warning", "warning", ORANGE), ("info", "info", BLUE))
 
 
+#: The severities by rank (1 worst), for sorting the firing alerts: a string sort would put info first.
+SEVERITY_RANK = (("critical", 1), ("warning", 2), ("info", 3), ("none", 4))
+
+
 def alert_table(title: str, description: str, expr: str) -> dict[str, Any]:
-    """A table of the alerts firing now (Prometheus' ALERTS series), worst first."""
+    """A table of the alerts firing now (Prometheus' ALERTS series), worst first: each series' value is its
+    severity's rank (``expr`` must end with ``}``, where the severity matcher goes)."""
+    expr = " or ".join(f'{expr[:-1]}, severity="{sev}"}} * 0 + {rank}' for sev, rank in SEVERITY_RANK)
     return {
         "type": "table",
         "title": title,
@@ -259,13 +265,14 @@ def alert_table(title: str, description: str, expr: str) -> dict[str, Any]:
                 }
             ],
         },
-        "options": {"showHeader": True, "cellHeight": "sm", "sortBy": [{"displayName": "severity", "desc": False}]},
+        "options": {"showHeader": True, "cellHeight": "sm", "sortBy": [{"displayName": "rank", "desc": False}]},
         "transformations": [
             {
                 "id": "organize",
                 "options": {
-                    "excludeByName": {"Time": True, "Value": True, "__name__": True, "alertstate": True, "job": True},
-                    "indexByName": {"severity": 0, "alertname": 1, "instance": 2, "server": 3, "model": 4},
+                    "excludeByName": {"Time": True, "__name__": True, "alertstate": True, "job": True},
+                    "indexByName": {"Value": 0, "severity": 1, "alertname": 2, "instance": 3, "server": 4, "model": 5},
+                    "renameByName": {"Value": "rank"},
                 },
             }
         ],

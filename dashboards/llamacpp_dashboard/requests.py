@@ -126,12 +126,14 @@ def _in_flight_together() -> Panel:
 def _pool_needed() -> Panel:
     return timeseries(
         "The pool you need and the pool you have" + OF_MODEL,
-        "The p99 request size times the p99 number of requests in flight together over the last day "
-        "(instance:llamacpp_kv_pool_needed_tokens:p99_1d, recorded from llamacpp_request_tokens and "
-        "llamacpp_request_concurrency), against llamacpp_kv_pool_capacity_tokens. Needed above capacity for "
-        "hours: LlamaCppKVPoolUndersized (see its runbook for the fixes).",
+        "Over the last day: the largest request held (two samples in a row) times the requests in flight "
+        "together at the busiest moments (p99 at each start): instance:llamacpp_kv_pool_needed_tokens:1d; the "
+        "most the requests in flight held or were promised together "
+        "(instance:llamacpp_kv_pool_promised_tokens:max_1d); against llamacpp_kv_pool_capacity_tokens. "
+        "Needed above the pool, or promised above 80 % of it: LlamaCppKVPoolUndersized (see its runbook).",
         [
-            q("max by ({BY}) (instance:llamacpp_kv_pool_needed_tokens:p99_1d{S})", "{W} needed (p99 x p99)", "A"),
+            q("max by ({BY}) (instance:llamacpp_kv_pool_needed_tokens:1d{S})", "{W} needed (largest x p99)", "A"),
+            q("max by ({BY}) (instance:llamacpp_kv_pool_promised_tokens:max_1d{S})", "{W} held together (1d)", "C"),
             q("max by ({BY}) (llamacpp_kv_pool_capacity_tokens{S})", "{W} pool", "B"),
         ],
         unit="short",

@@ -11,8 +11,8 @@
 
     python deploy/kubernetes/generate.py          # rewrite both files
     python deploy/kubernetes/generate.py --check  # exit 1 if they are not what the sources give
-    python deploy/kubernetes/generate.py --runbook-url https://git.example.org/ops/runbook.md \
-        --grafana-url https://grafana.example.org    # the PrometheusRule with your links
+    python deploy/kubernetes/generate.py --runbook-url https://git.mycorp.net/ops/runbook.md \
+        --grafana-url https://grafana.mycorp.net    # the PrometheusRule with your links
 
 Re-run it after changing alerts/ or dashboards/; tests/real_server/test_deploy_kubernetes.py fails until then.
 Needs only PyYAML.
@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,19 +125,25 @@ def rendered_groups(runbook_url: str | None, grafana_url: str | None) -> list[An
 
 
 def check_links(groups: list[Any], source: str) -> None:
-    """Refuse an alert whose runbook or dashboard link is not an absolute http(s) URL."""
+    """Refuse an alert whose runbook or dashboard link is not an absolute http(s) URL, or is a placeholder
+    or this machine's address (a pager opens neither). No link is fine: the description names the runbook's
+    section."""
     for group in groups:
         for rule in group.get("rules", []):
             if "alert" not in rule:
                 continue
             annotations = rule.get("annotations") or {}
             for key in LINKS:
-                url = str(annotations.get(key, ""))
+                if key not in annotations:
+                    continue
+                url = str(annotations[key])
                 parts = urlsplit(url)
-                if parts.scheme not in ("http", "https") or not parts.netloc:
+                host = parts.hostname or ""
+                placeholder = re.search(r"(^|\.)(example\.(com|org|net)|localhost)$|^127\.", host)
+                if parts.scheme not in ("http", "https") or not parts.netloc or placeholder:
                     raise GenerateError(
-                        f"{source}: {rule.get('alert')}'s {key} {url!r} is not an absolute http(s) URL, which a "
-                        "pager cannot open: render the rules with --runbook-url and --grafana-url"
+                        f"{source}: {rule.get('alert')}'s {key} {url!r} is not an absolute http(s) URL a "
+                        "pager can open: render the rules with --runbook-url and --grafana-url"
                     )
 
 

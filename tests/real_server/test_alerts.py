@@ -5,7 +5,10 @@ runbook and dashboard links), and the docs' alert table rendered from them.
 The behaviour of each alert (firing, not firing, the `for:` boundary, labels and expanded annotations)
 is in alerts/tests/*.test.yml, run here by the real promtool: llamacpp-rules.test.yml for one server,
 llamacpp-rules-many-servers.test.yml for several servers (label `server`) and a router's children (`model`),
-llamacpp-rules-on-call.test.yml for a dead exporter, a target gone and a healthy default server.
+llamacpp-rules-on-call.test.yml for a dead exporter, a target gone and a healthy default server,
+llamacpp-rules-pages.test.yml for the pages of lost requests (one per incident), a rollout, the guard's
+alerts, the Watchdog and a single sample at a 1 m scrape, llamacpp-rules-undersized.test.yml for the
+capacity warning. test_alerts_oncall.py reads them all on a simulated three-day incident.
 """
 
 from __future__ import annotations
@@ -29,13 +32,21 @@ RULE_TEST_FILES = sorted((ALERTS / "tests").glob("*.test.yml"))
 RUNBOOK = ALERTS / "runbook.md"
 ON_CALL_TESTS = ALERTS / "tests" / "llamacpp-rules-on-call.test.yml"
 DOCS = ROOT / "docs" / "alerts-and-dashboards.md"
-ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
+ANNOTATIONS = {"summary", "description"}
+LINKS = {"runbook_url", "dashboard_url"}
 
 rules_generator = load_script(ALERTS / "generate_rules.py")
 
 #: The alert names of the metric contract (shared/DESIGN.md) and issue #5.
 CONTRACT_ALERTS = {
-    "LlamaCppKVPoolOverflowAhead",  # the prompts in flight do not fit: pages before the abort
+    "LlamaCppKVPoolRequestsAborted",  # requests lost to the pool: the page, from the first abort
+    "LlamaCppWatchdog",
+    "LlamaCppKVPoolUndersized",
+    "LlamaCppKVPoolCapacityUnknown",
+    "LlamaCppExporterDown",
+    "LlamaCppExporterLogNotUnderstood",
+    "LlamaCppGuardQueueBacklog",
+    "LlamaCppKVPoolOverflowAhead",  # the prompts in flight do not fit: the guard's signal, a warning
     "LlamaCppKVPoolSaturated",
     "LlamaCppKVPoolFillingUp",  # the predict_linear "pool full within N minutes" warning
     "LlamaCppKVPoolOvercommitted",
@@ -53,9 +64,32 @@ CONTRACT_ALERTS = {
 #: nvidia_gpu_exporter's "every annotation names its corrective action".
 REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppGuardQueueBacklog": ["max_tokens", "--guard.default-budget", "-c"],
-    "LlamaCppKVPoolOverflowAhead": ["cancel the request that holds the most", "close that client's connection"],
+    "LlamaCppGuardRefusing": ["--guard.queue-timeout", "-ctk/-ctv q8_0"],
+    "LlamaCppGuardUpstreamFailing": ["--server-url", "llamacpp_up"],
+    "LlamaCppWatchdog": ["dead man's switch"],
+    "LlamaCppKVPoolRequestsAborted": [
+        "In the next 15 minutes",
+        "which clients hold the pool",
+        "--kv-unified-per-slot",
+        "-ctk/-ctv q8_0",
+        "fewer slots (-np)",
+        "the guard",
+    ],
+    "LlamaCppKVPoolOverflowAhead": [
+        "the guard",
+        "cancel the request that holds the most",
+        "close that client's connection",
+    ],
     "LlamaCppKVPoolOverflowPossible": ["max_tokens", "--kv-unified-per-slot", "--server-url"],
-    "LlamaCppKVPoolSaturated": ["drain", "--kv-unified-per-slot", "-ctk/-ctv q8_0", "fewer slots", "-kvu", "-c"],
+    "LlamaCppKVPoolSaturated": [
+        "In the next 15 minutes",
+        "which clients hold the pool",
+        "Drain this instance",
+        "--kv-unified-per-slot",
+        "-ctk/-ctv q8_0",
+        "fewer slots (-np)",
+        "the guard",
+    ],
     "LlamaCppKVPoolFillingUp": ["n_predict", "--kv-unified-per-slot"],
     "LlamaCppKVPoolOvercommitted": ["--kv-unified-per-slot", "-kvu", "-ctk/-ctv q8_0", "fewer slots"],
     "LlamaCppKVPoolUndersized": ["--kv-unified-per-slot", "fewer slots (-np)", "-ctk/-ctv q8_0", "larger -c"],
@@ -78,7 +112,8 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
 #: Alerts on series that are one per host, GPU, exporter target or job, never per llama-server (GPU memory,
 #: host memory, Prometheus' `up`): they carry no `server`/`model` label, so their annotations do not name one,
 #: and the label their description names instead of `instance`.
-GLOBAL_ALERTS = {
+GLOBAL_ALERTS: dict[str, str | None] = {
+    "LlamaCppWatchdog": None,  # no series at all
     "LlamaCppVRAMHeadroomLow": "host",
     "LlamaCppHostMemoryLow": "host",
     "LlamaCppExporterDown": "instance",
@@ -86,17 +121,22 @@ GLOBAL_ALERTS = {
 }
 #: Every `by (...)`/`on (...)` allowed, per rule: only the rules on per-target, per-host and per-job series
 #: aggregate or match by a label list (per-server rules use `without` and `ignoring`).
+#: The KV pages and the alerts they keep quiet join one server's series with ALERTS on the labels that name it.
+SERVER_JOIN = {("on", "instance,job,model,server")}
 GROUPINGS = {
-    "job_instance:llamacpp_exporter_target:known": {("by", "instance,job"), ("on", "instance,job")},
     "job:llamacpp_exporter_last_scrape:timestamp": {("by", "job")},
-    "LlamaCppExporterDown": {("on", "instance,job")},
+    "LlamaCppKVPoolRequestsAborted": SERVER_JOIN,
+    "LlamaCppKVPoolSaturated": SERVER_JOIN,
+    "LlamaCppContextExceeded": SERVER_JOIN,
+    "LlamaCppKVRetryCascade": SERVER_JOIN,
+    "LlamaCppExporterDown": {("on", "job")},
     "LlamaCppExporterTargetGone": {("on", "job")},
     "LlamaCppVRAMHeadroomLow": {("by", "host,job,name,uuid"), ("on", "instance,uuid"), ("on", "instance")},
     "LlamaCppHostMemoryLow": {("by", "host,job")},
 }
 #: Who gets woken: a person who must act now and can (alerts/runbook.md, "Severity policy").
 PAGES = {
-    "LlamaCppKVPoolOverflowAhead",
+    "LlamaCppKVPoolRequestsAborted",
     "LlamaCppKVPoolSaturated",
     "LlamaCppServerDown",
     "LlamaCppServerRestarting",
@@ -217,8 +257,8 @@ def test_every_alert_has_firing_non_firing_and_for_boundary_cases() -> None:
                     boundary.add(name)
     names = {r["alert"] for r in _alert_rules()}
     assert names - set(firing) == set(), "alerts without a firing case"
-    assert names - set(quiet) == set(), "alerts without a non-firing case"
-    assert names - boundary == set(), "alerts without a for: boundary case"
+    assert names - set(quiet) == {"LlamaCppWatchdog"}, "alerts without a non-firing case"
+    assert names - boundary == {"LlamaCppWatchdog"}, "alerts without a for: boundary case"
 
 
 def test_contract_alert_names_exist() -> None:
@@ -228,27 +268,50 @@ def test_contract_alert_names_exist() -> None:
 
 
 def test_every_alert_has_for_severity_and_annotations() -> None:
+    """Every alert: a for:, a severity, a one-line summary, a description that names what to do and the
+    runbook's section (the committed rules carry no link: no placeholder address reaches a pager)."""
     runbook = RUNBOOK.read_text(encoding="utf-8")
     anchors = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", runbook, flags=re.M)}
     for rule in _alert_rules():
         name = rule["alert"]
         assert re.fullmatch(r"\d+(ms|s|m|h)", str(rule.get("for", ""))), f"{name}: needs a for:"
-        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"} or name == "LlamaCppWatchdog", name
         ann = rule["annotations"]
         assert set(ann) == ANNOTATIONS, name
         # One line without per-series values, except which server and model it is about.
         assert "{{" not in _without_who(ann["summary"]), f"{name}: the summary has per-series values"
         where = GLOBAL_ALERTS.get(name, "instance")
-        assert f"$labels.{where}" in ann["description"], f"{name}: the description names the {where}"
+        if where:
+            assert f"$labels.{where}" in ann["description"], f"{name}: the description names the {where}"
         names_server = rules_generator.WHO in ann["summary"] and rules_generator.WHO in ann["description"]
         assert names_server == (name not in GLOBAL_ALERTS), f"{name}: the annotations should name server and model"
         for action in REQUIRED_ACTIONS[name]:
             assert action in ann["description"], f"{name}: the description should tell to use {action!r}"
-        # Absolute links a pager can open: the runbook's section, the dashboard with the alert's labels.
+        assert ann["description"].endswith(f"Runbook: section {name} of alerts/runbook.md (llamacpp-exporter)."), name
+        assert name.lower() in anchors, f"{name}: no section in alerts/runbook.md"
+    assert "example.com" not in RULES.read_text(encoding="utf-8") and "localhost" not in RULES.read_text(
+        encoding="utf-8"
+    )
+
+
+def test_links_are_absolute_real_addresses_when_set() -> None:
+    """With --runbook-url and --grafana-url every alert links to its runbook section and the dashboard with
+    its labels selected; without them no link is rendered (rather than a dead one)."""
+    doc = rules_generator.build(
+        rules_generator.Config(
+            runbook_url="https://git.acme.corp/llm/llamacpp-exporter/runbook.md",
+            grafana_url="https://grafana.acme.corp/",
+        )
+    )
+    runbook = RUNBOOK.read_text(encoding="utf-8")
+    anchors = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", runbook, flags=re.M)}
+    for rule in (r for g in doc["groups"] for r in g["rules"] if "alert" in r):
+        ann = rule["annotations"]
+        assert set(ann) == ANNOTATIONS | LINKS, rule["alert"]
         base, _, anchor = ann["runbook_url"].partition("#")
-        assert base == rules_generator.Config().runbook_url and base.startswith("https://"), base
-        assert anchor in anchors, f"{name}: {anchor} has no section in alerts/runbook.md"
-        assert ann["dashboard_url"].startswith("http://localhost:3000/d/llamacpp-exporter?from=now-3h&to=now"), name
+        assert base == "https://git.acme.corp/llm/llamacpp-exporter/runbook.md" and anchor in anchors, rule["alert"]
+        assert ann["dashboard_url"].startswith("https://grafana.acme.corp/d/llamacpp-exporter?from=now-3h&to=now")
+        assert "Runbook: section" not in ann["description"]
 
 
 def test_per_server_rules_keep_the_server_and_model_labels() -> None:
@@ -313,19 +376,26 @@ def test_label_fragment_expands_for_every_combination(promtool_bin: Path, tmp_pa
 
 
 def test_pages_are_few_and_no_single_sample_trips_one() -> None:
-    """Only what a person must act on now pages (the pool past 90 % stays one of them); a page needs its
-    condition at two evaluations in a row at least (a `for:` above 0) or is a repeat itself; what is over
-    (an abort) or daytime work (sizing) is a warning or information."""
+    """Only what a person must act on now pages; the KV pages fire at once and stay up, the forecast is a
+    warning. No alert fires on one sample whatever the intervals: it reads two samples (an increase, a
+    gauge's previous one through idelta) or a for: of two 1m scrapes (llamacpp-rules-pages.test.yml)."""
     rules = {r["alert"]: r for r in _alert_rules()}
     assert {n for n, r in rules.items() if r["labels"]["severity"] == "critical"} == PAGES
-    for name in PAGES:
-        assert _duration_s(str(rules[name]["for"])) > 0, f"{name}: one sample must not page"
-    assert (
-        "increase(" in rules["LlamaCppServerRestarting"]["expr"] and ">= 3" in rules["LlamaCppServerRestarting"]["expr"]
-    )
+    for name in ("LlamaCppKVPoolRequestsAborted", "LlamaCppKVPoolSaturated"):
+        assert _duration_s(str(rules[name]["for"])) == 0, f"{name}: fires at once"
+        assert _duration_s(str(rules[name].get("keep_firing_for", "0s"))) >= 600, f"{name}: stays up"
+    for name, rule in rules.items():
+        expr = str(rule["expr"])
+        two_samples = "increase(" in expr or "idelta(" in expr or _duration_s(str(rule["for"])) >= 120
+        assert two_samples or name == "LlamaCppWatchdog", f"{name}: one sample could fire it"
+    assert rules["LlamaCppKVPoolOverflowAhead"]["labels"]["severity"] == "warning"
     assert rules["LlamaCppContextExceeded"]["labels"]["severity"] == "warning"
     assert rules["LlamaCppKVPoolOvercommitted"]["labels"]["severity"] == "info"
-    assert "Severity policy" in RUNBOOK.read_text(encoding="utf-8")
+    assert rules["LlamaCppWatchdog"]["expr"] == "vector(1)"
+    text = RUNBOOK.read_text(encoding="utf-8")
+    policy = text[text.index("## Severity policy") :].split("\n## ", 1)[0]
+    for words in ("15 minutes", "keep_firing_for", "one page per incident", "two samples", "LlamaCppWatchdog"):
+        assert words in policy, f"the runbook's severity policy should say {words!r}"
 
 
 def test_a_healthy_default_server_is_checked_against_every_alert() -> None:
@@ -334,7 +404,7 @@ def test_a_healthy_default_server_is_checked_against_every_alert() -> None:
     tests = yaml.safe_load(ON_CALL_TESTS.read_text(encoding="utf-8"))
     (group,) = [g for g in tests["tests"] if g["name"].startswith("A healthy default server")]
     checked = {c["alertname"] for c in group["alert_rule_test"] if c["exp_alerts"] == []}
-    assert checked == {r["alert"] for r in _alert_rules()}
+    assert checked == {r["alert"] for r in _alert_rules()} - {"LlamaCppWatchdog"}
     series = " ".join(s["series"] for s in group["input_series"])
     assert 'llamacpp_kv_pool_overcommit_ratio{job="llamacpp", instance="gpu-node:9778"}' in series
     assert 'horizon="max"' in series and 'slot="1"' in series
@@ -352,13 +422,21 @@ def test_docs_alert_table_is_rendered_from_the_rules() -> None:
 
 
 def test_links_must_be_absolute() -> None:
-    """A relative runbook or Grafana address is refused with one line naming the setting."""
+    """A relative runbook or Grafana address is refused with one line naming the setting, and so is a
+    placeholder or this machine's address (a pager opens neither)."""
     for argv, setting in (
         (["--runbook-url", "alerts/runbook.md"], "runbook_url"),
         (["--grafana-url", "grafana:3000"], "grafana_url"),
         (["--set", "runbook_url=/runbook.md"], "runbook_url"),
     ):
         with pytest.raises(SystemExit, match=f"{setting} must be an absolute http\\(s\\) URL"):
+            rules_generator.main(["-o", "/dev/null", *argv])
+    for argv, setting in (
+        (["--runbook-url", "https://git.example.com/ops/runbook.md"], "runbook_url"),
+        (["--grafana-url", "http://localhost:3000"], "grafana_url"),
+        (["--grafana-url", "http://127.0.0.1:3000"], "grafana_url"),
+    ):
+        with pytest.raises(SystemExit, match=f"{setting} .* is a placeholder or this machine only"):
             rules_generator.main(["-o", "/dev/null", *argv])
 
 
@@ -395,9 +473,9 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
             "--set",
             'selector=job="llama"',
             "--runbook-url",
-            "https://runbooks.example.com/llamacpp.md",
+            "https://runbooks.acme.corp/llamacpp.md",
             "--grafana-url",
-            "https://grafana.example.com/",
+            "https://grafana.acme.corp/",
         ]
     )
     assert rc == 0
@@ -405,8 +483,8 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
     assert 'llamacpp_gpu_memory_free_bytes{job="llama"}\n' in text and ") < 1073741824" in text
     assert 'predict_linear(llamacpp_kv_pool_usage_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
     assert 'llamacpp_kv_pool_usage_ratio{job="llama"} > 0.85' in text
-    assert "runbook_url: https://runbooks.example.com/llamacpp.md#llamacppkvpoolsaturated" in text
-    assert "dashboard_url: https://grafana.example.com/d/llamacpp-exporter?from=now-3h&to=now" in text
+    assert "runbook_url: https://runbooks.acme.corp/llamacpp.md#llamacppkvpoolsaturated" in text
+    assert "dashboard_url: https://grafana.acme.corp/d/llamacpp-exporter?from=now-3h&to=now" in text
     check = subprocess.run([str(promtool_bin), "check", "rules", str(out_file)], capture_output=True, timeout=60)
     assert check.returncode == 0, check
     with pytest.raises(SystemExit, match="vram_free_bytes must be a int"):

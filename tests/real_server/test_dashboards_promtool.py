@@ -111,10 +111,7 @@ def test_the_top_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path) -
         ),
         (
             _substituted(alerts),
-            {
-                f'ALERTS{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", '
-                'severity="warning"}': 1
-            },
+            {f'{{{job}, alertname="LlamaCppVRAMHeadroomLow", alertstate="firing", host="a", severity="warning"}}': 2},
         ),
     ]
     _promtool_expressions(promtool_bin, tmp_path, series, cases)

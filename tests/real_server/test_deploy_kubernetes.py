@@ -173,29 +173,30 @@ def test_generator_fails_clearly_without_its_sources(tmp_path: Path) -> None:
 
 
 def test_prometheusrule_links_are_absolute_and_a_relative_one_is_refused(tmp_path: Path) -> None:
-    """Every alert links to its runbook section and the dashboard by absolute URL; rules with a relative link
-    (an older rules file, a hand edit) are refused with the alert's name; --runbook-url and --grafana-url render
-    the PrometheusRule with your addresses."""
+    """The committed PrometheusRule carries no link (no placeholder reaches a pager: each description names its
+    runbook section); rules with a relative or placeholder link (an older rules file, a hand edit) are refused
+    with the alert's name; --runbook-url and --grafana-url render the PrometheusRule with your addresses."""
     rule = yaml.safe_load((K8S / "prometheusrule.yaml").read_text())
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     for alert in alerts:
-        for key in ("runbook_url", "dashboard_url"):
-            assert alert["annotations"][key].startswith(("https://", "http://")), (alert["alert"], key)
+        assert not {"runbook_url", "dashboard_url"} & set(alert["annotations"]), alert["alert"]
+        assert "Runbook: section " + alert["alert"] in alert["annotations"]["description"]
     rules_file = yaml.safe_load((REPO_ROOT / "alerts" / "llamacpp-rules.yml").read_text())
     saturated = next(r for g in rules_file["groups"] for r in g["rules"] if r.get("alert") == "LlamaCppKVPoolSaturated")
-    saturated["annotations"]["runbook_url"] = "alerts/runbook.md#llamacppkvpoolsaturated"
-    relative = tmp_path / "llamacpp-rules.yml"
-    relative.write_text(yaml.safe_dump(rules_file))
-    with pytest.raises(generate.GenerateError, match=r"LlamaCppKVPoolSaturated's runbook_url .* not an absolute"):
-        generate.prometheus_rule(relative)
+    for link in ("alerts/runbook.md#llamacppkvpoolsaturated", "https://git.example.com/runbook.md#x"):
+        saturated["annotations"]["runbook_url"] = link
+        edited = tmp_path / "llamacpp-rules.yml"
+        edited.write_text(yaml.safe_dump(rules_file))
+        with pytest.raises(generate.GenerateError, match=r"LlamaCppKVPoolSaturated's runbook_url .* not an absolute"):
+            generate.prometheus_rule(edited)
     with pytest.raises(generate.GenerateError, match=r"runbook_url must be an absolute"):
         generate.prometheus_rule(runbook_url="alerts/runbook.md")
     mine = yaml.safe_load(
-        generate.prometheus_rule(runbook_url="https://wiki.example.org/llama.md", grafana_url="https://g.example.org")
+        generate.prometheus_rule(runbook_url="https://wiki.acme.corp/llama.md", grafana_url="https://g.acme.corp")
     )
     annotations = next(r for g in mine["spec"]["groups"] for r in g["rules"] if "alert" in r)["annotations"]
-    assert annotations["runbook_url"] == "https://wiki.example.org/llama.md#llamacppkvpooloverflowahead"
-    assert annotations["dashboard_url"].startswith("https://g.example.org/d/llamacpp-exporter?")
+    assert annotations["runbook_url"] == "https://wiki.acme.corp/llama.md#llamacppkvpoolrequestsaborted"
+    assert annotations["dashboard_url"].startswith("https://g.acme.corp/d/llamacpp-exporter?")
 
 
 # --------------------------------------------------------------------------------------- validation

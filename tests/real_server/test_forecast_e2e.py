@@ -1,9 +1,10 @@
-"""End to end: the critical page comes before llama-server aborts every request, and only then.
+"""End to end: the forecast (LlamaCppKVPoolOverflowAhead, a warning and the guard's signal) or the page
+(LlamaCppKVPoolSaturated) comes before llama-server aborts every request, and only then.
 
 A real llama-server b11434 with a random-weight model slow enough on 2 cores (512 wide, 12 layers)
 that filling a 32,768-cell pool takes a minute or more, real exporters, and a real Prometheus that
 loads the shipped `alerts/llamacpp-rules.yml` unchanged, scraping and evaluating every 5 s. Each
-scenario measures, in wall-clock time, when our poll of Prometheus first saw a critical alert
+scenario measures, in wall-clock time, when our poll of Prometheus first saw one of them
 firing for an exporter and when the `Context size has been exceeded` line appeared in the log.
 
 Server A runs at `-lv 4` (prompt sizes from `new prompt` lines), followed by a log-only exporter:
@@ -54,6 +55,7 @@ SERVER_ARGS = ["-c", str(POOL), "-np", "4", "-kvu", "-t", "2"]
 GENERATION_POOL = 16384
 GENERATION_ARGS = ["-c", str(GENERATION_POOL), "-np", "2", "-kvu", "-t", "2"]
 EXCEEDED = "Context size has been exceeded"
+#: The alerts that come ahead of an abort: the forecast and the page.
 CRITICAL = ("LlamaCppKVPoolOverflowAhead", "LlamaCppKVPoolSaturated")
 SCENARIO_TIMEOUT = 600.0
 #: n_predict of the requests that must stay in flight: llama-server reads concurrent prompts one after

@@ -10,8 +10,8 @@ window in which `LlamaCppKVPoolSaturated` must fire, and does, before the first 
 A second llama-server (tiny gemma2, `-ctxcp`) gives the checkpoint panels data, and both exporters
 run with the tests' fake `pynvml` (support/fake_nvml.py: no GPU here) so that the GPU panels have data.
 
-Test copy of the rules: `LlamaCppKVPoolSaturated`'s `for:` is 0s (30s in production) and Prometheus
-scrapes every 1 s and evaluates every 0.5 s; everything else is the shipped files.
+Test copy of the rules: the shipped rules rendered with a runbook and a Grafana address (the shipped file has
+no links); Prometheus scrapes every 1 s and evaluates every 0.5 s; everything else is the shipped files.
 
 The measured figures are printed (`pytest -s`). `LLAMACPP_E2E_EXPORTER_ARGS` adds exporter flags, e.g.
 `--http off` to measure the lead time of the log-only slot estimate (progress lines every 3 s)
@@ -57,6 +57,10 @@ ROOT = REPO
 AM_EXAMPLE = ROOT / "alerts" / "alertmanager.example.yml"
 DASHBOARD = ROOT / "dashboards" / "llamacpp.json"
 rules_generator = load_script(ROOT / "alerts" / "generate_rules.py")
+#: The rules as a deployment renders them: with a runbook and a Grafana address.
+LINKED = rules_generator.Config(
+    runbook_url="https://git.acme.corp/llm/runbook.md", grafana_url="https://grafana.acme.corp"
+)
 
 POOL = 49152
 #: ~0.83 tokens per character with the tiny model: 4 x ~10.3k tokens = ~84% of the pool before generation.
@@ -156,7 +160,7 @@ def incident(
     am_bin = find_alertmanager() or _missing("prometheus-alertmanager")
     tmp = tmp_path_factory.mktemp("prom-e2e")
     rules = tmp / "llamacpp-rules.yml"
-    rules.write_text(rules_generator.render(rules_generator.Config(kv_saturated_for="0s")), encoding="utf-8")
+    rules.write_text(rules_generator.render(LINKED), encoding="utf-8")
 
     with ExitStack() as stack:
         hook = stack.enter_context(WebhookReceiver())
@@ -242,11 +246,9 @@ def incident(
         except TimeoutError:
             inc.notes["alertmanager"] = am.output()
         wait_for(
-            lambda: any(
-                a["labels"]["alertname"] == "LlamaCppContextExceeded" and a["state"] == "firing" for a in prom.alerts()
-            ),
+            lambda: prom.query(f'llamacpp_requests_aborted_total{{instance="{instance}"}} >= 1'),
             timeout=60,
-            what="LlamaCppContextExceeded firing",
+            what="Prometheus scraped the aborted requests",
         )
         time.sleep(2.5)  # a few more scrapes, so that increase() over $__rate_interval sees the last counts
         inc.end = time.time()
@@ -296,11 +298,24 @@ def test_alertmanager_delivers_the_page_to_the_webhook(incident: Incident) -> No
     alert = next(a for a in page.body["alerts"] if a["labels"]["alertname"] == "LlamaCppKVPoolSaturated")
     assert alert["labels"]["severity"] == "critical"
     assert alert["labels"]["instance"] == incident.instance
-    assert alert["annotations"]["runbook_url"] == rules_generator.Config().runbook_url + "#llamacppkvpoolsaturated"
+    assert alert["annotations"]["runbook_url"] == LINKED.runbook_url + "#llamacppkvpoolsaturated"
     assert alert["annotations"]["dashboard_url"].endswith(
         f"&var-job={JOB}&var-instance={quote_plus(incident.instance)}"
     )
     assert alert["annotations"]["description"].startswith(f"The KV pool of {incident.instance} is 9")
+
+
+def test_the_aborts_are_the_pages_incident_not_a_second_page(incident: Incident) -> None:
+    """The aborts that follow the pool-past-90% page are its incident: LlamaCppKVPoolRequestsAborted stays
+    quiet while LlamaCppKVPoolSaturated fires (kept up after the pool emptied), and the overflow's
+    follow-up (LlamaCppContextExceeded) waits until the page is over."""
+    firing = {
+        a["labels"]["alertname"]
+        for a in incident.prom.alerts()
+        if a["state"] == "firing" and a["labels"].get("instance") == incident.instance
+    }
+    assert "LlamaCppKVPoolSaturated" in firing, firing
+    assert not firing & {"LlamaCppKVPoolRequestsAborted", "LlamaCppContextExceeded"}, firing
 
 
 def test_every_rule_evaluates_without_error(incident: Incident) -> None:

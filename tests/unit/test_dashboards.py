@@ -322,14 +322,31 @@ def test_provisioning_loads_the_dashboard_with_no_clicks() -> None:
     assert dashboard_json()["templating"]["list"][0]["current"] == {}
 
 
-def test_stat_targets_are_instant_only() -> None:
-    """A stat shows the value now: with both `range` and `instant` Grafana runs two queries and every tile
-    shows each series twice."""
+def test_stat_targets_are_range_only_with_a_sparkline() -> None:
+    """A stat shows the last value and its trend (a sparkline): a range query only (with both `range` and
+    `instant` Grafana runs two queries and every tile shows each series twice)."""
     stats = [p for p in panels_json() if p["type"] == "stat"]
     assert len(stats) >= 8
     for panel in stats:
+        assert panel["options"]["graphMode"] == "area", panel["title"]
+        assert panel["options"]["reduceOptions"]["calcs"] == ["lastNotNull"], panel["title"]
         for target in panel["targets"]:
-            assert target.get("instant") is True and target.get("range") is False, panel["title"]
+            assert target.get("instant") is False and target.get("range") is True, panel["title"]
+
+
+def test_the_top_row_sizes_the_pool_and_sorts_alerts_by_rank() -> None:
+    """The top row has the sizing tile (the pool needed over the pool), the firing alerts sorted by the
+    severity's rank (not its name: "info" < "warning" as strings), and the least free VRAM of the GPUs
+    that llama-server uses only."""
+    top = rows_json()[0][1]
+    sizing = next(p for p in top if p["title"].startswith("Pool needed"))
+    assert "instance:llamacpp_kv_pool_needed_tokens:1d" in sizing["targets"][0]["expr"]
+    alerts = next(p for p in top if p["title"] == "Firing alerts")
+    assert alerts["options"]["sortBy"] == [{"displayName": "rank", "desc": False}]
+    expr = alerts["targets"][0]["expr"]
+    assert expr.index('severity="critical"} * 0 + 1') < expr.index('severity="warning"} * 0 + 2')
+    vram = next(p for p in top if p["title"] == "Least free VRAM")["targets"][0]["expr"]
+    assert "llamacpp_process_gpu_memory_bytes" in vram
 
 
 def test_the_top_row_says_what_is_wrong_now() -> None:

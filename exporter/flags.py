@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from exporter import __version__
-from exporter.guard_flags import add_client_flags
+from exporter.guard_flags import add_client_flags, positive_int
 
 LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -98,16 +98,6 @@ def _timeout(value: str) -> float:
             f"must be at most 30 seconds (a scrape must finish within Prometheus' scrape timeout), got {value!r}"
         )
     return f
-
-
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value!r}")
-    return n
 
 
 def read_api_key_file(path: str) -> str:
@@ -460,7 +450,7 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "llama-server's pid.",
         shown="found automatically: the llama-server that writes or names --log-file or writes into standard "
         "input, else the only llama-server not known to write another log",
-        type=_positive_int,
+        type=positive_int,
         metavar="PID",
     )
     flags.add(g, "--pid-file", "file holding llama-server's pid, read at every scrape.", metavar="PATH")
@@ -468,7 +458,7 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         g,
         "--kv-pool-capacity",
         "KV pool size to assume when neither the log nor llama-server's command line gives it (capacity_source=flag).",
-        type=_positive_int,
+        type=positive_int,
         metavar="TOKENS",
     )
 
@@ -497,7 +487,7 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         g,
         "--guard.default-budget",
         "generation tokens counted for a request that sets no n_predict/max_tokens (capped at its slot's window).",
-        type=_positive_int,
+        type=positive_int,
         fallback="1024",
         dest="guard_default_budget",
         metavar="TOKENS",
@@ -506,7 +496,7 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         g,
         "--guard.queue-size",
         "requests that may wait for room at most; one more is answered 429 with Retry-After.",
-        type=_positive_int,
+        type=positive_int,
         fallback="64",
         dest="guard_queue_size",
         metavar="N",
@@ -532,7 +522,7 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         g,
         "--guard.max-body-bytes",
         "the largest request body the guard accepts (413 past it).",
-        type=_positive_int,
+        type=positive_int,
         fallback=str(64 * 1024 * 1024),
         dest="guard_max_body_bytes",
         metavar="BYTES",
@@ -543,7 +533,7 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "client connections open at once at most (fewer where the file descriptor limit needs it: each may hold "
         "one to llama-server); past it the oldest one that has not sent its request is closed, else new ones "
         "wait to be accepted.",
-        type=_positive_int,
+        type=positive_int,
         fallback="256",
         dest="guard_max_connections",
         metavar="N",

@@ -41,7 +41,8 @@ def _sources(value: str) -> tuple[str, ...]:
     return tuple(s for s in CLIENT_SOURCES if s in chosen)  # always in the order of preference
 
 
-def _count(value: str) -> int:
+def positive_int(value: str) -> int:
+    """A flag's whole number above 0 (argparse's `type`)."""
     try:
         n = int(value)
     except ValueError:
@@ -117,7 +118,7 @@ def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         g,
         "--guard.max-clients",
         "client names kept apart at most (the first seen); every later one counts as 'other'.",
-        type=_count,
+        type=positive_int,
         fallback="16",
         dest="guard_max_clients",
         metavar="N",
@@ -136,7 +137,7 @@ def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         g,
         "--guard.access-log-max-bytes",
         "past this size the access log is moved to PATH.1 (replacing it) and started anew.",
-        type=_count,
+        type=positive_int,
         fallback=str(64 * 1024 * 1024),
         dest="guard_access_log_max_bytes",
         metavar="BYTES",

@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_harness import ExporterProcess, LlamaServer, free_port, http_json, http_request, make_prompt, wait_for
+from llama_harness import (
+    ExporterProcess,
+    LlamaServer,
+    http_json,
+    http_request,
+    make_prompt,
+    start_guarded,
+    wait_for,
+)
 from paths import REPO
 from tiny_gguf import write_slow_llama
 
@@ -42,12 +50,7 @@ def server(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def start_guard(server: LlamaServer, tmp: Path, *extra: str) -> tuple[ExporterProcess, str]:
-    port = free_port()
-    exporter = ExporterProcess(
-        server.log_file,
-        ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}", *extra],
-        output_file=tmp / f"exporter-{port}.out",
-    ).start()
+    exporter, port = start_guarded(server, tmp, *extra)
     return exporter, f"http://127.0.0.1:{port}"
 
 

@@ -26,6 +26,7 @@ from llama_harness import (
     http_request,
     make_prompt,
     run_concurrent_completions,
+    start_guarded,
     wait_for,
 )
 from paths import REPO
@@ -49,16 +50,6 @@ class Guarded:
         value = self.exporter.sample("llamacpp_guard_requests_total", {"outcome": outcome})
         assert value is not None
         return value
-
-
-def start_guarded(server: LlamaServer | LlamaRouter, tmp: Path, *extra: str) -> tuple[ExporterProcess, int]:
-    port = free_port()
-    exporter = ExporterProcess(
-        server.log_file,
-        ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}", *extra],
-        output_file=tmp / f"exporter-{port}.out",
-    ).start()
-    return exporter, port
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_harness import ExporterProcess, LlamaServer, free_port, http_request, make_prompt, wait_for
+from llama_harness import ExporterProcess, LlamaServer, http_request, make_prompt, start_guarded, wait_for
 from tiny_gguf import SLOW_LOAD_SERVER_ARGS, write_slow_llama, write_slow_loading_model
 
 pytestmark = pytest.mark.llama_server
@@ -30,12 +30,7 @@ LAUNCHED = "processing task"
 
 
 def start_guard(server: LlamaServer, tmp: Path, *extra: str) -> tuple[ExporterProcess, str]:
-    port = free_port()
-    exporter = ExporterProcess(
-        server.log_file,
-        ["--server-url", server.url, "--nvml", "off", "--guard.listen-address", f"127.0.0.1:{port}", *extra],
-        output_file=tmp / f"exporter-{port}.out",
-    ).start()
+    exporter, port = start_guarded(server, tmp, *extra)
     return exporter, f"http://127.0.0.1:{port}"
 
 

@@ -245,7 +245,7 @@ class Admission:
 
     def take(self, ticket: Ticket, pool: Pool, now: float) -> Decision:
         """Admission off: the request is in the books at once, whatever it asks (llama-server refuses what it must)."""
-        ticket.demand = ticket.size(pool)
+        ticket.demand = ticket.size(pool, self.cautious)
         self._admit(ticket, now)
         return Decision("admit")
 

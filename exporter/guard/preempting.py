@@ -100,7 +100,7 @@ class Preempting:
                                 "(--api-key or --api-key-file)",
                                 resp.status,
                             )
-                except (aiohttp.ClientError, ValueError, TimeoutError):
+                except (aiohttp.ClientError, ValueError, asyncio.TimeoutError, TimeoutError):
                     self.sight.saw(time.monotonic() - due)
                     continue
                 # How late this look at the slots is: the guard's own wake-up and llama-server's answer.
@@ -112,6 +112,8 @@ class Preempting:
 
     def _caution(self) -> None:
         """Unknown budgets count as whole windows while the slots cannot be observed in time, as given after."""
+        if not self.settings.admission:
+            return  # admission off: nothing is held back, so there is nothing to count more cautiously
         blind = self.sight.blind
         for key, books in self.admissions.items():
             if books.cautious != blind:

@@ -341,7 +341,8 @@ class Guard(Preempting):
         preemption's matching of requests to slots use the exact count)."""
 
         async def refine() -> None:
-            with contextlib.suppress(aiohttp.ClientError, ValueError, TimeoutError):
+            unsized = (aiohttp.ClientError, ValueError, asyncio.TimeoutError, TimeoutError, ServerNotReady)
+            with contextlib.suppress(*unsized):
                 prompt = await self._sizer(ticket.key, ticket.key).prompt_tokens(p, raw, headers)
                 self.books.sized(prompt)
                 books = self.admission(ticket.key)
@@ -393,7 +394,7 @@ class Guard(Preempting):
         self._release(ticket.key, -1)  # admits it at once if it fits now (a replay into an emptied pool)
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - start))
-        except TimeoutError:
+        except (asyncio.TimeoutError, TimeoutError):  # two classes before Python 3.11
             if not fut.done():
                 self._release(ticket.key, ticket.id)
                 self.books.count("refused")

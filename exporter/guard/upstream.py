@@ -146,8 +146,8 @@ class Sizer:
 
     async def _post(self, path: str, body: Any, headers: Mapping[str, str]) -> Any:
         async with self._session.post(self._upstream + path, json=body, headers=headers) as resp:
-            if resp.status == 503:
-                raise ServerNotReady(f"{path} answered 503")
+            if resp.status == 503 and b"Loading model" in await resp.read():
+                raise ServerNotReady(f"{path} answered 503 Loading model")
             if resp.status in (404, 405, 501):
                 raise NoCountRoute(f"{path} answered {resp.status}")
             if resp.status != 200:

@@ -240,7 +240,7 @@ class Guard(Preempting):
                     p, raw, headers
                 )
                 break
-            except (aiohttp.ClientConnectionError, TimeoutError, ServerNotReady) as exc:
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, TimeoutError, ServerNotReady) as exc:
                 self.watch.down(f"sizing a request: {type(exc).__name__}")
                 if time.monotonic() >= books.deadline(ticket, time.monotonic()):
                     return self._not_ready(books)
@@ -458,7 +458,7 @@ class Guard(Preempting):
                 raise _Unanswered(why, sent=False) from None  # it never had the request: sent when it is back
             self.books.count("failed")
             return error_response(502, f"llama-server at {upstream_url} {why}", "unavailable_error")
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
             what = type(exc).__name__
             if run is not None:
                 raise _Unanswered(f"broke the connection before answering: {what}", sent=True) from None
@@ -494,7 +494,7 @@ class Guard(Preempting):
                     await response.write(first)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
                 if run is not None and run.stop.is_set():
                     await self._end_stopped_stream(response, run)
                     return response
@@ -528,7 +528,7 @@ class Guard(Preempting):
         """The first bytes of a stream's body; `_Preempted` or `_Unanswered` when it ends before them."""
         try:
             first = await upstream.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
             if run.stop.is_set():
                 raise _Preempted from None
             raise _Unanswered(f"broke off a stream before its first event: {type(exc).__name__}", sent=True) from None

@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from paths import B11434
 
-from exporter.diagnose import Report
+from exporter.diagnose import Report, parallel
 
 #: The project's own b11434 captures (the logs as recorded, in tests/fixtures).
 CAPTURE_ROOT = B11434
@@ -88,3 +89,19 @@ def check_against_lines(report: Report, lines: list[str]) -> None:
         assert f.tokens_sum == sum(n for _, _, n in releases)
         assert f.aborted_requests == len(releases)
     assert report.exit_status == (1 if expected else 0)
+
+
+def record_splits(monkeypatch: pytest.MonkeyPatch, workers: int) -> list[bool]:
+    """Have diagnose read logs of 1 MiB or more in parts on `workers` processes; the list it returns gets,
+    for each file, whether it was read in parts (`parallel.feed_in_parts`' own answer)."""
+    split: list[bool] = []
+    real = parallel.feed_in_parts
+
+    def recorded(*args: Any, **kwargs: Any) -> bool:
+        split.append(real(*args, **kwargs))
+        return split[-1]
+
+    monkeypatch.setattr(parallel, "feed_in_parts", recorded)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
+    monkeypatch.setattr(parallel, "workers", lambda: workers)
+    return split

@@ -7,11 +7,10 @@ from __future__ import annotations
 import random
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import pytest
 from big_log import build_log, later_start
-from diagnose_checks import CAPTURE_NAMES, CAPTURE_ROOT
+from diagnose_checks import CAPTURE_NAMES, CAPTURE_ROOT, record_splits
 from paths import B11434
 
 from exporter import diagnose
@@ -100,16 +99,7 @@ def test_a_big_log_on_several_cores_gives_the_same_report(
     elif mix == "starting":
         lines = path.read_text().splitlines(keepends=True)
         path.write_text("".join(line for line in lines if "initializing ..." not in line or len(line) % 3))
-    split: list[bool] = []
-    real = parallel.feed_in_parts
-
-    def recorded(*args: Any, **kwargs: Any) -> bool:
-        split.append(real(*args, **kwargs))
-        return split[-1]
-
-    monkeypatch.setattr(parallel, "feed_in_parts", recorded)
-    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
-    monkeypatch.setattr(parallel, "workers", lambda: 3)
+    split = record_splits(monkeypatch, workers=3)
     in_parts = diagnose.diagnose_files([str(path)], max_runs=0, series=True)
     monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
     whole = diagnose.diagnose_files([str(path)], max_runs=0, series=True)

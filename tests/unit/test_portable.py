@@ -17,7 +17,7 @@ import portable_loop
 import pytest
 from aiohttp import web
 from big_log import build_log
-from diagnose_checks import CAPTURE_ROOT
+from diagnose_checks import CAPTURE_ROOT, record_splits
 from portable_loop import ProactorLikeLoop
 
 from exporter import diagnose
@@ -326,16 +326,7 @@ def test_diagnose_spawns_its_workers_where_there_is_no_fork(monkeypatch: pytest.
     monkeypatch.delattr(os, "fork", raising=False)
     assert parallel.start_method() == "spawn"
     path = build_log(tmp_path / "big.log", 3 * 2**20, root=CAPTURE_ROOT).path
-    split: list[bool] = []
-    real = parallel.feed_in_parts
-
-    def recorded(*args: Any, **kwargs: Any) -> bool:
-        split.append(real(*args, **kwargs))
-        return split[-1]
-
-    monkeypatch.setattr(parallel, "feed_in_parts", recorded)
-    monkeypatch.setattr(parallel, "MIN_BYTES", 1024 * 1024)
-    monkeypatch.setattr(parallel, "workers", lambda: 2)
+    split = record_splits(monkeypatch, workers=2)
     in_parts = diagnose.diagnose_files([str(path)], max_runs=0)
     monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
     whole = diagnose.diagnose_files([str(path)], max_runs=0)

@@ -92,6 +92,9 @@ class SlotView:
     remaining: int | None = None  # tokens it may still generate (next_token.n_remain; None: no limit)
     window: int | None = None  # its n_ctx
     task: int | None = None  # id_task: its task now
+    # Its task was generating at the last read too: `rate` is a generation speed. The first read after
+    # the prompt divides a few tokens by a span spent mostly reading the prompt, far below the speed.
+    steady: bool = False
 
     def ahead(self, horizon: float) -> int:
         """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
@@ -112,8 +115,12 @@ class Running:
     admitted_at: float
 
 
-def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> list[SlotView]:
-    """The processing slots of a `/slots` answer; `before` (slot → (held, when)) gives their speed and is updated."""
+#: What the last read of a slot saw: (cells held, when, its task while it was generating, else None).
+LastRead = tuple[int, float, int | None]
+
+
+def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotView]:
+    """The processing slots of a `/slots` answer; `before` (slot → its last read) gives their speed and is updated."""
     out: list[SlotView] = []
     if not isinstance(body, list):
         return out
@@ -129,12 +136,15 @@ def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> l
         n_predict = params.get("n_predict") if isinstance(params, dict) else None
         last = before.get(s["id"])
         rate = (held - last[0]) / (now - last[1]) if last is not None and now > last[1] and held >= last[0] else 0.0
-        before[s["id"]] = (held, now)
+        task = s.get("id_task")
+        task = task if isinstance(task, int) and not isinstance(task, bool) else None
+        generating = task if prompt is not None and held > prompt else None
+        steady = generating is not None and last is not None and last[2] == generating
+        before[s["id"]] = (held, now, generating)
         nxt = s.get("next_token")
         first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
         remain = first.get("n_remain") if isinstance(first, dict) else None
         window = s.get("n_ctx")
-        task = s.get("id_task")
         out.append(
             SlotView(
                 s["id"],
@@ -144,7 +154,8 @@ def slot_views(body: Any, before: dict[int, tuple[int, float]], now: float) -> l
                 rate,
                 remain if isinstance(remain, int) and remain >= 0 else None,
                 window if isinstance(window, int) and window > 0 else None,
-                task if isinstance(task, int) and not isinstance(task, bool) else None,
+                task,
+                steady,
             )
         )
     return out

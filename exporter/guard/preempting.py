@@ -18,7 +18,7 @@ import aiohttp
 from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, Speed, Ticket
 from exporter.guard.books import GuardBooks
-from exporter.guard.preempt import Running, Sight, SlotView, choose_victim, match, projected, slot_views
+from exporter.guard.preempt import LastRead, Running, Sight, SlotView, choose_victim, match, projected, slot_views
 
 if TYPE_CHECKING:
     from exporter.guard.proxy import GuardSettings
@@ -49,7 +49,7 @@ class Preempting:
     _runs: dict[int, Run]
     _monitor: asyncio.Task[None] | None
     _quiet_until: float
-    _speeds: dict[str | None, dict[int, tuple[int, float]]]
+    _speeds: dict[str | None, dict[int, LastRead]]
     _speed: dict[str | None, Speed]
     _pending: dict[str | None, tuple[int, float]]
     _slots_refused: bool
@@ -204,9 +204,10 @@ class Preempting:
                 left = max(0, (slot.window or pool.slot_window or slot.held) - slot.held)
             else:
                 left = max(0, t.budget - generated)
-            if slot.rate > 0:
+            if slot.rate > 0 and slot.steady:
                 ends_in[rid] = left / slot.rate
-        rates = [s.rate for s in slots if s.rate > 0 and s.prompt is not None and s.held > s.prompt]
+        # Only speeds measured while generating: a wait predicted from the prompt's span would refuse in vain.
+        rates = [s.rate for s in slots if s.rate > 0 and s.steady]
         before = self._speed.get(key)
         rate = sum(rates) / len(rates) if rates else (before.rate if before is not None else 0.0)
         self._speed[key] = Speed(rate, ends_in)

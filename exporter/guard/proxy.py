@@ -28,7 +28,7 @@ from exporter.guard.books import GuardBooks
 from exporter.guard.clients import ClientNamer
 from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
-from exporter.guard.preempt import Sight
+from exporter.guard.preempt import LastRead, Sight
 from exporter.guard.preempting import Preempting, Run
 from exporter.guard.sizing import GENERATION_ROUTES, MESSAGES_ROUTES, Plan, plan, server_path
 from exporter.guard.upstream import (
@@ -116,7 +116,7 @@ class Guard(Preempting):
         self._runs: dict[int, Run] = {}
         # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
         self._quiet_until = 0.0
-        self._speeds: dict[str | None, dict[int, tuple[int, float]]] = {}
+        self._speeds: dict[str | None, dict[int, LastRead]] = {}
         self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         # Requests admitted on their prompt's byte bound, not yet counted exactly: id → what counting needs.

@@ -66,8 +66,9 @@ def _three(call: Callable[[int], Any]) -> list[Any]:
     def safe(i: int) -> Any:
         try:
             return call(i)
-        except Exception as exc:  # the outcome is what the test compares (with where it came from)
-            return "".join(traceback.format_exception(exc)[-3:])
+        except Exception as exc:  # the outcome is what the test compares: what was raised, then where
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            return f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
 
     with ThreadPoolExecutor(3) as pool:
         return list(pool.map(safe, range(3)))

@@ -187,12 +187,36 @@ def test_slots_answer_read_for_preemption() -> None:
             "next_token": [{"has_next_token": True, "n_remain": 131, "n_decoded": 169}],
         },
     ]
-    speeds: dict[int, tuple[int, float]] = {3: (88, 1.0)}
+    speeds: dict[int, preempt.LastRead] = {3: (88, 1.0, 0)}
     [s] = preempt.slot_views(body, speeds, now=2.0)
     assert (s.id, s.held, s.prompt, s.n_predict, s.rate, s.remaining, s.window) == (3, 188, 19, 300, 100.0, 131, 512)
+    assert s.steady  # task 0 was generating at the last read as well
     assert s.ahead(10.0) == 188 + 131  # its budget ends it before its speed says
-    assert speeds[3] == (188, 2.0)
+    assert speeds[3] == (188, 2.0, 0)
     assert preempt.slot_views({"error": "x"}, {}, 0.0) == []
+
+
+def test_a_speed_counts_as_steady_only_when_the_same_task_generated_at_both_reads() -> None:
+    """The first read after a prompt divides the few tokens generated since by a span spent reading the prompt:
+    a speed far below the real one, from which a predicted wait would refuse requests in vain."""
+
+    def slot(held: int, task: int = 7) -> dict[str, object]:
+        return {
+            "id": 0,
+            "is_processing": True,
+            "id_task": task,
+            "n_prompt_tokens": held,
+            "n_prompt_tokens_processed": 1000,
+            "n_prompt_tokens_cache": 0,
+        }
+
+    speeds: dict[int, preempt.LastRead] = {}
+    [reading] = preempt.slot_views([slot(600)], speeds, now=0.0)  # still reading its prompt
+    [first] = preempt.slot_views([slot(1002)], speeds, now=10.0)  # two tokens generated since
+    [second] = preempt.slot_views([slot(1052)], speeds, now=11.0)
+    [other] = preempt.slot_views([slot(1100, task=8)], speeds, now=12.0)  # a new task in the same slot
+    assert [v.steady for v in (reading, first, second, other)] == [False, False, True, False]
+    assert second.rate == 50.0
 
 
 def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:

@@ -9,6 +9,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -36,6 +37,14 @@ class Run:
     upstream: aiohttp.ClientResponse | None = None
     streaming: bool = False  # its answer is an event stream that has begun
     sending: asyncio.Future[aiohttp.ClientResponse] | None = None  # until the answer's headers arrive
+
+
+def placeable(runs: Iterable[Run]) -> list[Running]:
+    """The requests of `runs` that a slot of `/slots` can be matched to: those of one task (`n` > 1 runs several
+    tasks on one prompt, which no single slot shows)."""
+    return [
+        Running(t.id, t.prompt, t.n_predict, t.admitted_at or 0.0) for t in (r.ticket for r in runs) if t.tasks == 1
+    ]
 
 
 class Preempting:
@@ -137,11 +146,7 @@ class Preempting:
         # runs. So while streams run, only a stream is stopped.
         if any(r.streaming for r in runs):
             runs = [r for r in runs if r.streaming]
-        running = [
-            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
-            for r in runs
-            if r.ticket.tasks == 1
-        ]
+        running = placeable(runs)
         horizon = self.sight.horizon
         self._refine_if_tight(key, projected(slots, horizon))
         self._learn(key, slots, horizon)
@@ -173,10 +178,9 @@ class Preempting:
 
     def _account(self, key: str | None, slots: list[SlotView]) -> None:
         """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
-        runs = [r.ticket for r in self._runs.values() if r.ticket.key == key]
-        running = [Running(t.id, t.prompt, t.n_predict, t.admitted_at or 0.0) for t in runs if t.tasks == 1]
-        matched = match(slots, running)
-        self.accounting.placed([t.id for t in runs], matched)
+        runs = [r for r in self._runs.values() if r.ticket.key == key]
+        matched = match(slots, placeable(runs))
+        self.accounting.placed([r.ticket.id for r in runs], matched)
         if len(matched) < len(slots):
             # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run
             # for a read of /slots already (a short one never gets here): count it exactly, to place it next time.
@@ -186,11 +190,7 @@ class Preempting:
         """What the slots say of the requests: a request past its budget counts its window from now on, and
         what it will hold; how fast they generate, and when each would end at its whole budget."""
         books, pool = self.admission(key), self.pool(key)
-        running = [
-            Running(r.ticket.id, r.ticket.prompt, r.ticket.n_predict, r.ticket.admitted_at or 0.0)
-            for r in self._runs.values()
-            if r.ticket.key == key and r.ticket.tasks == 1 and not r.stop.is_set()
-        ]
+        running = placeable(r for r in self._runs.values() if r.ticket.key == key and not r.stop.is_set())
         ends_in: dict[int, float] = {}
         for rid, slot in match(slots, running).items():
             t = self._runs[rid].ticket

@@ -122,8 +122,13 @@ def messages(base: str, stream: bool) -> Callable[[int], Any]:
         }
         if not stream:
             return client.messages.create(**kwargs).stop_reason
-        with client.messages.stream(**kwargs) as events:
-            return events.get_final_message().stop_reason
+        # The raw events: b11434 sends `message_start` with a token's partial result only when it is the first
+        # token decoded; a first token that is an incomplete UTF-8 sequence (the random model's byte tokens often
+        # are) is held back, and the stream then has no `message_start`, which the SDK's `messages.stream` helper
+        # cannot assemble (an AssertionError in it), direct as through the guard. The end is `message_delta`.
+        events = list(client.messages.create(stream=True, **kwargs))
+        ends = [e for e in events if e.type == "message_delta"]
+        return ends[-1].delta.stop_reason if ends and events[-1].type == "message_stop" else events[-1]
 
     return call
 

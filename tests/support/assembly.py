@@ -13,7 +13,8 @@ the batches, and with them everything, are the same on every run.
 `log_exposition()` is the golden files' scheme: the exporter starts on an empty log (nothing to replay)
 and every line of the capture arrives live, so every counter counts the whole capture; a restart's earlier
 log comes first and the next start truncates the file, as llama-server's `--log-file` does (an in-process
-server's stderr only grows: `truncated_at_start=False`).
+server's stderr only grows: `truncated_at_start=False`). With `replayed`, the other start: the exporter
+comes after the server, replays what the file holds without counting, and scrapes.
 """
 
 from __future__ import annotations
@@ -119,11 +120,15 @@ def log_families(exposition: str) -> str:
     return "".join(b for b in blocks if b and not NOT_LOG_FAMILIES.match(b.split(" ", 3)[2]))
 
 
-def log_exposition(logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool = True) -> str:
+def log_exposition(logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool = True, replayed: bool = False) -> str:
     """The log collectors' families after the exporter, started on an empty log in `tmp`, followed `logs`
-    (the bytes of one server run each, in order) as the server wrote them."""
+    (the bytes of one server run each, in order) as the server wrote them. `replayed`: the exporter starts
+    after the server instead, on the file as the runs left it, and replays it without counting."""
     path = tmp / "llama-server.log"
     path.write_bytes(b"")
+    if replayed:
+        path.write_bytes(logs[-1] if truncated_at_start else b"".join(logs))
+        logs = []
     with assembled(path) as exporter:
         for log in logs:
             exporter.write(log, truncate=truncated_at_start)

@@ -1,6 +1,7 @@
 """The log goldens: for every recorded capture of every build, the log collectors' exposition after the
 exporter followed it (`assembly.log_exposition`), one file each: tests/fixtures/golden/<build>/<capture>.prom
-(the router's: golden/router/children-loaded.prom and end.prom). tests/unit/test_exposition_golden.py compares them byte for byte.
+(the router's: golden/router/children-loaded.prom and end.prom; `-replayed`: the exporter
+started after the server). tests/unit/test_exposition_golden.py compares them byte for byte.
 
 A capture is a folder of tests/fixtures with a `llama-server.log` (its `capture.json`, where there is one,
 says which logs the server wrote in order and whether each start truncated the file), and the router's
@@ -18,7 +19,7 @@ import logging
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
@@ -38,11 +39,13 @@ class Capture:
     truncated_at_start: bool  # each start empties the file (--log-file); False: it only grows (stderr)
     until: int | None = None  # the scrape after this many lines of the last log (None: all of them)
     name: str = ""  # the golden file's name under the folder's, when there are several
+    replayed: bool = False  # the exporter starts after the server: the file replayed without counting
 
     @property
     def id(self) -> str:
         folder = self.folder.relative_to(FIXTURES).as_posix()
-        return f"{folder}/{self.name}" if self.name else folder
+        named = f"{folder}/{self.name}" if self.name else folder
+        return named + ("-replayed" if self.replayed else "")
 
     @property
     def golden(self) -> Path:
@@ -52,7 +55,7 @@ class Capture:
         logs = [(self.folder / name).read_bytes() for name in self.logs]
         if self.until is not None:
             logs[-1] = b"".join(logs[-1].splitlines(keepends=True)[: self.until])
-        return log_exposition(logs, tmp, truncated_at_start=self.truncated_at_start)
+        return log_exposition(logs, tmp, truncated_at_start=self.truncated_at_start, replayed=self.replayed)
 
 
 def _capture(folder: Path) -> Capture:
@@ -72,6 +75,19 @@ CAPTURES = [
     *(_capture(p.parent) for p in sorted(FIXTURES.glob("*/*/llama-server.log")) if p.parts[-3] != "proc"),
     Capture(FIXTURES / "router", ("router.log",), True, until=ROUTER_LOADED, name="children-loaded"),
     Capture(FIXTURES / "router", ("router.log",), True, name="end"),
+]
+#: The exporter's other start, after the server (the gauges rebuilt, no past event counted): an overflow,
+#: a restart (only the last run is in the file) and an in-process one (both runs are), the router's children.
+CAPTURES += [
+    replace(c, replayed=True)
+    for c in CAPTURES
+    if c.id
+    in (
+        "b11434/exhaust-lv4",
+        "b11434/restart-kill9",
+        "xllamacpp-2026.10.11549/restart-kill9",
+        "router/children-loaded",
+    )
 ]
 
 

@@ -210,7 +210,13 @@ class LiveSources:
             if why != self._rejected_reported.get(figure):
                 where = f"{self.unit}: " if self.unit else ""
                 if why is not None:
-                    log.warning("%sllama-server's /metrics: %s %s; left out", where, figure, why)
+                    log.warning(
+                        "%sllama-server's /metrics: %s %s; left out until it is a count again "
+                        "(llamacpp_exporter_http_values_rejected_total)",
+                        where,
+                        figure,
+                        why,
+                    )
                 else:
                     log.info("%sllama-server's /metrics: %s read again", where, figure)
             if why is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -209,10 +210,14 @@ def test_metrics_figures_that_are_counts_are_read() -> None:
     assert server_http.parse_metrics(labelled) == ({"llamacpp:requests_deferred": 2}, {})
 
 
-async def test_a_metrics_figure_not_understood_leaves_the_http_source_up(fake: tuple[FakeServer, str]) -> None:
+async def test_a_metrics_figure_not_understood_leaves_the_http_source_up(
+    fake: tuple[FakeServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
     """Through the real reader and live sources: /health and /slots answered, so the HTTP source is up;
-    the figure is absent from the exposition and counted as not understood, once per read."""
+    the figure is absent from the exposition and counted as not understood, once per read, and said in the
+    exporter's log once per change."""
     server, url = fake
+    caplog.set_level(logging.INFO, logger="exporter.sources.live")
     live = LiveSources(_log_state("exhaust-long-lv4"), http=ServerHttpReader(url))
     reg = CollectorRegistry()
     for c in log_collectors(live.view):
@@ -234,14 +239,18 @@ async def test_a_metrics_figure_not_understood_leaves_the_http_source_up(fake: t
             assert reg.get_sample_value("llamacpp_slot_tokens", {"slot": "2"}) == 3880  # /slots still read
         server.metrics = lambda r: _text(REAL_METRICS.replace(DEFERRED_LINE + "\n", ""))
         await live.refresh()
+        await live.refresh()
         assert reg.get_sample_value("llamacpp_exporter_source_up", {"source": "http"}) == 1
         assert reg.get_sample_value("llamacpp_requests_queued") is None
-        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 5
+        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 6
+        said = [r.getMessage() for r in caplog.records if "requests_deferred" in r.getMessage()]
+        assert len(said) == 5 and "requests_deferred absent" in said[-1]  # once per change of why, not per read
         assert live.statuses["http"].failures == 0
         server.metrics = lambda r: _text(REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred 2"))
         await live.refresh()
         assert reg.get_sample_value("llamacpp_requests_queued") == 2
-        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 5
+        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 6
+        assert "read again" in caplog.records[-1].getMessage()
     finally:
         await live.close()
 

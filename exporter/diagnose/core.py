@@ -24,10 +24,10 @@ from exporter.diagnose.run import STAMP_FIRST, Run, router_source
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
+from exporter.model.histogram import Histogram
 from exporter.model.request_sizes import (
     CONCURRENCY_BUCKETS,
     REQUEST_TOKEN_BUCKETS,
-    Histogram,
     RequestSizes,
     RequestSummary,
     summarize,

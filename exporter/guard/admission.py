@@ -118,10 +118,24 @@ class Admission:
     cautious: bool = False  # the slots cannot be observed in time: unknown budgets count as the window
 
     def deadline(self, ticket: Ticket, now: float) -> float:
-        """When `ticket`'s wait runs out: `max_wait` after it began (now, when it has not begun yet)."""
+        """When `ticket`'s wait runs out: `max_wait` after it began (now, when it has not begun yet).
+
+        The queue's one clock: a wait for room (`expired`), for llama-server to be ready and for the
+        tokenizer, and the predicted wait of `offer`, all run out here. A wait begins at the first of them
+        and continues through the others; admission ends it, and a later wait (a replay, a retry, a
+        restart) begins its own (`new_wait`)."""
         if ticket.queued_at is None:
             ticket.queued_at = now
         return ticket.queued_at + self.max_wait
+
+    def timed_out(self, ticket: Ticket, now: float) -> bool:
+        """Whether `ticket`'s wait has run out at `now` (its `deadline` has come)."""
+        return now >= self.deadline(ticket, now)
+
+    @staticmethod
+    def new_wait(ticket: Ticket) -> None:
+        """`ticket`'s next wait starts its own clock (admitted, or sent again after llama-server failed it)."""
+        ticket.queued_at = None
 
     def set_cautious(self, cautious: bool, pool: Pool, now: float) -> list[Ticket]:
         """Count unknown budgets as the window (True) or as given (False); admit what fits now."""
@@ -251,7 +265,7 @@ class Admission:
 
     def _admit(self, ticket: Ticket, now: float) -> None:
         ticket.admitted_at = now
-        ticket.queued_at = None  # a later wait (a replay, a restart) starts its own clock
+        self.new_wait(ticket)  # a later wait (a replay, a restart) starts its own clock
         self.in_flight[ticket.id] = ticket
 
     def pump(self, pool: Pool, now: float) -> list[Ticket]:
@@ -285,8 +299,9 @@ class Admission:
         self.queue.appendleft(ticket)
 
     def expired(self, now: float) -> list[Ticket]:
-        """Queued requests that waited `max_wait` or longer: removed from the queue, to be answered 503."""
-        out = [t for t in self.queue if t.queued_at is not None and now - t.queued_at >= self.max_wait]
+        """Queued requests whose `deadline` has come: removed from the queue, to be answered 503 (the caller
+        then `pump`s: the requests behind them may fit now)."""
+        out = [t for t in self.queue if t.queued_at is not None and self.timed_out(t, now)]
         for t in out:
             self.queue.remove(t)
         return out

@@ -12,17 +12,18 @@ llamacpp_guard_admitted_demand_tokens 1800.0
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.guard.admission import Admission
-from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.metrics.families import histogram
+from exporter.model.histogram import Histogram
+from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS
 
 #: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
 OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized")
@@ -35,9 +36,7 @@ class GuardBooks:
     """What the guard counted since it started."""
 
     outcomes: Counter[str] = field(default_factory=Counter)
-    wait_buckets: list[int] = field(default_factory=lambda: [0] * len(WAIT_BUCKETS))
-    wait_sum: float = 0.0
-    wait_count: int = 0
+    waits: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))  # seconds in the queue
     server_wait: float = 0.0  # seconds requests waited because llama-server was down or loading
     server_waiting: int = 0  # requests waiting for it now
     # The buckets of llamacpp_request_prompt_tokens (the log's), so that the two compare bucket by bucket.
@@ -60,11 +59,7 @@ class GuardBooks:
 
     def waited(self, seconds: float) -> None:
         """A request left the queue (admitted, expired or gone) after `seconds`."""
-        i = bisect.bisect_left(WAIT_BUCKETS, seconds)
-        for j in range(i, len(WAIT_BUCKETS)):
-            self.wait_buckets[j] += 1
-        self.wait_sum += seconds
-        self.wait_count += 1
+        self.waits.observe(seconds)
         if self.clients is not None:
             self.clients.waited(seconds)
 
@@ -119,13 +114,10 @@ class GuardCollector(Collector):
             "Generation requests the guard has sent to llama-server and not yet seen end.",
             value=sum(len(a.in_flight) for a in pools),
         )
-        cumulative = [(str(le), float(n)) for le, n in zip(WAIT_BUCKETS, b.wait_buckets, strict=True)]
-        cumulative.append(("+Inf", float(b.wait_count)))
-        yield HistogramMetricFamily(
+        yield histogram(
             "llamacpp_guard_queue_wait_seconds",
             "Time requests waited in the guard's queue before they were admitted, refused or abandoned.",
-            buckets=cumulative,
-            sum_value=b.wait_sum,
+            b.waits,
         )
         yield GaugeMetricFamily(
             "llamacpp_guard_admitted_demand_tokens",
@@ -138,13 +130,11 @@ class GuardCollector(Collector):
             "arrival (the server's own tokenizer), whatever llama-server's log verbosity shows.",
             value=sum(t.prompt for a in pools for t in a.in_flight.values()),
         )
-        prompts = [("+Inf" if le == float("inf") else str(le), float(n)) for le, n in b.prompts.cumulative()]
-        yield HistogramMetricFamily(
+        yield histogram(
             "llamacpp_guard_request_prompt_tokens",
             "Prompt sizes the guard counted with llama-server's tokenizer (not those admitted on their byte "
             "length while less than half the pool was promised).",
-            buckets=prompts,
-            sum_value=b.prompts.sum,
+            b.prompts,
         )
         capacity = self._capacity()
         if capacity is not None:

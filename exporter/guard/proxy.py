@@ -110,7 +110,7 @@ class Guard(Preempting):
         # The books by client and the access log: every count above reaches the request's client.
         self.accounting = self.books.clients = accounting or Accounting(ClientNamer())
         self._ids = itertools.count(1)
-        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._waiters: dict[int, asyncio.Future[bool]] = {}  # queued request → admitted (True) or expired
         self._session: aiohttp.ClientSession | None = None
         self._props_window: dict[str | None, int] = {}
         self._runs: dict[int, Run] = {}
@@ -242,7 +242,7 @@ class Guard(Preempting):
                 break
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, TimeoutError, ServerNotReady) as exc:
                 self.watch.down(f"sizing a request: {type(exc).__name__}")
-                if time.monotonic() >= books.deadline(ticket, time.monotonic()):
+                if books.timed_out(ticket, time.monotonic()):
                     return self._not_ready(books)
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
@@ -288,7 +288,7 @@ class Guard(Preempting):
                     self.watch.down(gone.why)
                     if not gone.sent:
                         # llama-server never took it: sent again once it is ready, no retry.
-                        if time.monotonic() >= books.deadline(ticket, time.monotonic()):
+                        if books.timed_out(ticket, time.monotonic()):
                             return self._not_ready(books)
                         continue
                     if retried >= MAX_RETRIES or not self.retries.allow(time.monotonic()):
@@ -300,7 +300,7 @@ class Guard(Preempting):
                             "unavailable_error",
                         )
                     retried += 1
-                    ticket.queued_at = None  # its wait for the server starts now
+                    books.new_wait(ticket)  # its wait for the server starts now
                     self.books.count("retried")
                     log.warning("guard: sending request %d again: llama-server %s", ticket.id, gone.why)
                 except _Preempted:
@@ -383,29 +383,22 @@ class Guard(Preempting):
     def _wake(self, admitted: Ticket) -> None:
         fut = self._waiters.get(admitted.id)
         if fut is not None and not fut.done():
-            fut.set_result(None)
+            fut.set_result(True)
 
     async def _wait(self, ticket: Ticket) -> web.Response | None:
-        """Wait in the queue until admitted (None), or an error response when the wait runs out."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Wait in the queue until admitted (None), or a 503 once `Admission.expired` takes it out (its
+        `deadline`, the queue's one clock, has come)."""
+        books = self.admission(ticket.key)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()  # True: admitted; False: expired
         self._waiters[ticket.id] = fut
         start = time.monotonic()
-        deadline = self.admission(ticket.key).deadline(ticket, start)
         self._release(ticket.key, -1)  # admits it at once if it fits now (a replay into an emptied pool)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - start))
-        except (asyncio.TimeoutError, TimeoutError):  # two classes before Python 3.11
-            if not fut.done():
-                self._release(ticket.key, ticket.id)
-                self.books.count("refused")
-                self.books.waited(time.monotonic() - start)
-                wait = self.settings.max_wait
-                return error_response(
-                    503,
-                    f"no room in the KV pool for this request after {wait:g} s in the guard's queue; retry later",
-                    "unavailable_error",
-                    retry_after=self.admission(ticket.key).retry_after(),
-                )
+            while not fut.done():
+                now = time.monotonic()
+                await asyncio.wait((fut,), timeout=max(0.0, books.deadline(ticket, now) - now))
+                if not fut.done():
+                    self._expire(ticket.key)  # a timer may fire a little early: then it waits on
         except BaseException:
             # The client went away while waiting: leave the queue (or give back a place just granted).
             self._waiters.pop(ticket.id, None)
@@ -415,7 +408,24 @@ class Guard(Preempting):
         finally:
             self._waiters.pop(ticket.id, None)
         self.books.waited(time.monotonic() - start)
-        return None
+        if fut.result():
+            return None
+        self.books.count("refused")
+        return error_response(
+            503,
+            f"no room in the KV pool for this request after {self.settings.max_wait:g} s in the guard's queue; "
+            "retry later",
+            "unavailable_error",
+            retry_after=books.retry_after(),
+        )
+
+    def _expire(self, key: str | None) -> None:
+        """Answer every request of pool `key` whose wait has run out (`Admission.expired`); admit what fits then."""
+        for gone in self.admission(key).expired(time.monotonic()):
+            fut = self._waiters.get(gone.id)
+            if fut is not None and not fut.done():
+                fut.set_result(False)
+        self._release(key, -1)
 
     def _release(self, key: str | None, ticket_id: int) -> None:
         self._unsized.pop(ticket_id, None)

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import (
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.metrics.families import counter, labelled_counter
-from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
+from exporter.metrics.families import counter, histogram, labelled_counter
 from exporter.model.state import ServerState
 
 CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
@@ -106,17 +101,10 @@ class CheckpointCacheCollector(Collector):
             )
 
     def _timings(self, st: ServerState) -> Iterator[Metric]:
-        buckets: list[tuple[str, float]] = []
-        cumulative = 0
-        for bound, n in zip(PROMPT_EVAL_BUCKETS, st.prompt_eval_buckets, strict=True):
-            cumulative += n
-            buckets.append((str(bound), cumulative))
-        buckets.append(("+Inf", st.prompt_eval_count))
-        yield HistogramMetricFamily(
+        yield histogram(
             "llamacpp_prompt_eval_seconds",
             "Prompt evaluation time per finished request ('prompt eval time' lines; cached tokens excluded).",
-            buckets=buckets,
-            sum_value=st.prompt_eval_seconds_sum,
+            st.prompt_eval_seconds,
         )
         yield counter("llamacpp_prompt_tokens", "Prompt tokens evaluated (cached tokens excluded).", st.prompt_tokens)
         yield counter("llamacpp_generated_tokens", "Tokens generated ('eval time' lines).", st.generated_tokens)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-)
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from exporter.model.histogram import Histogram
 
 
 def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -21,3 +21,8 @@ def labelled_counter(
     for key in sorted(set(always) | set(values)):
         family.add_metric([key], values.get(key, 0))
     return family
+
+
+def histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    """A histogram family from the one histogram type (`exporter.model.histogram`)."""
+    return HistogramMetricFamily(name, doc, buckets=h.buckets(), sum_value=h.sum)

@@ -83,5 +83,5 @@ def live_collectors(live: LiveSources) -> list[Collector]:
     if live.proc_reader is not None:
         out.append(ProcCollector(lambda: live.proc))
     if live.http_reader is not None:
-        out.append(ServerHttpCollector(lambda: live.http))
+        out.append(ServerHttpCollector(lambda: live.http, lambda: live.http_rejected))
     return out

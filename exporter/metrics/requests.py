@@ -4,16 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.model.request_sizes import Histogram
+from exporter.metrics.families import histogram
 from exporter.model.state import ServerState
-
-
-def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
-    buckets = [("+Inf" if bound == float("inf") else str(bound), float(n)) for bound, n in h.cumulative()]
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.sum)
 
 
 class RequestSizeCollector(Collector):
@@ -44,17 +39,17 @@ class RequestSizeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         st = self._state()
-        yield _histogram(
+        yield histogram(
             "llamacpp_request_tokens",
             "KV cells each request held when it ended (its 'stop processing' line; aborted requests included).",
             st.request_tokens,
         )
-        yield _histogram(
+        yield histogram(
             "llamacpp_request_prompt_tokens",
             "Prompt tokens of each request, where the log gives them ('new prompt' at -lv 4, or progress lines).",
             st.request_prompt_tokens,
         )
-        yield _histogram(
+        yield histogram(
             "llamacpp_request_concurrency",
             "Requests in flight together, sampled at each request's start (itself included).",
             st.request_concurrency,

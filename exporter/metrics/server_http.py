@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.sources.server_http import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot
@@ -22,10 +22,16 @@ class ServerHttpCollector(Collector):
     # HELP llamacpp_exporter_http_status Last HTTP status of each llama-server endpoint (0 = no answer).
     # TYPE llamacpp_exporter_http_status gauge
     llamacpp_exporter_http_status{endpoint="/slots"} 200.0
+    # HELP llamacpp_exporter_http_values_rejected_total Reads of llama-server's /metrics whose value was absent …
+    # TYPE llamacpp_exporter_http_values_rejected_total counter
+    llamacpp_exporter_http_values_rejected_total{endpoint="/metrics",metric="llamacpp:requests_deferred"} 0.0
     """
 
-    def __init__(self, snapshot: Callable[[], HttpSnapshot | None]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], HttpSnapshot | None], rejected: Callable[[], Mapping[str, int]] = dict
+    ) -> None:
         self._snapshot = snapshot
+        self._rejected = rejected  # reads whose /metrics value was not understood, by metric (a fixed set)
 
     def collect(self) -> Iterator[Metric]:
         """Yield up, loading and the per-endpoint status."""
@@ -45,3 +51,14 @@ class ServerHttpCollector(Collector):
         for ep in ROUTER_ENDPOINTS if "/models" in snap.status else ENDPOINTS:
             status.add_metric([ep], snap.status.get(ep, 0))
         yield status
+        rejected = self._rejected()
+        if rejected and "/models" not in snap.status:  # a router's own endpoints have no /metrics read
+            family = CounterMetricFamily(
+                "llamacpp_exporter_http_values_rejected",
+                "Reads of llama-server's /metrics whose value was absent or not a count it can have written "
+                "(NaN, negative, fractional, text): the value is left out, the HTTP source stays up.",
+                labels=["endpoint", "metric"],
+            )
+            for name, n in rejected.items():
+                family.add_metric(["/metrics", name], n)
+            yield family

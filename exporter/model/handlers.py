@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from exporter.logs import events as ev
 from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.model.provenance import CHECKED, NotOwnLine
-from exporter.model.request_sizes import PROMPT_EVAL_BUCKETS
 from exporter.model.run import CRASH_CAUSES, ServerRun
 from exporter.model.slot import Checkpoint, SlotState
 
@@ -332,14 +331,8 @@ def _on_idle_slot_policy(st: ServerState, e: ev.IdleSlotPolicy) -> None:
 def _on_prompt_eval_timing(st: ServerState, e: ev.PromptEvalTiming) -> None:
     if not st.counting:
         return
-    seconds = e.ms / 1000.0
-    st.prompt_eval_count += 1
-    st.prompt_eval_seconds_sum += seconds
+    st.prompt_eval_seconds.observe(e.ms / 1000.0)
     st.prompt_tokens += e.tokens
-    for i, bound in enumerate(PROMPT_EVAL_BUCKETS):
-        if seconds <= bound:
-            st.prompt_eval_buckets[i] += 1
-            break
 
 
 def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:

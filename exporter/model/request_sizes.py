@@ -10,7 +10,8 @@ pool's capacity (`LlamaCppKVPoolUndersized`, and `diagnose`'s history).
   the estimate from `prompt processing` progress lines), counted at the same release;
 - concurrency: at each request's start, how many requests were in flight with it (itself included).
 
-Buckets are fixed, the same for every server, so that histograms of several servers add up.
+Buckets are fixed, the same for every server, so that histograms of several servers add up
+(`exporter.model.histogram.Histogram`, the one histogram type).
 
     >>> h = Histogram(REQUEST_TOKEN_BUCKETS)
     >>> for n in (100, 3000, 3000, 200_000):
@@ -23,8 +24,9 @@ Buckets are fixed, the same for every server, so that histograms of several serv
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from exporter.model.histogram import Histogram
 
 #: 64 to 1Mi tokens, doubling: 15 buckets (and +Inf), 18 series a server. A quantile from a histogram is
 #: interpolated within its bucket, so it may be up to twice the true value (never more).
@@ -52,57 +54,6 @@ PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
     300.0,
     600.0,
 )
-
-
-@dataclass
-class Histogram:
-    """Counts per bucket (not cumulative), their sum and count: what a Prometheus histogram exports."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)  # one per bound, then +Inf
-    sum: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                break
-        else:
-            self.counts[-1] += 1
-        self.sum += value
-        self.count += 1
-
-    def add(self, other: Histogram) -> None:
-        """Add another histogram with the same buckets (diagnose sums the runs of a history)."""
-        for i, n in enumerate(other.counts):
-            self.counts[i] += n
-        self.sum += other.sum
-        self.count += other.count
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, count of values at or below it), +Inf last: Prometheus' `_bucket` series."""
-        out, total = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            total += n
-            out.append((bound, total))
-        return out
-
-    def quantile(self, q: float) -> float | None:
-        """The q-quantile as PromQL's `histogram_quantile` gives it (linear within a bucket); None if empty."""
-        if self.count == 0:
-            return None
-        rank = q * self.count
-        lower, below = 0.0, 0
-        for bound, n in zip(self.bounds, self.counts, strict=False):
-            if below + n >= rank and n:
-                return lower + (bound - lower) * (rank - below) / n
-            lower, below = bound, below + n
-        return self.bounds[-1]  # in the +Inf bucket: the highest bound, as histogram_quantile answers
 
 
 @dataclass(frozen=True)

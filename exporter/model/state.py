@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
 from exporter.model.handlers import DISPATCH
+from exporter.model.histogram import Histogram
 from exporter.model.provenance import NotOwnLine, Provenance
-from exporter.model.request_sizes import CONCURRENCY_BUCKETS, PROMPT_EVAL_BUCKETS, REQUEST_TOKEN_BUCKETS, Histogram
+from exporter.model.request_sizes import CONCURRENCY_BUCKETS, PROMPT_EVAL_BUCKETS, REQUEST_TOKEN_BUCKETS
 from exporter.model.run import ServerRun
 from exporter.model.server_cmdline import ServerCommandLine
 
@@ -54,9 +55,7 @@ class ServerState:
     slots_purged: int = 0
     checkpoint_events: Counter[str] = field(default_factory=Counter)
     full_reprocess: int = 0
-    prompt_eval_buckets: list[int] = field(default_factory=lambda: [0] * len(PROMPT_EVAL_BUCKETS))
-    prompt_eval_seconds_sum: float = 0.0
-    prompt_eval_count: int = 0
+    prompt_eval_seconds: Histogram = field(default_factory=lambda: Histogram(PROMPT_EVAL_BUCKETS))
     prompt_tokens: int = 0
     generated_tokens: int = 0
     # What requests ask of the pool (exporter.model.request_sizes): at each release, and at each start.

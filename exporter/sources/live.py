@@ -25,7 +25,7 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,7 +34,7 @@ from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
 from exporter.sources.nvml import NvmlReader, NvmlSnapshot
 from exporter.sources.process import ProcessFinder, ProcSnapshot
-from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
+from exporter.sources.server_http import METRICS_FIGURES, HttpSnapshot, ServerHttpReader
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,9 @@ class LiveSources:
         self.nvml: NvmlSnapshot | None = None
         self.proc: ProcSnapshot | None = None
         self.http: HttpSnapshot | None = None
+        # Reads of llama-server's /metrics whose figure was absent or not a count, by figure (a fixed set).
+        self.http_rejected: dict[str, int] = dict.fromkeys(METRICS_FIGURES, 0) if http else {}
+        self._rejected_reported: dict[str, str] = {}
         # The guard's queue in front of this server (set when the guard runs): requests waiting too.
         self.guard_queue: Callable[[], int] | None = None
         self._nvml_read = _Coalesced(_in_thread(nvml.read)) if nvml else None
@@ -195,6 +198,31 @@ class LiveSources:
         snap, took, error = await self._read("http", self._http_read)
         self.http = snap if snap is not None else HttpSnapshot(errors={"*": error or "read failed"})
         self.statuses["http"].record(self.http.ok, took, error or self.http.describe())
+        if snap is not None and snap.up and snap.status.get("/metrics") == 200:  # a /metrics body was read
+            self._count_rejected(snap.rejected)
+
+    def _count_rejected(self, rejected: Mapping[str, str]) -> None:
+        """Count the figures of /metrics this read did not understand; say so once per change of why."""
+        for figure in METRICS_FIGURES:
+            why = rejected.get(figure)
+            if why is not None:
+                self.http_rejected[figure] += 1
+            if why != self._rejected_reported.get(figure):
+                where = f"{self.unit}: " if self.unit else ""
+                if why is not None:
+                    log.warning(
+                        "%sllama-server's /metrics: %s %s; left out until it is a count again "
+                        "(llamacpp_exporter_http_values_rejected_total)",
+                        where,
+                        figure,
+                        why,
+                    )
+                else:
+                    log.info("%sllama-server's /metrics: %s read again", where, figure)
+            if why is None:
+                self._rejected_reported.pop(figure, None)
+            else:
+                self._rejected_reported[figure] = why
 
     async def close(self) -> None:
         """Stop reads in flight, close the HTTP session and shut NVML down."""

@@ -1,6 +1,6 @@
-"""llama-server's own HTTP endpoints, read at scrape time: `/health`, `/slots`, `/props`.
+"""llama-server's own HTTP endpoints, read at scrape time: `/health`, `/slots`, `/props`, `/metrics`.
 
-`ServerHttpReader.read()` fetches the three endpoints concurrently through one aiohttp session, with
+`ServerHttpReader.read()` fetches the four endpoints concurrently through one aiohttp session, with
 one short timeout for all of them, and returns an immutable `HttpSnapshot`. Nothing raises: a server
 that is down is `up=False`; an endpoint that is off (`/slots` 501 with `--no-slots`), missing (404
 on old builds) or locked (401 without the API key) is recorded with its status, and the slots then
@@ -11,7 +11,9 @@ come from the log.
   and `is_processing`; `next_token` is an object before b6890 and an array of one object since.
 - `/props`: `build_info` (`b11434-…`), `total_slots`, `default_generation_settings.n_ctx` (per slot).
 - `/metrics` (llama-server's own, with `--metrics`; 501 without): `llamacpp:requests_deferred`, the
-  requests waiting for a slot (what an inference gateway reads as the queue).
+  requests waiting for a slot (what an inference gateway reads as the queue). Each figure read from it
+  stands alone: one that is absent or not a count the server can have (`NaN`, `-1`, `2.5`, text) is
+  left out and named in `HttpSnapshot.rejected`, and the source stays up.
 
 Router mode (`llama-server --models-dir`): the router itself answers `/health` and `/models` (which
 models are loaded); a child's endpoints are read through the router with `?model=NAME&autoload=false`
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import urllib.parse
 from collections.abc import Mapping
@@ -67,7 +70,7 @@ class LiveSlot:
 
 @dataclass(frozen=True)
 class HttpSnapshot:
-    """The result of one read of the three endpoints."""
+    """The result of one read of the endpoints."""
 
     up: bool = False
     loading: bool = False
@@ -80,6 +83,8 @@ class HttpSnapshot:
     model: str | None = None
     models: Mapping[str, str] | None = None  # router mode: model id → status (`loaded`, `unloaded`, …)
     deferred: int | None = None  # /metrics `llamacpp:requests_deferred`: requests waiting for a slot
+    # Figures of /metrics (`METRICS_FIGURES`) this read did not understand → why (absent, not a count).
+    rejected: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -195,7 +200,8 @@ def parse_props(body: object) -> tuple[int | None, int | None, int | None, str |
 
 
 class ServerHttpReader:
-    """Reads `/health`, `/slots` and `/props` through one aiohttp session (created on first use)."""
+    """Reads `/health`, `/slots`, `/props` and `/metrics` (a router: `/health`, `/models`) through one aiohttp
+    session (created on first use)."""
 
     def __init__(
         self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0, model: str | None = None
@@ -270,6 +276,7 @@ class ServerHttpReader:
         model: str | None = None
         models: dict[str, str] | None = None
         deferred: int | None = None
+        rejected: dict[str, str] = {}
         for ep in endpoints[1:]:
             code = status[ep]
             if ep in errors or not up:
@@ -283,7 +290,8 @@ class ServerHttpReader:
                     elif ep == "/models":
                         models = parse_models(bodies[ep])
                     elif ep == "/metrics":
-                        deferred = parse_deferred(bodies[ep])
+                        figures, rejected = parse_metrics(bodies[ep])
+                        deferred = figures.get(REQUESTS_DEFERRED)
                     else:
                         build, total, n_ctx, model = parse_props(bodies[ep])
                 except ValueError as exc:
@@ -302,22 +310,49 @@ class ServerHttpReader:
             errors["/health"] = f"llama-server not answering at {redact_url(self.base_url)}: {errors['/health']}"
         for ep, error in errors.items():  # a client error may quote the URL, credentials and all
             errors[ep] = redact(error, self.base_url)
-        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model, models, deferred)
+        return HttpSnapshot(up, loading, status, errors, slots, build, total, n_ctx, model, models, deferred, rejected)
 
 
-_DEFERRED = re.compile(r"^llamacpp:requests_deferred(?:\{[^}\n]*\})? +(\d+)(?:\.0+)?(?: |$)", re.MULTILINE)
+REQUESTS_DEFERRED = "llamacpp:requests_deferred"
+#: The figures read from llama-server's own `/metrics`: each optional on its own (a bounded label set).
+METRICS_FIGURES = (REQUESTS_DEFERRED,)
+#: More requests than this waiting in one llama-server is no queue it can hold (each holds its prompt).
+MAX_DEFERRED = 1 << 20
+_SAMPLE = re.compile(
+    r"^(" + "|".join(re.escape(f) for f in METRICS_FIGURES) + r")(?:\{[^}\n]*\})?[ \t]+(\S+)", re.MULTILINE
+)
+# A Prometheus text value (Python's float() also takes `1_0` and surrounding spaces: not llama-server's).
+_VALUE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+-]?Inf|NaN")
 
 
-def parse_deferred(body: object) -> int | None:
-    """`llamacpp:requests_deferred` from llama-server's own `/metrics` text; raises ValueError when absent.
+def parse_metrics(body: object) -> tuple[dict[str, int], dict[str, str]]:
+    """The figures of `METRICS_FIGURES` in llama-server's own `/metrics` text, and those not understood → why.
 
-    >>> parse_deferred("# TYPE llamacpp:requests_deferred gauge\\nllamacpp:requests_deferred 3\\n")
-    3
+    Never raises: a figure that is absent, or not a count llama-server can have written (NaN, negative,
+    fractional, past `MAX_DEFERRED`, not a number), is left out on its own, the others kept.
+
+    >>> parse_metrics("# TYPE llamacpp:requests_deferred gauge\\nllamacpp:requests_deferred 3\\n")
+    ({'llamacpp:requests_deferred': 3}, {})
+    >>> parse_metrics("llamacpp:requests_deferred NaN\\n")
+    ({}, {'llamacpp:requests_deferred': "not a count: 'NaN'"})
     """
-    m = _DEFERRED.search(body) if isinstance(body, str) else None
-    if m is None:
-        raise ValueError("no llamacpp:requests_deferred")
-    return int(m[1])
+    found: dict[str, str] = {}
+    if isinstance(body, str):
+        for m in _SAMPLE.finditer(body):
+            found.setdefault(m[1], m[2])  # the first sample of each: llama-server writes one
+    figures: dict[str, int] = {}
+    rejected: dict[str, str] = {}
+    for name in METRICS_FIGURES:
+        text = found.get(name)
+        if text is None:
+            rejected[name] = "absent"
+            continue
+        value = float(text) if _VALUE.fullmatch(text) else math.nan
+        if not (0 <= value <= MAX_DEFERRED) or value != int(value):
+            rejected[name] = f"not a count: {text[:40]!r}"
+        else:
+            figures[name] = int(value)
+    return figures, rejected
 
 
 def _message(body: object) -> str:

@@ -20,13 +20,15 @@ from expositions import (
     state_until,
 )
 from fake_nvml import GIB, FakeNvml, h200
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.exporter_health import ExporterCollector
+from exporter.metrics.server_http import ServerHttpCollector
 from exporter.model.state import ServerState
 from exporter.sources.nvml import NvmlReader
+from exporter.sources.server_http import ENDPOINTS, REQUESTS_DEFERRED, HttpSnapshot
 
 
 @pytest.mark.promtool
@@ -63,5 +65,19 @@ def test_nvml_exposition_passes_promtool(promtool_bin: Path) -> None:
     asyncio.run(live.refresh())
     text = generate_latest(reg)
     assert b"llamacpp_gpu_memory_free_bytes" in text
+    lint = subprocess.run([str(promtool_bin), "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint
+
+
+@pytest.mark.promtool
+def test_http_exposition_with_a_rejected_metrics_value_passes_promtool(promtool_bin: Path) -> None:
+    snap = HttpSnapshot(up=True, status=dict.fromkeys(ENDPOINTS, 200), rejected={REQUESTS_DEFERRED: "absent"})
+    registry = CollectorRegistry()
+    registry.register(ServerHttpCollector(lambda: snap, lambda: {REQUESTS_DEFERRED: 3}))
+    text = generate_latest(registry)
+    assert (
+        b'llamacpp_exporter_http_values_rejected_total{endpoint="/metrics",metric="llamacpp:requests_deferred"} 3.0'
+        in text
+    )
     lint = subprocess.run([str(promtool_bin), "check", "metrics"], input=text, capture_output=True, timeout=30)
     assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint

@@ -85,9 +85,9 @@ def test_checkpoint_counters_equal_line_counts() -> None:
 def test_prompt_eval_histogram_matches_timing_lines() -> None:
     state, _ = _run()
     times = [float(m) for m in re.findall(r"prompt eval time = +([\d.]+) ms", LOG.read_text(encoding="utf-8"))]
-    assert state.prompt_eval_count == len(times) == 5
-    assert state.prompt_eval_seconds_sum == pytest.approx(sum(times) / 1000, abs=1e-9)
-    assert sum(state.prompt_eval_buckets) == 5
+    assert state.prompt_eval_seconds.count == len(times) == 5
+    assert state.prompt_eval_seconds.sum == pytest.approx(sum(times) / 1000, abs=1e-9)
+    assert sum(state.prompt_eval_seconds.counts) == 5
     assert state.prompt_tokens == 240 + 20 + 4 + 104 + 41
     assert state.generated_tokens == 5 * 8
 

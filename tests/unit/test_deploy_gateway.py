@@ -26,7 +26,7 @@ from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.state import ServerState
 from exporter.sources.live import merge_view
-from exporter.sources.server_http import HttpSnapshot, parse_deferred
+from exporter.sources.server_http import REQUESTS_DEFERRED, HttpSnapshot, parse_metrics
 
 ROOT = REPO
 EXAMPLE = ROOT / "deploy" / "kubernetes" / "inference-gateway"
@@ -139,7 +139,7 @@ def _exported() -> dict[str, tuple[str, list[float]]]:
     pipeline = LogPipeline(state, tailer)
     pipeline.replay_existing()
     tailer.close()
-    deferred = parse_deferred((CAPTURE / "metrics.txt").read_text())
+    deferred = parse_metrics((CAPTURE / "metrics.txt").read_text())[0][REQUESTS_DEFERRED]
     view = merge_view(state, HttpSnapshot(up=True, deferred=deferred))
     registry = CollectorRegistry()
     for collector in log_collectors(lambda: view):

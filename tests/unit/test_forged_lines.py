@@ -69,7 +69,7 @@ def _observed(st: ServerState) -> dict[str, Any]:
             dict(st.requests_aborted),
             st.slots_purged,
             dict(st.checkpoint_events),
-            st.prompt_eval_count,
+            st.prompt_eval_seconds.count,
             st.prompt_tokens,
             st.generated_tokens,
         ),
@@ -163,8 +163,8 @@ def test_timings_continuation_lines_are_believed_only_after_their_head() -> None
             old.append(line)
     state = _state(old)
     assert state.rejected == {}
-    assert (state.prompt_eval_count, state.prompt_tokens, state.generated_tokens) == (
-        (_state(real).prompt_eval_count, _state(real).prompt_tokens, _state(real).generated_tokens)
+    assert (state.prompt_eval_seconds.count, state.prompt_tokens, state.generated_tokens) == (
+        (_state(real).prompt_eval_seconds.count, _state(real).prompt_tokens, _state(real).generated_tokens)
     )
     forged = _state(_inject(old, "all slots are idle", [FORGED[-1], "       eval time =  5.00 ms /  999 tokens"]))
     assert forged.rejected == {"inconsistent": 2}

@@ -235,6 +235,29 @@ async def test_a_full_queue_answers_429_and_a_wait_past_the_timeout_503_both_wit
         assert (await a)[0] == 200
 
 
+async def test_a_queued_request_is_answered_503_when_admissions_clock_says_so_and_not_before() -> None:
+    """The wait in the queue reads `Admission`'s clock: a request whose clock began later (as a replay's does)
+    outlasts the timer it started with, and the request behind it, on the first clock, runs out first."""
+    async with rig(max_queue=5, max_wait=0.5) as r:
+        r.up.hold("a")
+        a = r.post("/completion", {"prompt": prompt(900), "n_predict": 50, "tag": "a"})
+        await r.up.arrived("a")
+        b = r.post("/completion", {"prompt": prompt(900), "n_predict": 50, "tag": "b"})
+        await until(lambda: len(r.books.queue) == 1)
+        waiting = r.books.queue[0]
+        assert waiting.queued_at is not None
+        waiting.queued_at += 3600  # its wait began an hour later
+        c = r.post("/completion", {"prompt": prompt(900), "n_predict": 50, "tag": "c"})
+        status, body, headers = await c  # c's wait began after b's first clock: b's first timer has fired
+        assert (status, headers["Retry-After"]) == (503, "1") and "after 0.5 s in the guard's queue" in str(body)
+        assert not b.done() and len(r.books.queue) == 1
+        r.up.release("a")
+        assert (await a)[0] == 200
+        status, body, _ = await b
+        assert (status, body["tag"]) == (200, "b")
+        assert r.outcomes()["refused"] == 1 and r.up.arrivals["c"] == 0
+
+
 async def test_a_client_that_leaves_the_queue_or_a_running_request_is_forgotten_and_cancelled() -> None:
     async with rig() as r:
         r.up.hold("a", "b")

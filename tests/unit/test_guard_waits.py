@@ -50,6 +50,7 @@ def test_the_queue_has_one_clock_from_the_first_wait_and_a_fresh_one_after_admis
     a.offer(Ticket(1, prompt=900, budget=100), SHARED, 6.0)
     assert a.offer(t, SHARED, 10.0).kind == "queue"
     assert a.deadline(t, now=11.0) == 35.0  # the queue's wait continues the same clock
+    assert not a.timed_out(t, 34.9) and a.timed_out(t, 35.0)  # what the guard's waits for the server read
     assert a.expired(34.9) == [] and a.expired(35.0) == [t]
     a.offer(t, SHARED, 40.0)
     a.release(1, SHARED, 41.0)

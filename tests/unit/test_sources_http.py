@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,16 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from expositions import LogStatus
 from llama_harness import free_port
 from paths import B11434
 from prometheus_client import CollectorRegistry
 
 from exporter.logs.parse import parse_line
+from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
+from exporter.metrics.servers import log_collectors
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
 from exporter.sources import server_http
@@ -115,6 +119,10 @@ async def _text(body: str) -> web.Response:
     return web.Response(text=body, content_type="text/plain")
 
 
+def _answers(body: str) -> Handler:
+    return lambda r: _text(body)
+
+
 @pytest.fixture
 async def fake() -> AsyncIterator[tuple[FakeServer, str]]:
     server = FakeServer()
@@ -168,6 +176,83 @@ async def test_metrics_off_or_deferred_requests(fake: tuple[FakeServer, str]) ->
         METRICS.read_text().replace("llamacpp:requests_deferred 0", "llamacpp:requests_deferred 3")
     )
     assert (await _read(url)).deferred == 3
+
+
+REAL_METRICS = METRICS.read_text()
+DEFERRED_LINE = "llamacpp:requests_deferred 0"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        # A build (or a proxy in front of it) whose /metrics lacks the figure; the rest of the body is real.
+        ("\n".join(line for line in REAL_METRICS.splitlines() if "requests_deferred" not in line), "absent"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred NaN"), "not a count: 'NaN'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred three"), "not a count: 'three'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred -1"), "not a count: '-1'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred 1e30"), "not a count: '1e30'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred 2.5"), "not a count: '2.5'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred +Inf"), "not a count: '+Inf'"),
+        (REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred 1_0"), "not a count: '1_0'"),
+        ("", "absent"),
+        ('{"requests_deferred": 3}', "absent"),  # JSON, not Prometheus text
+    ],
+)
+def test_a_metrics_figure_absent_or_junk_is_left_out_alone(body: str, why: str) -> None:
+    assert server_http.parse_metrics(body) == ({}, {"llamacpp:requests_deferred": why})
+
+
+def test_metrics_figures_that_are_counts_are_read() -> None:
+    for text, value in (("0", 0), ("3", 3), ("3.0", 3), ("1e3", 1000), ("+7", 7)):
+        body = REAL_METRICS.replace(DEFERRED_LINE, f"llamacpp:requests_deferred {text}")
+        assert server_http.parse_metrics(body) == ({"llamacpp:requests_deferred": value}, {})
+    labelled = 'llamacpp:requests_deferred{model="m"} 2 1700000000000\n'  # a label set and a timestamp
+    assert server_http.parse_metrics(labelled) == ({"llamacpp:requests_deferred": 2}, {})
+
+
+async def test_a_metrics_figure_not_understood_leaves_the_http_source_up(
+    fake: tuple[FakeServer, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through the real reader and live sources: /health and /slots answered, so the HTTP source is up;
+    the figure is absent from the exposition and counted as not understood, once per read, and said in the
+    exporter's log once per change."""
+    server, url = fake
+    caplog.set_level(logging.INFO, logger="exporter.sources.live")
+    live = LiveSources(_log_state("exhaust-long-lv4"), http=ServerHttpReader(url))
+    reg = CollectorRegistry()
+    for c in log_collectors(live.view):
+        reg.register(c)
+    reg.register(ExporterCollector(LogStatus(), live.statuses))
+    for c in live_collectors(live):
+        reg.register(c)
+    rejected = {"endpoint": "/metrics", "metric": "llamacpp:requests_deferred"}
+    try:
+        await live.refresh()
+        assert reg.get_sample_value("llamacpp_requests_queued") == 0
+        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 0
+        for junk in ("NaN", "-4", "2.5", "queue"):
+            body = REAL_METRICS.replace(DEFERRED_LINE, f"llamacpp:requests_deferred {junk}")
+            server.metrics = _answers(body)
+            await live.refresh()
+            assert reg.get_sample_value("llamacpp_exporter_source_up", {"source": "http"}) == 1
+            assert reg.get_sample_value("llamacpp_requests_queued") is None  # absent, not 0
+            assert reg.get_sample_value("llamacpp_slot_tokens", {"slot": "2"}) == 3880  # /slots still read
+        server.metrics = lambda r: _text(REAL_METRICS.replace(DEFERRED_LINE + "\n", ""))
+        await live.refresh()
+        await live.refresh()
+        assert reg.get_sample_value("llamacpp_exporter_source_up", {"source": "http"}) == 1
+        assert reg.get_sample_value("llamacpp_requests_queued") is None
+        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 6
+        said = [r.getMessage() for r in caplog.records if "requests_deferred" in r.getMessage()]
+        assert len(said) == 5 and "requests_deferred absent" in said[-1]  # once per change of why, not per read
+        assert live.statuses["http"].failures == 0
+        server.metrics = lambda r: _text(REAL_METRICS.replace(DEFERRED_LINE, "llamacpp:requests_deferred 2"))
+        await live.refresh()
+        assert reg.get_sample_value("llamacpp_requests_queued") == 2
+        assert reg.get_sample_value("llamacpp_exporter_http_values_rejected_total", rejected) == 6
+        assert "read again" in caplog.records[-1].getMessage()
+    finally:
+        await live.close()
 
 
 async def test_slots_disabled_or_older_build_falls_back_to_the_log(fake: tuple[FakeServer, str]) -> None:
@@ -234,7 +319,9 @@ async def test_unexpected_bodies_are_errors_not_crashes(fake: tuple[FakeServer, 
 
     server.slots = server.props = server.metrics = html
     snap = await _read(url)
-    assert snap.up and not snap.ok and set(snap.errors) == {"/slots", "/props", "/metrics"}
+    assert snap.up and not snap.ok and set(snap.errors) == {"/slots", "/props"}
+    # /metrics is read figure by figure: a body without one leaves that figure out, and is no error.
+    assert snap.deferred is None and dict(snap.rejected) == {"llamacpp:requests_deferred": "absent"}
 
 
 async def test_an_oversized_answer_is_not_read(fake: tuple[FakeServer, str], monkeypatch: pytest.MonkeyPatch) -> None:

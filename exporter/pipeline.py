@@ -1,4 +1,6 @@
-"""The log pipeline: tail → parse → state, with the start-up replay that rebuilds gauges.
+"""The log pipeline, where `logs` meets `model`: lines from a source (`exporter.logs`: the tailer, standard
+input, the journal) → split by a router's prefix and parsed (`exporter.logs.router_split`) → applied
+(`exporter.model.router.ServerLog`) to the server's state, with the start-up replay that rebuilds gauges.
 
 At start the existing log is read to its end with `state.counting` off: slots, pool and
 configuration come back exactly as they were, but no past event is counted again. Everything read

@@ -48,6 +48,7 @@ PURE = (
     "exporter.logs.events",
     "exporter.logs.parse",
     "exporter.logs.rules",
+    "exporter.logs.router_split",
     "exporter.guard.admission",
     "exporter.guard.preempt",
     "exporter.guard.sizing",

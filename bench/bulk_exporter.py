@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.logs import events as ev  # (imports after the sys.path set-up above)
 from exporter.logs.parse import parse_lines
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 
 def _batches(tailer: LogTailer) -> Iterator[list[str]]:

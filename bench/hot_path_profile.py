@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.logs import events as ev  # (imports after the sys.path set-up above)
 from exporter.logs.parse import is_plain, line_starts_with, parse_joined
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 
 def _batches(path: str) -> list[list[str]]:

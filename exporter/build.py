@@ -11,7 +11,6 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter.config import Config
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
 from exporter.metrics.checkpoints import CheckpointCacheCollector
@@ -21,6 +20,7 @@ from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
 from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.process_readers import open_process_reader

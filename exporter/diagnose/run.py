@@ -23,9 +23,9 @@ from exporter.diagnose.report import (
 from exporter.diagnose.trace import Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import ANSI
+from exporter.logs.router_split import router_port
 from exporter.model.bounds import MIB
 from exporter.model.forecast import forecast
-from exporter.model.router import router_port
 from exporter.model.state import ServerState
 
 # Parsed locally because the events do not carry them (exporter.logs.events.DecodeFatal has only the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from exporter.model.router import PREFIX
+from exporter.logs.router_split import PREFIX
 
 #: A run's first lines with an event are hashed at these counts (see `Fingerprint`).
 FINGERPRINT_LINES = (16, 32)

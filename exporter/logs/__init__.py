@@ -1,1 +1,3 @@
-"""Log side of the pipeline: tail a file, parse lines into events."""
+"""The log box: line sources (a file's tailer, standard input, the journal) and the parse of their lines
+into events, split by a router's `[PORT]` prefix. Nothing here imports the model: `exporter.pipeline`
+applies the events to it."""

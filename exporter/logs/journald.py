@@ -38,6 +38,7 @@ from typing import Any
 
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line
+from exporter.logs.source import CHUNK_BYTES, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class JournaldSource:
         stop_task: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                await self._follow_once(on_lines, stop, stop_task)
+                await self._follow_once(on_lines, stop)
                 if stop.is_set():
                     break
                 self._up = False
@@ -252,9 +253,7 @@ class JournaldSource:
         # The history could not be read: do not count the unit's whole past as live events.
         return ("--follow", "--lines=0")
 
-    async def _follow_once(
-        self, on_lines: Callable[[list[str]], None], stop: asyncio.Event, stop_task: asyncio.Future[Any]
-    ) -> None:
+    async def _follow_once(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
         cmd = self.command(*self._follow_args())
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -262,38 +261,34 @@ class JournaldSource:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                limit=MAX_JSON_LINE,
             )
         except OSError as exc:
             self._report(f"--log-source journald: cannot run {self.journalctl}: {exc.strerror or exc}")
             return
         assert proc.stdout is not None and proc.stderr is not None
+        stdout = proc.stdout
         stderr_task = asyncio.ensure_future(proc.stderr.read())
         self._up = True
-        try:
-            while not stop.is_set():
-                read: asyncio.Future[Any] = asyncio.ensure_future(proc.stdout.readline())
-                await asyncio.wait({read, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():
-                    read.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await read
-                    return
-                try:
-                    raw = read.result()
-                except (ValueError, asyncio.LimitOverrunError):
-                    continue  # an absurdly long entry: skipped (asyncio already dropped its bytes)
-                if not raw:
-                    break
+
+        def entries(raws: list[bytes]) -> None:
+            """A read's entries: their lines to the pipeline as one batch, the last cursor kept."""
+            lines: list[str] = []
+            read = False
+            for raw in raws:
                 entry = parse_entry(raw)
                 if entry is None:
                     continue
+                read = True
                 if entry.cursor is not None:
                     self.cursor = entry.cursor
-                if self._reported is not None:
-                    self._report(None)
-                if entry.lines:
-                    on_lines(entry.lines)
+                lines += entry.lines
+            if read and self._reported is not None:
+                self._report(None)
+            if lines:
+                on_lines(lines)
+
+        try:
+            await read_lines(lambda: stdout.read(CHUNK_BYTES), entries, stop, max_line=MAX_JSON_LINE)
         finally:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -4,29 +4,33 @@ Also ``journalctl -fu llama-server -o cat -n 0 | llamacpp-exporter --log-file -`
 live and counted: a pipe has no past to replay (use ``--log-source journald`` to rebuild gauges from
 the journal at start). When the writer closes the pipe the source goes down
 (`llamacpp_exporter_source_up{source="log"} 0`) and the exporter keeps serving the last known state.
+
+The stream is read by `read_lines` (`exporter.logs.source`): the lines of each read go to the pipeline
+together, as a batch. Where the event loop cannot wait on the stream (a regular file, /dev/null, or any
+pipe on Windows' proactor loop), a thread of its own reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import os
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
+from exporter.logs.source import CHUNK_BYTES, read_lines
 from exporter.loops import waits_on_descriptors
 
 log = logging.getLogger(__name__)
 
 #: Longest line accepted; a longer one is skipped whole (llama-server's lines are far shorter).
 MAX_LINE_BYTES = 1 << 20
-#: Lines a reading thread may be ahead of the pipeline.
-_QUEUED_LINES = 1024
+#: Chunks (`CHUNK_BYTES` each at most) a reading thread may be ahead of the pipeline.
+_QUEUED_CHUNKS = 16
 
 
 def _is_pipe(stream: BinaryIO) -> bool:
@@ -69,51 +73,39 @@ class StdinSource:
                 return
             stream = sys.stdin.buffer
         loop = asyncio.get_running_loop()
+
+        def hand_over(lines: list[bytes]) -> None:
+            on_lines([_decode(raw) for raw in lines])
+
         if not (_is_pipe(stream) and waits_on_descriptors(loop)):
             # A regular file (`--log-file - < llama-server.log`), /dev/null (systemd's StandardInput=null,
             # `docker run` without -i), or a loop that cannot wait on a pipe (Windows' proactor loop and an
             # anonymous pipe or the console): read in a thread of its own.
-            await self._run_thread(stream, on_lines, stop)
-            return
-        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
-        try:
-            await self._run_reader(reader, on_lines, stop)
-        finally:
-            transport.close()
+            ended = await read_lines(self._reading_thread(stream, loop), hand_over, stop, max_line=MAX_LINE_BYTES)
+        else:
+            reader = asyncio.StreamReader()
+            transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
+            try:
+                ended = await read_lines(lambda: reader.read(CHUNK_BYTES), hand_over, stop, max_line=MAX_LINE_BYTES)
+            finally:
+                transport.close()
+        if ended:
+            self._closed()
 
-    async def _run_reader(
-        self, reader: asyncio.StreamReader, on_lines: Callable[[list[str]], None], stop: asyncio.Event
-    ) -> None:
-        stop_task = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                read = asyncio.ensure_future(reader.readline())
-                await asyncio.wait({read, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                if not read.done():
-                    read.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await read
-                    return
-                try:
-                    raw = read.result()
-                except ValueError:  # a line longer than the limit: skip it, keep going
-                    continue
-                if not raw:
-                    self._closed()
-                    return
-                on_lines([_decode(raw)])
-        finally:
-            stop_task.cancel()
+    @staticmethod
+    def _reading_thread(stream: BinaryIO, loop: asyncio.AbstractEventLoop) -> Callable[[], Awaitable[bytes]]:
+        """Start a daemon thread that reads `stream`; returns how to get its next chunk (b"" at the end).
 
-    async def _run_thread(self, stream: BinaryIO, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
-        """Lines read by a daemon thread (a read of a pipe cannot be interrupted: the thread is left blocked in it at
-        stop, and ends with the process), handed over through a bounded queue: the thread waits while it is full."""
-        loop = asyncio.get_running_loop()
-        lines: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=_QUEUED_LINES)
+        A read of a pipe cannot be interrupted: at a stop the thread is left blocked in it, and ends with
+        the process. Chunks are handed over through a bounded queue: the thread waits while it is full.
+        """
+        chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=_QUEUED_CHUNKS)
+        # What one read returns as soon as anything arrived: a buffered stream's read1 (its read(n) waits for
+        # n bytes), or an unbuffered one's read.
+        read_some: Callable[[int], bytes] = getattr(stream, "read1", stream.read)
 
-        def hand_over(item: bytes | None) -> bool:
-            put = lines.put(item)
+        def hand_over(chunk: bytes) -> bool:
+            put = chunks.put(chunk)
             try:
                 asyncio.run_coroutine_threadsafe(put, loop).result()
             except RuntimeError:  # the loop has stopped: nobody reads on
@@ -126,34 +118,15 @@ class StdinSource:
         def read() -> None:
             try:
                 while True:
-                    raw = stream.readline(MAX_LINE_BYTES + 1)
-                    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                        while raw and not raw.endswith(b"\n"):  # skip the rest of an over-long line
-                            raw = stream.readline(MAX_LINE_BYTES + 1)
-                        if raw:
-                            continue
-                    if not hand_over(raw or None) or not raw:
+                    chunk = read_some(CHUNK_BYTES)
+                    if not hand_over(chunk) or not chunk:  # (b"": the end, handed over too)
                         return
             except (OSError, ValueError) as exc:  # a read error, or the stream closed under the thread
                 log.warning("cannot read standard input: %s", exc)
-                hand_over(None)
+                hand_over(b"")
 
         threading.Thread(target=read, name="standard input", daemon=True).start()
-        stop_task = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                get = asyncio.ensure_future(lines.get())
-                await asyncio.wait({get, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    return
-                raw = get.result()
-                if raw is None:
-                    self._closed()
-                    return
-                on_lines([_decode(raw)])
-        finally:
-            stop_task.cancel()
+        return chunks.get
 
     def _closed(self) -> None:
         self._open = False

@@ -17,7 +17,7 @@ from exporter.metrics.families import counter
 
 
 class LogSourceStatus(Protocol):
-    """What the exporter knows about its log source (implemented by `exporter.logs.pipeline.LogPipeline`)."""
+    """What the exporter knows about its log source (implemented by `exporter.pipeline.LogPipeline`)."""
 
     @property
     def up(self) -> bool: ...

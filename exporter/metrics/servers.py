@@ -28,7 +28,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from exporter.logs.pipeline import LogPipeline
 from exporter.metrics.checkpoints import CheckpointCacheCollector
 from exporter.metrics.exporter_health import ExporterCollector, SourcesUpCollector
 from exporter.metrics.families import labelled_counter
@@ -40,6 +39,7 @@ from exporter.metrics.server_log import ServerLogCollector, rejected_lines_famil
 from exporter.model.forecast import Measured
 from exporter.model.router import EXIT_OUTCOMES, RouterChild
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources, SourceStatus
 from exporter.sources.process_readers import open_process_reader
 from exporter.sources.server_http import HttpSnapshot, ServerHttpReader

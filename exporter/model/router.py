@@ -9,49 +9,34 @@ loaded model and writes each child's lines into its own log as `[PORT] line`:
     0.17.514.381 I srv        unload: stopping model instance name=beta
     0.17.570.302 I srv           run: instance name=beta exited with status 0
 
-`ServerLog.feed` splits a batch of lines by that prefix. Lines without one are the router's (or, before
-any spawn line, a plain llama-server's): they go to `main`. A `[PORT]` line goes to the child spawned
-on that port, whose state is a fresh `ServerState` from the spawn line to its exit line. A child that
-exits is dropped with its series; the router counts how children ended. A new router start (its own
+`exporter.logs.router_split` splits a batch of lines by that prefix and parses each part;
+`ServerLog.apply` takes those parts. The router's own lines (or, before any spawn line, a plain
+llama-server's) go to `main`. A child's lines go to the child spawned on that port, whose state is a
+fresh `ServerState` from the spawn line to its exit line. A child that exits is dropped with its
+series; the router counts how children ended. A new router start (its own
 `initializing ...`) ends every child.
 
 The number of children followed is bounded (`MAX_CHILDREN`): a spawn past it is refused, said once by
 the caller (`refused_names`), counted, and its lines are rejected (`unfollowed`) like any line the
 exporter cannot place. So are `[PORT]` lines of a port no spawn line announced: only the router's own
 line creates a child, which a client writing into a child's log cannot forge (the router prefixes
-every line of a child's output). Before the first spawn line, `[PORT]` lines go to `main` with their
-prefix stripped, as they always have: a log of one child, or a plain server's.
+every line of a child's output, so a child's part never carries a router event). Before the first spawn
+line, children's parts go to `main`, as they always have: a log of one child, or a plain server's.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
-from exporter.logs.parse import line_starts_with, parse_joined, parse_lines
 from exporter.model.state import ServerState
 
 #: Router children followed at most per router (and so at most this many `model` label values per server).
 MAX_CHILDREN = 64
 #: How a child ended: `unloaded` after the router's stop line, `crashed` without one.
 EXIT_OUTCOMES = ("unloaded", "crashed")
-#: A router child's line prefix, as the parser strips it (`logs.parse`); live and `diagnose` read it here.
-PREFIX = re.compile(r"\[[^\S\n]*(\d+)\] ")
-
-
-def router_port(line: str) -> int | None:
-    """The port in a router child's line prefix `[PORT] `, if the line has one (0 for digits no port has)."""
-    if line[:1] == "[":
-        m = PREFIX.match(line)
-        if m is not None:
-            digits = m.group(1)
-            return int(digits) if len(digits) <= 5 else 0  # never int() of thousands of digits
-    return None
-
-
 ROUTER_EVENTS = frozenset({ev.RouterMode, ev.ChildSpawned, ev.ChildStopping, ev.ChildExited})
 
 
@@ -82,7 +67,7 @@ class RouterLog:
 
 
 class ServerLog:
-    """Where each line of one log goes: `main`, or the router child its `[PORT]` prefix names."""
+    """Where the events of each line of one log go: `main`, or the router child its `[PORT]` prefix names."""
 
     def __init__(self, main: ServerState, *, limit: int = MAX_CHILDREN) -> None:
         self.main = main
@@ -96,58 +81,38 @@ class ServerLog:
         for child in self.router.children.values():
             child.state.counting = counting
 
-    # -- feeding ----------------------------------------------------------------------------------
-    def feed(self, lines: Sequence[str]) -> list[ev.Event]:
-        """Apply a batch of lines; returns their events, children's included (for the caller's own checks).
-
-        Between two of the router's own lines, each child's lines are parsed together (children are
-        independent of each other; only their order around the router's lines matters).
-        """
-        text = "\n" + "\n".join(lines)
-        if not line_starts_with(text, "["):  # no line with a prefix (the join is the parser's own)
-            return self._main(parse_joined(text, lines))
+    # -- applying ---------------------------------------------------------------------------------
+    def apply(self, parts: Iterable[tuple[int | None, Sequence[ev.Event]]]) -> list[ev.Event]:
+        """Apply a batch's events, in parts by where their lines came from (`exporter.logs.router_split`):
+        `None` for the router's own lines, a port for a child's. Returns the events, children's included
+        (for the caller's own checks)."""
         out: list[ev.Event] = []
-        main: list[str] = []
-        children: dict[int, list[str]] = {}
-        for line in lines:
-            port = router_port(line)
+        for port, events in parts:
             if port is None:
-                if children:
-                    out.extend(self._children(children))
-                    children = {}
-                main.append(line)
-            else:
-                if main:
-                    out.extend(self._main(parse_lines(main)))
-                    main = []
-                children.setdefault(port, []).append(line)
-        if main:
-            out.extend(self._main(parse_lines(main)))
-        if children:
-            out.extend(self._children(children))
-        return out
-
-    def _children(self, by_port: dict[int, list[str]]) -> list[ev.Event]:
-        """Children's lines: each to its child; before router mode (a log of one child), to `main` without
-        their prefix. Either way, never a router line: only the router writes those, without a prefix."""
-        out: list[ev.Event] = []
-        for port, lines in by_port.items():
-            events = [e for e in parse_lines(lines) if type(e) not in ROUTER_EVENTS]
-            out.extend(events)
-            if not self.router.active:
                 self._main(events)
-                continue
-            child = self.router.children.get(port)
-            if child is None:
-                if self.counting:  # (counted as every reason is: the lines that carry an event)
-                    self.main.rejected["unfollowed"] += sum(1 for e in events if type(e) is not ev.LineFormat)
-                continue
-            apply = child.state.apply
-            for e in events:
-                apply(e)
+                out.extend(events)
+            else:
+                out.extend(self._child(port, events))
         return out
 
-    def _main(self, events: list[ev.Event]) -> list[ev.Event]:
+    def _child(self, port: int, events: Sequence[ev.Event]) -> list[ev.Event]:
+        """A child's events: to its child; before router mode (a log of one child), to `main`. Either way,
+        never a router event: only the router writes those, without a prefix."""
+        kept = [e for e in events if type(e) not in ROUTER_EVENTS]
+        if not self.router.active:
+            self._main(kept)
+            return kept
+        child = self.router.children.get(port)
+        if child is None:
+            if self.counting:  # (counted as every reason is: the lines that carry an event)
+                self.main.rejected["unfollowed"] += sum(1 for e in kept if type(e) is not ev.LineFormat)
+            return kept
+        apply = child.state.apply
+        for e in kept:
+            apply(e)
+        return kept
+
+    def _main(self, events: Sequence[ev.Event]) -> None:
         main = self.main
         apply = main.apply
         for e in events:
@@ -161,7 +126,6 @@ class ServerLog:
                     self._router_event(e)  # type: ignore[arg-type]
             elif apply(e) and kind is ev.ServerStarting and self.router.active:
                 self._router_restarted()
-        return events
 
     def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router

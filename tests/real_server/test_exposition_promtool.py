@@ -22,11 +22,11 @@ from expositions import (
 from fake_nvml import GIB, FakeNvml, h200
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.server_http import ServerHttpCollector
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.server_http import ENDPOINTS, REQUESTS_DEFERRED, HttpSnapshot
 

@@ -16,10 +16,10 @@ from paths import FIXTURES
 from prometheus_client import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 CAPTURES = sorted(p.parent for p in FIXTURES.glob("*/*/capture.json"))
 IDS = [f"{p.parent.name}/{p.name}" for p in CAPTURES]

@@ -13,13 +13,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks, GuardCollector
 from exporter.logs.parse import parse_line
-from exporter.logs.pipeline import LogPipeline
 from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.forecast import KVForecastCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
 from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 

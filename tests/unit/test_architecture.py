@@ -48,6 +48,7 @@ PURE = (
     "exporter.logs.events",
     "exporter.logs.parse",
     "exporter.logs.rules",
+    "exporter.logs.router_split",
     "exporter.guard.admission",
     "exporter.guard.preempt",
     "exporter.guard.sizing",
@@ -130,6 +131,25 @@ def test_the_model_sits_below_metrics_web_sources_and_wiring() -> None:
         if name.startswith("exporter.model"):
             bad = {m for m in internal(name, typing=True) if m.startswith(above)}
             assert not bad, f"{name} imports {sorted(bad)}: the model must not depend on the boxes after it"
+
+
+# What the model may take from logs/: the event types (and how an event class is made); `exporter.logs` is
+# the package itself, which `from exporter.logs import events` names.
+MODEL_FROM_LOGS = frozenset({"exporter.logs", "exporter.logs.events", "exporter.logs.event_class"})
+
+
+def test_logs_imports_no_model_and_the_model_only_the_event_types_from_logs() -> None:
+    """lines → parse → events (logs/) → apply → ServerState (model/): the arrow between them points one way,
+    and what crosses it is events. The router split and the parse are logs'; wiring them to a state is the
+    top level's (`exporter/pipeline.py`). Annotations count too."""
+    wrong = sorted(
+        f"{name} imports {m}"
+        for name in MODULES
+        for m in internal(name, typing=True)
+        if (name.startswith("exporter.logs") and m.startswith("exporter.model"))
+        or (name.startswith("exporter.model") and m.startswith("exporter.logs") and m not in MODEL_FROM_LOGS)
+    )
+    assert wrong == []
 
 
 def _cycles(typing: bool) -> list[list[str]]:

@@ -138,9 +138,9 @@ def test_a_crash_is_counted_and_named_by_its_cause(
 def test_a_cause_without_a_crash_counts_nothing(tmp_path: Path) -> None:
     """A client's forged cause line (a prompt at debug level) in a run that goes on and exits cleanly, or
     that is still running: no crash is counted. Only a run that ends without its exit line is one."""
-    from exporter.logs.pipeline import LogPipeline
     from exporter.logs.tail import LogTailer
     from exporter.model.state import ServerState
+    from exporter.pipeline import LogPipeline
 
     log = tmp_path / "llama-server.log"
     first = (FIXTURES / "b11434" / "restart-kill9" / "llama-server.log").read_bytes()

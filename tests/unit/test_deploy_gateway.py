@@ -21,10 +21,10 @@ from paths import B11434, REPO
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.live import merge_view
 from exporter.sources.server_http import REQUESTS_DEFERRED, HttpSnapshot, parse_metrics
 

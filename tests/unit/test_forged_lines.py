@@ -19,10 +19,10 @@ from paths import B11434
 
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_lines
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.forecast import forecast
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 FIXTURES = B11434
 

@@ -23,10 +23,10 @@ from paths import B11434
 from exporter import diagnose
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line
-from exporter.logs.pipeline import REJECT_LOG_INTERVAL, LogPipeline
 from exporter.model.bounds import MAX_BYTES, MAX_SLOTS, MAX_TOKENS
 from exporter.model.forecast import forecast
 from exporter.model.state import ServerState
+from exporter.pipeline import REJECT_LOG_INTERVAL, LogPipeline
 
 FIXTURES = B11434
 
@@ -152,7 +152,7 @@ async def test_a_pipeline_that_stops_shows_as_down(error: Exception | None) -> N
 def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCaptureFixture) -> None:
     state = ServerState()
     pipeline = LogPipeline(state, None, _Source([], None))
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         for _ in range(1000):
             pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
         rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
@@ -196,7 +196,7 @@ def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixtur
     noise = ["".join(chr(rng.randrange(32, 127)) for _ in range(80)) for _ in range(600)]
     state = ServerState()
     pipeline = LogPipeline(state, None, _Source([], None))
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         pipeline.feed(other)
         assert pipeline.understood is None  # not enough lines to tell yet
         pipeline.feed(noise)

@@ -15,9 +15,9 @@ from windows_logs import powershell51_record, variant
 from exporter.diagnose import diagnose_file
 from exporter.logs import watch as watch_mod
 from exporter.logs.encoding import UTF8, Encoding, PowerShellRecord, sniff
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 LINES = ["build: 11434 (a1b2c3d) with MSVC 19.44 for x64", "main: n_ctx = 4096 — ünïcödé ✓", "srv  init: ok"]
 

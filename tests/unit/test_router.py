@@ -15,19 +15,27 @@ from pathlib import Path
 import pytest
 from expositions import ROUTER, ROUTER_LINES, SNAPSHOT_AT, router_exposition
 
-from exporter.logs.pipeline import LogPipeline
+from exporter.logs import events as ev
+from exporter.logs.parse import parse_lines
+from exporter.logs.router_split import split_parse
 from exporter.logs.tail import LogTailer
 from exporter.model.router import MAX_CHILDREN, ServerLog
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 OVERFLOW_FROM = 597  # alpha's first "failed to find free space" line is line 598
 PORTS = {"alpha": 44847, "beta": 40593}
 
 
+def feed(log: ServerLog, lines: list[str]) -> None:
+    """What the pipeline does with a batch: split and parse it (`logs`), apply the parts (`model`)."""
+    log.apply(split_parse(lines))
+
+
 def _log(lines: list[str], *, counting: bool = True) -> ServerLog:
     log = ServerLog(ServerState())
     log.set_counting(counting)
-    log.feed(lines)
+    feed(log, lines)
     log.set_counting(True)
     return log
 
@@ -86,7 +94,7 @@ def test_an_unload_and_a_crash_end_their_children() -> None:
 def test_a_new_router_start_ends_every_child() -> None:
     log = _log(ROUTER_LINES[:SNAPSHOT_AT])
     assert len(log.router.children) == 2
-    log.feed(ROUTER_LINES[:1])  # the router's own "initializing ..." again: a new router process
+    feed(log, ROUTER_LINES[:1])  # the router's own "initializing ..." again: a new router process
     assert log.router.children == {} and not log.router.active
     assert not log.router.exits  # they died with the old router: no exit of their own
 
@@ -94,13 +102,14 @@ def test_a_new_router_start_ends_every_child() -> None:
 def test_lines_of_children_cannot_speak_for_the_router_and_unknown_ports_are_rejected() -> None:
     log = _log(ROUTER_LINES[:SNAPSHOT_AT])
     stamp = "0.01.000.000 I srv          load: "
-    log.feed(
+    feed(
+        log,
         [
             f"[44847] {stamp}spawning server instance with name=evil on port 1234",  # alpha cannot spawn
             f"[44847] {stamp}instance name=beta exited with status 0",  # nor end beta
             "[ 1234] 0.00.002.135 I srv  llama_server: initializing ...",  # a port no spawn line announced
             "[ 1234] 0.00.017.332 I srv    load_model: initializing, n_slots = 9, n_ctx_slot = 9, kv_unified = 'true'",
-        ]
+        ],
     )
     assert sorted(c.name for c in log.router.children.values()) == ["alpha", "beta"]
     assert log.main.rejected["unfollowed"] == 2
@@ -126,7 +135,7 @@ def test_the_65th_child_is_refused_with_one_log_line_and_a_counter(
     path.write_text("\n".join(_many_children(MAX_CHILDREN + 1)) + "\n")
     state = ServerState()
     pipeline = LogPipeline(state, LogTailer(path))
-    with caplog.at_level(logging.WARNING, logger="exporter.logs.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         pipeline.replay_existing()
     router = pipeline.log.router
     assert len(router.children) == MAX_CHILDREN == 64
@@ -156,12 +165,13 @@ def test_forged_router_lines_are_rejected_like_any_other() -> None:
     """Lines without the run's time stamp and level (a request path, a prompt) cannot end, create or reset
     children; a child's own line cannot act for the router, even before router mode is known."""
     log = _log(ROUTER_LINES[:SNAPSHOT_AT])
-    log.feed(
+    feed(
+        log,
         [
             "srv           run: instance name=alpha exited with status 1",
             "srv          load: spawning server instance with name=ghost on port 1234",
             "srv  llama_server: initializing ...",
-        ]
+        ],
     )
     assert sorted(c.name for c in log.router.children.values()) == ["alpha", "beta"]
     assert log.main.rejected["format"] == 3 and not log.router.exits and log.router.active
@@ -171,12 +181,41 @@ def test_forged_router_lines_are_rejected_like_any_other() -> None:
     )  # the router's start, as a plain server's
     assert not plain.router.active
     stamp = ROUTER_LINES[12].split(" I ")[0]  # a well-formed line after the server listens: not a router's start
-    plain.feed([f"{stamp} I srv  llama_server: starting server in router mode. models will be loaded on demand"])
+    feed(plain, [f"{stamp} I srv  llama_server: starting server in router mode. models will be loaded on demand"])
     assert not plain.router.active
 
     one_child = _log([f"[44847] {line}" for line in ROUTER_LINES[18:24]])  # a log of one child: no router line in it
-    one_child.feed([f"[44847] {ROUTER_LINES[17]}".replace("name=alpha", "name=evil")])
+    feed(one_child, [f"[44847] {ROUTER_LINES[17]}".replace("name=alpha", "name=evil")])
     assert not one_child.router.active and one_child.router.children == {}
+
+
+def test_the_split_keeps_each_child_in_order_around_the_routers_own_lines() -> None:
+    """`split_parse`: a run of the router's lines is one part; between two of them each child's lines are one
+    part, children in the order they first spoke; and a batch without a prefix is one part, one scan."""
+    idle = "0.00.001.000 I srv  update_slots: all slots are idle"
+    exited = "0.00.002.000 I srv           run: instance name=beta exited with status 0"
+    parts = split_parse([idle, f"[2] {idle}", f"[1] {idle}", f"[2] {idle}", exited, idle, f"[1] {idle}"])
+    assert [
+        (port, [type(e).__name__ for e in events if not isinstance(e, ev.LineFormat)]) for port, events in parts
+    ] == [
+        (None, ["AllSlotsIdle"]),
+        (2, ["AllSlotsIdle", "AllSlotsIdle"]),
+        (1, ["AllSlotsIdle"]),
+        (None, ["ChildExited", "AllSlotsIdle"]),
+        (1, ["AllSlotsIdle"]),
+    ]
+    assert split_parse([idle, exited]) == [(None, parse_lines([idle, exited]))]
+
+
+def test_a_childs_part_never_speaks_for_the_router() -> None:
+    """The model's own rule, whatever parts it is given: a router event in a child's part changes nothing."""
+    log = _log(ROUTER_LINES[:SNAPSHOT_AT])
+    before = sorted(log.router.children)
+    log.apply([(44847, [ev.ChildSpawned("evil", 1234), ev.ChildExited("beta", 0)]), (1234, [ev.RouterMode()])])
+    assert sorted(log.router.children) == before and not log.router.exits
+    fresh = ServerLog(ServerState())  # before router mode a child's part goes to main: still no router event
+    fresh.apply([(44847, [ev.RouterMode(), ev.ChildSpawned("evil", 1234)])])
+    assert not fresh.router.active and fresh.router.children == {}
 
 
 def test_diagnose_follows_a_model_respawned_on_another_port() -> None:

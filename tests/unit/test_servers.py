@@ -14,11 +14,11 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.logs import follow as follow_mod
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector, merge_units
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.servers_file import MAX_SERVERS, ServersFileError, parse_servers
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader

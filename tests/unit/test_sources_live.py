@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.build import build_live_sources, build_registry
 from exporter.config import parse_config
 from exporter.logs.parse import parse_line
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources
 from exporter.web.server import make_app
 

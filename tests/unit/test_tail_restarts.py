@@ -24,9 +24,9 @@ from watchdog.observers.polling import PollingObserver
 
 from exporter.logs import watch as watch_mod
 from exporter.logs.follow import follow
-from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 RUNS = [
     FIXTURES / "b11434" / name / "llama-server.log"

@@ -1,4 +1,6 @@
-"""The log pipeline: tail → parse → state, with the start-up replay that rebuilds gauges.
+"""The log pipeline, where `logs` meets `model`: lines from a source (`exporter.logs`: the tailer, standard
+input, the journal) → split by a router's prefix and parsed (`exporter.logs.router_split`) → applied
+(`exporter.model.router.ServerLog`) to the server's state, with the start-up replay that rebuilds gauges.
 
 At start the existing log is read to its end with `state.counting` off: slots, pool and
 configuration come back exactly as they were, but no past event is counted again. Everything read
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from exporter.logs import events as ev
 from exporter.logs.follow import CatchUp, follow
+from exporter.logs.router_split import split_parse
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
 from exporter.model.router import ServerLog
@@ -177,7 +180,7 @@ class LogPipeline:
         return self.replayed_lines
 
     def _apply(self, lines: Sequence[str]) -> None:
-        """Parse a batch of lines (one regex scan, see `parse_lines`) and apply their events in order."""
+        """Parse a batch of lines (one regex scan per part, see `split_parse`) and apply their events in order."""
         if self.tailer is not None:
             stats = self.tailer.stats
             starts = stats.opens + stats.rotations + stats.truncations
@@ -185,7 +188,7 @@ class LogPipeline:
                 self._file_starts = starts
                 self.state.provenance.new_file = True
         try:
-            events = self.log.feed(lines)
+            events = self.log.apply(split_parse(lines))
         except Exception as exc:  # parse rejects bad numbers itself; anything else must not stop the pipeline
             self.state.last_unexpected = f"parse: {type(exc).__name__}: {exc}"[:200]
             self.state.rejected["unexpected"] += len(lines)

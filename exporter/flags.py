@@ -543,3 +543,11 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         type=_positive_float,
         metavar="SECONDS",
     )
+    flags.add(
+        g,
+        "--guard.connect-timeout",
+        "seconds the guard waits for a connection to llama-server to open; past it llama-server counts as "
+        "unreachable: a generation request waits for it (within --guard.queue-timeout), another is answered 502.",
+        type=_positive_float,
+        metavar="SECONDS",
+    )

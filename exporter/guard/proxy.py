@@ -60,7 +60,7 @@ class GuardSettings:
     max_wait: float
     max_body_bytes: int
     body_timeout: float  # the longest pause between two bytes of a request body
-    connect_timeout: float = 10.0
+    connect_timeout: float
     #: Preemption: how often `/slots` is read while requests run, and how far ahead the slots are projected.
     #: llama-server notices a closed connection only after a whole second in which no result reached its
     #: results queue (any result restarts its wait, a `/slots` read included): the guard reads `/slots`

@@ -49,9 +49,13 @@ def test_a_config_from_no_flags_is_the_areas_defaults() -> None:
 def test_each_field_is_set_by_its_flag() -> None:
     config = parse_config(
         ["--log-file", "x.log", "--guard.queue-timeout", "5", "--guard.head-timeout", "3", "--guard.max-clients", "2"],
-        {"LLAMACPP_EXPORTER_GUARD_QUEUE_SIZE": "7", "LLAMACPP_EXPORTER_GUARD_ADMISSION": "off"},
+        {
+            "LLAMACPP_EXPORTER_GUARD_QUEUE_SIZE": "7",
+            "LLAMACPP_EXPORTER_GUARD_ADMISSION": "off",
+            "LLAMACPP_EXPORTER_GUARD_CONNECT_TIMEOUT": "2.5",
+        },
     )
-    assert config.guard == GuardArea(max_wait=5, head_timeout=3, max_queue=7, admission=False)
+    assert config.guard == GuardArea(max_wait=5, head_timeout=3, max_queue=7, admission=False, connect_timeout=2.5)
     assert config.clients == ClientOptions(max_clients=2)
 
 
@@ -59,9 +63,10 @@ def test_the_guards_settings_are_its_areas() -> None:
     """GuardSettings has no default of its own for what a flag sets: each comes from the guard's area."""
     from exporter.guard.proxy import GuardSettings
 
-    area = GuardArea(max_wait=5, head_timeout=3, max_queue=7, admission=False)
+    area = GuardArea(max_wait=5, head_timeout=3, max_queue=7, admission=False, connect_timeout=2.5)
     settings = area.guard_settings("http://127.0.0.1:8080", "key", quiet=0.5)
     assert (settings.max_wait, settings.body_timeout, settings.max_queue, settings.admission) == (5, 3, 7, False)
+    assert settings.connect_timeout == 2.5
     assert (settings.upstream, settings.api_key, settings.quiet) == ("http://127.0.0.1:8080", "key", 0.5)
     assert settings.default_budget == GuardArea().default_budget
     from_flags = {f.name for f in fields(GuardSettings) if f.default is f.default_factory}  # no default: MISSING

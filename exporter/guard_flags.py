@@ -7,13 +7,9 @@ Added to the guard's group of `--help` by exporter/flags.py; their defaults are 
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any, Protocol
 
-#: The sources of a client's name, in their order of preference (exporter.guard.clients.SOURCES).
-CLIENT_SOURCES = ("header", "api-key", "user-agent", "address")
-#: A client name: safe in a label, a JSON line and a terminal (the guard's names, and what diagnose accepts).
-CLIENT_NAME = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
+from exporter.model.clients import CLIENT_SOURCES
 
 
 class _AddsFlags(Protocol):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from exporter.guard_flags import CLIENT_SOURCES
+from exporter.model.clients import CLIENT_SOURCES
 
 if TYPE_CHECKING:
     from exporter.guard.proxy import GuardSettings

@@ -122,3 +122,17 @@ def test_the_docs_tables_show_each_fields_default(page: str) -> None:
             assert cell == f"`{shown}`", (page, flag, cell)
         else:  # no value: words that say what happens (none, found automatically, …), never a literal
             assert not re.fullmatch(r"`[^`]*`", cell), (page, flag, cell)
+
+
+def test_a_default_named_in_the_docs_prose_is_the_fields() -> None:
+    """`--flag X` (default `value`) in a sentence of the README or docs/ says the field's default."""
+    actions = _flag_actions()
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    named = [
+        (page.name, m[1], m[2])
+        for page in pages
+        for m in re.finditer(r"`(--[\w.-]+)[^`]*` \(default `([^`]+)`\)", page.read_text(encoding="utf-8"))
+    ]
+    assert named  # the README's sources table names --server-url's
+    for page, flag, value in named:
+        assert value == shown_default(DEFAULTS[flag], actions[flag].metavar), (page, flag, value)  # type: ignore[arg-type]

@@ -112,6 +112,7 @@ class GuardArea:
     #: The deadline of a request's head, and the longest pause between two bytes of its body.
     head_timeout: float = flag("--guard.head-timeout", 10.0)
     keepalive_timeout: float = flag("--guard.keepalive-timeout", 75.0)
+    #: How long a connection to llama-server may take to open (aiohttp's sock_connect).
     connect_timeout: float = flag("--guard.connect-timeout", 10.0)
     #: False: every request is sent at once (no queue, no preemption); the books by client still run.
     admission: bool = flag("--guard.admission", True)

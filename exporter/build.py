@@ -59,30 +59,30 @@ def build_live_sources(
     """The live sources the flags ask for, for one server. `log_file` (None when not a file) lets /proc
     find it; `url`, `pid` and `pid_file` default to the flags' (a --servers-file entry gives its own);
     `nvml`: False for all but one server (NVML is read once)."""
-    state.capacity_override = config.kv_pool_capacity
+    state.capacity_override = config.host.kv_pool_capacity
     # The demo replays recorded logs: no real llama-server process or endpoint belongs to it, nor does
     # this host's GPU.
-    live = not config.demo
+    live = not config.logs.demo
     if not config.servers:
-        url, pid, pid_file = config.server_url, config.pid, config.pid_file
+        url, pid, pid_file = config.http.server_url, config.host.pid, config.host.pid_file
     return LiveSources(
         state,
-        nvml=NvmlReader() if config.nvml and live and nvml else None,
+        nvml=NvmlReader() if config.host.nvml and live and nvml else None,
         proc=open_process_reader(
-            config.process_source,
-            config.proc_root,
+            config.host.process_source,
+            config.host.proc_root,
             pid=pid,
             pid_file=pid_file,
             log_file=log_file,
-            stdin_fd=0 if config.log_source == "stdin" else None,  # the server writes into our stdin pipe
-            unit=config.journal_unit if config.log_source == "journald" else None,
+            stdin_fd=0 if config.logs.source == "stdin" else None,  # the server writes into our stdin pipe
+            unit=config.logs.journal_unit if config.logs.source == "journald" else None,
         )
-        if config.proc and live
+        if config.host.proc and live
         else None,
-        http=ServerHttpReader(url, api_key=config.api_key, timeout=config.server_timeout)
-        if config.http and live and url
+        http=ServerHttpReader(url, api_key=config.http.api_key, timeout=config.http.server_timeout)
+        if config.http.enabled and live and url
         else None,
-        timeout=config.server_timeout,
+        timeout=config.http.server_timeout,
         unit=unit,
     )
 
@@ -97,13 +97,13 @@ def servers_registry(servers: ServersCollector) -> CollectorRegistry:
 
 def child_sources(config: Config, url: str | None) -> ChildSources:
     """How router children are read: through the router's URL (when HTTP is on), under the /proc root."""
-    live = not config.demo
+    live = not config.logs.demo
     return ChildSources(
-        url=url if config.http and live else None,
-        api_key=config.api_key,
-        timeout=config.server_timeout,
-        proc_root=config.proc_root if config.proc and live else None,
-        process_source=config.process_source,
+        url=url if config.http.enabled and live else None,
+        api_key=config.http.api_key,
+        timeout=config.http.server_timeout,
+        proc_root=config.host.proc_root if config.host.proc and live else None,
+        process_source=config.host.process_source,
     )
 
 
@@ -140,14 +140,14 @@ def line_source(config: Config) -> LineSource | None:
     """The log source other than a file (`--log-source stdin|journald`), or None for the file tailer."""
     # The modules of the sources, of --web.config.file and of --demo are imported where they are used:
     # each is memory that an exporter following a file would hold for nothing.
-    if config.log_source == "journald":
+    if config.logs.source == "journald":
         from exporter.logs.journald import JournaldSource
 
-        assert config.journal_unit is not None  # parse_config checks it
+        assert config.logs.journal_unit is not None  # parse_config checks it
         return JournaldSource(
-            config.journal_unit, namespace=config.journal_namespace, directory=config.journal_directory
+            config.logs.journal_unit, namespace=config.logs.journal_namespace, directory=config.logs.journal_directory
         )
-    if config.log_source == "stdin":
+    if config.logs.source == "stdin":
         from exporter.logs.stdin import StdinSource
 
         return StdinSource()
@@ -158,7 +158,7 @@ def single_server(config: Config, log_file: str | None) -> tuple[FollowedServer,
     """The one server of a plain run: its followed server, its tailer (None for stdin or the journal) and how
     its log is described. `log_file` is the demo's file under --demo."""
     state = ServerState()
-    source = None if config.demo else line_source(config)
+    source = None if config.logs.demo else line_source(config)
     tailer = None
     if source is None:
         assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
@@ -166,4 +166,8 @@ def single_server(config: Config, log_file: str | None) -> tuple[FollowedServer,
     pipeline = LogPipeline(state, tailer, source)
     description = source.description if source is not None else str(log_file)
     live = build_live_sources(config, state, log_file if tailer is not None else None)
-    return FollowedServer({}, pipeline, live, children=child_sources(config, config.server_url)), tailer, description
+    return (
+        FollowedServer({}, pipeline, live, children=child_sources(config, config.http.server_url)),
+        tailer,
+        description,
+    )

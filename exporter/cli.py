@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config = parse_config(args)
     logging.basicConfig(
-        level=config.log_level.upper(),
+        level=config.output.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

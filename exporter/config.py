@@ -11,11 +11,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from exporter.flags import (
-    DEFAULT_PORT,
-    DEFAULT_PROC_ROOT,
     ENV_PREFIX,
     LOG_LEVELS,
     LOG_SOURCES,
@@ -25,56 +22,36 @@ from exporter.flags import (
     read_api_key_file,
     url_value,
 )
-from exporter.guard_flags import ClientOptions, client_options
 from exporter.servers_file import ServersFileError, ServerSpec, read_servers_file
+from exporter.settings import (
+    DEFAULT_PORT,
+    DEFAULT_PROC_ROOT,
+    ClientOptions,
+    GuardArea,
+    HostArea,
+    HttpArea,
+    LogArea,
+    OutputArea,
+    WebArea,
+    area_of,
+)
 
 __all__ = ["DEFAULT_PORT", "ENV_PREFIX", "Config", "parse_config"]
 
 
 @dataclass(frozen=True)
 class Config:
-    """Validated settings."""
+    """Validated settings, one area per group of `--help` (exporter/settings.py holds each field's default)."""
 
-    log_file: str | None
-    listen_host: str
-    listen_port: int
-    server_url: str
-    log_poll_interval: float
-    log_batch_interval: float
-    fs_events: bool
-    demo: bool
-    demo_speed: float
-    log_level: str
-    # Where log lines come from: "file" (--log-file PATH), "stdin" (--log-file -), "journald" (--journal-unit).
-    log_source: str = "file"
-    journal_unit: str | None = None
-    journal_namespace: str | None = None
-    journal_directory: str | None = None
-    # Live sources (exporter/sources): NVML, /proc, llama-server's HTTP endpoints.
-    nvml: bool = True
-    proc: bool = True
-    http: bool = True
-    pid: int | None = None
-    pid_file: str | None = None
-    proc_root: str = DEFAULT_PROC_ROOT
-    process_source: str = "auto"  # --process-source: auto, procfs or psutil
-    server_timeout: float = 2.0
-    api_key: str | None = field(default=None, repr=False)  # never printed
-    kv_pool_capacity: int | None = None
-    web_config_file: str | None = None
+    logs: LogArea = field(default_factory=LogArea)
+    http: HttpArea = field(default_factory=HttpArea)
+    host: HostArea = field(default_factory=HostArea)
+    web: WebArea = field(default_factory=WebArea)
+    guard: GuardArea = field(default_factory=GuardArea)
+    clients: ClientOptions = field(default_factory=ClientOptions)  # the guard's client names and access log
+    output: OutputArea = field(default_factory=OutputArea)
     # --servers-file: several servers, each with its own log, URL and pid (empty: the flags' one server).
     servers: tuple[ServerSpec, ...] = ()
-    # The guard (exporter/guard): off without a listen address.
-    guard_listen: tuple[str, int] | None = None
-    guard_listen_also: tuple[tuple[str, int], ...] = ()  # further addresses of the guard (the flag's list)
-    guard_default_budget: int = 1024
-    guard_queue_size: int = 64
-    guard_queue_timeout: float = 300.0
-    guard_max_body_bytes: int = 64 * 1024 * 1024
-    guard_max_connections: int = 256
-    guard_head_timeout: float = 10.0
-    guard_keepalive_timeout: float = 75.0
-    guard_clients: ClientOptions = field(default_factory=ClientOptions)  # names, access log, admission on/off
 
 
 def _process_source(parser: argparse.ArgumentParser, source: str) -> str:
@@ -179,7 +156,7 @@ def _check_together(
     # used. A root given on purpose must be a directory while --proc is on.
     if ns.proc and ns.proc_root != DEFAULT_PROC_ROOT and not Path(ns.proc_root).is_dir():
         parser.error(f"argument --proc-root: not a directory: {ns.proc_root!r}")
-    if ns.guard_listen_address is not None and (servers or demo):
+    if ns.guard_listen_address and (servers or demo):
         parser.error(
             "--guard.listen-address guards one llama-server (--server-url): leave out "
             + ("--servers-file" if servers else "--demo")
@@ -208,51 +185,13 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         servers = ()
         log_source = _log_source(parser, ns, demo)
     _check_together(parser, ns, servers, demo)
-    api_key = _api_key(parser, ns, environ)
-    host, port = ns.listen_address
     return Config(
-        log_file=ns.log_file,
-        listen_host=host,
-        listen_port=port,
-        server_url=ns.server_url,
-        log_poll_interval=ns.log_poll_interval,
-        log_batch_interval=ns.log_batch_interval,
-        fs_events=ns.fs_events,
-        demo=demo,
-        demo_speed=ns.demo_speed,
-        log_level=ns.log_level,
-        log_source=log_source,
-        journal_unit=ns.journal_unit,
-        journal_namespace=ns.journal_namespace,
-        journal_directory=ns.journal_directory,
-        nvml=ns.nvml,
-        proc=ns.proc,
-        http=ns.http,
-        pid=ns.pid,
-        pid_file=ns.pid_file,
-        proc_root=ns.proc_root,
-        process_source=_process_source(parser, ns.process_source),
-        server_timeout=ns.server_timeout,
-        api_key=api_key,
-        kv_pool_capacity=ns.kv_pool_capacity,
-        web_config_file=ns.web_config_file,
+        logs=area_of(LogArea, ns, source=log_source, demo=demo),
+        http=area_of(HttpArea, ns, api_key=_api_key(parser, ns, environ)),
+        host=area_of(HostArea, ns, process_source=_process_source(parser, ns.process_source)),
+        web=area_of(WebArea, ns),
+        guard=area_of(GuardArea, ns),
+        clients=area_of(ClientOptions, ns),
+        output=area_of(OutputArea, ns),
         servers=servers,
-        **_guard_settings(ns),
     )
-
-
-def _guard_settings(ns: argparse.Namespace) -> dict[str, Any]:
-    """The `guard_*` fields of `Config`, from the `--guard.*` flags."""
-    listen = ns.guard_listen_address or ()
-    return {
-        "guard_listen": listen[0] if listen else None,
-        "guard_listen_also": tuple(listen[1:]),
-        "guard_default_budget": ns.guard_default_budget,
-        "guard_queue_size": ns.guard_queue_size,
-        "guard_queue_timeout": ns.guard_queue_timeout,
-        "guard_max_body_bytes": ns.guard_max_body_bytes,
-        "guard_max_connections": ns.guard_max_connections,
-        "guard_head_timeout": ns.guard_head_timeout,
-        "guard_keepalive_timeout": ns.guard_keepalive_timeout,
-        "guard_clients": client_options(ns),
-    }

@@ -1,7 +1,8 @@
 """The command line: flags in groups that follow the data, their value checks, and `--help`.
 
 Each flag can also be set by an environment variable (`LLAMACPP_EXPORTER_<FLAG>`), and `--help`
-shows the defaults in effect, environment included. exporter/config.py turns the result into a Config.
+shows the defaults in effect, environment included. A flag's built-in default is its field's in
+exporter/settings.py, the only place it is written; exporter/config.py turns the result into a Config.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from urllib.parse import urlsplit
 
 from exporter import __version__
 from exporter.guard_flags import add_client_flags, positive_int
+from exporter.settings import DEFAULT_PORT, dest, flag_defaults
 
 LOG_SOURCES = ("file", "stdin", "journald")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PROCESS_SOURCES = ("auto", "procfs", "psutil")  # --process-source (exporter/sources/process.py)
-DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 ENV_PREFIX = "LLAMACPP_EXPORTER_"
-DEFAULT_PROC_ROOT = "/proc"
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -133,16 +133,31 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_").replace(".", "_")
 
 
+def shown_default(value: Any, metavar: str | None = None) -> str | None:
+    """A default as `--help` and the docs write it (None for none): `on`/`off` for an on|off flag,
+    `true`/`false` for another yes-or-no, `300` for 300.0, HOST:PORT for an address, a list with commas."""
+    if value is None or value == ():
+        return None
+    if isinstance(value, bool):
+        return ("on" if value else "off") if metavar == "on|off" else ("true" if value else "false")
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(value) if all(isinstance(v, str) for v in value) else f"{value[0]}:{value[1]}"
+    return str(value)
+
+
 class _Flags:
     """Adds flags whose default comes from the environment and whose help says what is in effect.
 
-    Every flag's help ends with its default as it stands (the built-in one, or the environment's,
-    named as such) and its environment variable in brackets, so `--help` run under a unit's or a
-    container's environment shows what that exporter will do.
+    Every flag's help ends with its default as it stands (the built-in one, from exporter/settings.py,
+    or the environment's, named as such) and its environment variable in brackets, so `--help` run under
+    a unit's or a container's environment shows what that exporter will do.
     """
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
+        self.defaults = flag_defaults()
 
     def add(
         self,
@@ -150,14 +165,13 @@ class _Flags:
         flag: str,
         text: str,
         *,
-        fallback: str | None = None,
         shown: str | None = None,
         secret: bool = False,
         from_env_later: bool = False,
         empty_unset: bool = False,
         **kwargs: Any,
     ) -> None:
-        """`flag` in `group`; `fallback` is its built-in default, `shown` what the help says without one.
+        """`flag` in `group`, its default its settings field's; `shown`: what the help says where there is none.
 
         `secret`: the variable's value is never shown; it and `from_env_later` leave the variable to be
         read after parsing (argparse gets no default).
@@ -175,10 +189,11 @@ class _Flags:
             note = f"{value}, from {var}"
             kwargs.setdefault("default", value.lower() if kwargs.get("choices") else value)
         else:
-            note = fallback if fallback is not None else shown
-            kwargs.setdefault("default", fallback)
+            default = self.defaults.get(flag)
+            note = shown_default(default, kwargs.get("metavar")) or shown
+            kwargs.setdefault("default", default)
         text += (f" (default: {note})" if note else "") + f" [{var}]"
-        group.add_argument(flag, help=text.replace("%", "%%"), **kwargs)
+        group.add_argument(flag, help=text.replace("%", "%%"), dest=dest(flag), **kwargs)
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -218,7 +233,6 @@ def _add_web_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--listen-address",
         f"where to serve /metrics; 127.0.0.1:{DEFAULT_PORT} where only a local Prometheus scrapes.",
         type=_listen_address,
-        fallback=f"0.0.0.0:{DEFAULT_PORT}",
         metavar="HOST:PORT",
     )
     flags.add(
@@ -228,7 +242,6 @@ def _add_web_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "(the --web.config.file of node_exporter); re-read when it changes.",
         shown="none: plain HTTP, no auth",
         empty_unset=True,
-        dest="web_config_file",
         metavar="PATH",
     )
     several = p.add_argument_group(
@@ -254,7 +267,6 @@ def _add_output_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--log-level",
         "the exporter's own log level.",
         choices=LOG_LEVELS,
-        fallback="info",
     )
     out.add_argument("-h", "--help", action="help", help="show this help (with the defaults in effect) and exit")
     out.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -313,7 +325,6 @@ def _add_follow_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "--log-poll-interval",
         "how often to stat() the log even without filesystem events, in seconds (at most 3600).",
         type=_interval(3600),
-        fallback="1.0",
         metavar="SECONDS",
     )
     flags.add(
@@ -323,7 +334,6 @@ def _add_follow_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "up to this (at most 10). Longer = fewer wake-ups and less CPU. A line after a quiet spell is read at "
         "once, and a scrape reads what the log holds first.",
         type=_interval(10),
-        fallback="2.0",
         metavar="SECONDS",
     )
     flags.add(
@@ -331,7 +341,6 @@ def _add_follow_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "--fs-events",
         "also wake on filesystem events (watchdog/inotify); false = polling only, for NFS and similar.",
         type=bool_value,
-        fallback="true",
         metavar="BOOL",
     )
     flags.add(
@@ -340,14 +349,12 @@ def _add_follow_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "no llama-server needed: replay two recorded real llama-server logs (shipped with the package) "
         "in a loop at their recorded pace and export them.",
         action="store_true",
-        fallback="false",
     )
     flags.add(
         g,
         "--demo-speed",
         "replay speed for --demo (1.0 = recorded pace).",
         type=_positive_float,
-        fallback="1.0",
         metavar="FACTOR",
     )
 
@@ -365,7 +372,6 @@ def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--server-url",
         "llama-server's HTTP address (also shown on the landing page).",
         type=_url,
-        fallback="http://127.0.0.1:8080",
         metavar="URL",
     )
     flags.add(
@@ -373,7 +379,6 @@ def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--http",
         "read /health, /slots and /props at --server-url.",
         type=bool_value,
-        fallback="on",
         metavar="on|off",
     )
     flags.add(
@@ -398,7 +403,6 @@ def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--server-timeout",
         "time limit for each scrape's live reads (HTTP, /proc, NVML), in seconds, at most 30.",
         type=_timeout,
-        fallback="2.0",
         metavar="SECONDS",
     )
 
@@ -417,7 +421,6 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "GPU memory per GPU and llama-server's own VRAM from NVML (nvidia-ml-py); without a GPU or driver "
         "the source reports down.",
         type=bool_value,
-        fallback="on",
         metavar="on|off",
     )
     flags.add(
@@ -426,14 +429,12 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc (psutil on "
         "Windows and macOS: --process-source).",
         type=bool_value,
-        fallback="on",
         metavar="on|off",
     )
     flags.add(
         g,
         "--proc-root",
         "where /proc is mounted, e.g. /host/proc in a container (checked only where the /proc source is used).",
-        fallback=DEFAULT_PROC_ROOT,
         metavar="PATH",
     )
     flags.add(
@@ -442,7 +443,6 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "how llama-server's process and the host's memory are read: procfs (Linux's /proc, under --proc-root), "
         "psutil (Windows, macOS), or auto: procfs where <proc-root>/self/stat is readable, else psutil.",
         choices=PROCESS_SOURCES,
-        fallback="auto",
     )
     flags.add(
         g,
@@ -480,7 +480,6 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         type=_listen_addresses,
         shown="none: no guard",
         empty_unset=True,
-        dest="guard_listen_address",
         metavar="HOST:PORT[,HOST:PORT...]",
     )
     flags.add(
@@ -488,8 +487,6 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--guard.default-budget",
         "generation tokens counted for a request that sets no n_predict/max_tokens (capped at its slot's window).",
         type=positive_int,
-        fallback="1024",
-        dest="guard_default_budget",
         metavar="TOKENS",
     )
     flags.add(
@@ -497,8 +494,6 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--guard.queue-size",
         "requests that may wait for room at most; one more is answered 429 with Retry-After.",
         type=positive_int,
-        fallback="64",
-        dest="guard_queue_size",
         metavar="N",
     )
     flags.add(
@@ -508,8 +503,6 @@ def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "again); past it, or when the wait is predicted to be longer, the request is answered 503 with "
         "Retry-After. The default is half the openai and anthropic SDKs' own request timeout.",
         type=_positive_float,
-        fallback="300",
-        dest="guard_queue_timeout",
         metavar="SECONDS",
     )
     _add_guard_client_flags(g, flags)
@@ -523,8 +516,6 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "--guard.max-body-bytes",
         "the largest request body the guard accepts (413 past it).",
         type=positive_int,
-        fallback=str(64 * 1024 * 1024),
-        dest="guard_max_body_bytes",
         metavar="BYTES",
     )
     flags.add(
@@ -534,18 +525,15 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "one to llama-server); past it the oldest one that has not sent its request is closed, else new ones "
         "wait to be accepted.",
         type=positive_int,
-        fallback="256",
-        dest="guard_max_connections",
         metavar="N",
     )
     flags.add(
         g,
         "--guard.head-timeout",
-        "seconds a client has to send a request's head, from its connection or the head's first byte; a "
-        "slower one is disconnected (its body and the answer take as long as they need).",
+        "seconds a client has to send a request's head, from its connection or the head's first byte, and the "
+        "longest pause between two bytes of its body (answered 408); past either the client is disconnected "
+        "(a body that keeps coming, and the answer, take as long as they need).",
         type=_positive_float,
-        fallback="10",
-        dest="guard_head_timeout",
         metavar="SECONDS",
     )
     flags.add(
@@ -553,7 +541,13 @@ def _add_guard_client_flags(g: argparse._ArgumentGroup, flags: _Flags) -> None:
         "--guard.keepalive-timeout",
         "seconds an idle keep-alive connection stays open between two requests.",
         type=_positive_float,
-        fallback="75",
-        dest="guard_keepalive_timeout",
+        metavar="SECONDS",
+    )
+    flags.add(
+        g,
+        "--guard.connect-timeout",
+        "seconds the guard waits for a connection to llama-server to open; past it llama-server counts as "
+        "unreachable: a generation request waits for it (within --guard.queue-timeout), another is answered 502.",
+        type=_positive_float,
         metavar="SECONDS",
     )

@@ -1,36 +1,19 @@
 """The guard's flags for who fills the pool: client names, the access log, and admission on or off.
 
-Added to the guard's group of `--help` by exporter/flags.py; `client_options(ns)` gathers them for the Config.
+Added to the guard's group of `--help` by exporter/flags.py; their defaults are the fields' of
+`exporter.settings.GuardArea` and `ClientOptions`.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-#: The sources of a client's name, in their order of preference (exporter.guard.clients.SOURCES).
-CLIENT_SOURCES = ("header", "api-key", "user-agent", "address")
-#: A client name: safe in a label, a JSON line and a terminal (the guard's names, and what diagnose accepts).
-CLIENT_NAME = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
+from exporter.model.clients import CLIENT_SOURCES
 
 
 class _AddsFlags(Protocol):
     def add(self, group: argparse._ArgumentGroup, flag: str, text: str, **kwargs: Any) -> None: ...
-
-
-@dataclass(frozen=True)
-class ClientOptions:
-    """How the guard names clients, where it logs each request, and whether it holds any back."""
-
-    admission: bool = True
-    sources: tuple[str, ...] = CLIENT_SOURCES
-    header: str | None = None
-    keys_file: str | None = None
-    max_clients: int = 16
-    access_log: str | None = None
-    access_log_max_bytes: int = 64 * 1024 * 1024
 
 
 def _sources(value: str) -> tuple[str, ...]:
@@ -74,8 +57,6 @@ def add_client_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "sent at once (no queue, no preemption) while the books by client and the access log still run, to "
         "see who fills the pool before letting the guard hold anyone.",
         type=_on_off,
-        fallback="on",
-        dest="guard_admission",
         metavar="on|off",
     )
     flags.add(
@@ -85,8 +66,6 @@ def add_client_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "api-key (--guard.client-keys-file), user-agent (its product: claude-cli, openai-python …), address "
         "(the client's IP). Never from a body.",
         type=_sources,
-        fallback=",".join(CLIENT_SOURCES),
-        dest="guard_client_from",
         metavar="LIST",
     )
     flags.add(
@@ -97,7 +76,6 @@ def add_client_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         type=_header,
         shown="none",
         empty_unset=True,
-        dest="guard_client_header",
         metavar="NAME",
     )
     flags.add(
@@ -107,7 +85,6 @@ def add_client_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "sha256sum), never the key itself; read at start.",
         shown="none",
         empty_unset=True,
-        dest="guard_client_keys_file",
         metavar="PATH",
     )
     _add_log_flags(g, flags)
@@ -119,8 +96,6 @@ def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "--guard.max-clients",
         "client names kept apart at most (the first seen); every later one counts as 'other'.",
         type=positive_int,
-        fallback="16",
-        dest="guard_max_clients",
         metavar="N",
     )
     flags.add(
@@ -130,7 +105,6 @@ def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "budget, slot, outcome, status, duration; never a body or a key), written off the request path.",
         shown="none",
         empty_unset=True,
-        dest="guard_access_log",
         metavar="PATH",
     )
     flags.add(
@@ -138,20 +112,5 @@ def _add_log_flags(g: argparse._ArgumentGroup, flags: _AddsFlags) -> None:
         "--guard.access-log-max-bytes",
         "past this size the access log is moved to PATH.1 (replacing it) and started anew.",
         type=positive_int,
-        fallback=str(64 * 1024 * 1024),
-        dest="guard_access_log_max_bytes",
         metavar="BYTES",
-    )
-
-
-def client_options(ns: argparse.Namespace) -> ClientOptions:
-    """The flags above, from parsed arguments."""
-    return ClientOptions(
-        admission=ns.guard_admission,
-        sources=ns.guard_client_from,
-        header=ns.guard_client_header,
-        keys_file=ns.guard_client_keys_file,
-        max_clients=ns.guard_max_clients,
-        access_log=ns.guard_access_log,
-        access_log_max_bytes=ns.guard_access_log_max_bytes,
     )

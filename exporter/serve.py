@@ -106,12 +106,12 @@ def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
 async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitStack) -> None:
     """Start everything the flags ask for, each undoing pushed onto `stack`."""
     security = load_web_config(config)
-    log_file = start_demo(config, stop, stack) if config.demo else config.log_file
+    log_file = start_demo(config, stop, stack) if config.logs.demo else config.logs.file
     servers, log_description = open_servers(config, log_file, stack)
     collector = ServersCollector(servers)
     await collector.refresh()  # says once, at start, which live sources work and why the others do not
     registry = servers_registry(collector)
-    if config.guard_listen is not None:
+    if config.guard.listen is not None:
         await start_guard(config, servers[0], registry, stack)
 
     def health() -> dict[str, object]:
@@ -123,7 +123,7 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
         health=health,
         before_scrape=collector.refresh,
         security=security,
-        demo=config.demo,
+        demo=config.logs.demo,
     )
     await start_web(config, app, security, stack)
     if security is not None:
@@ -131,9 +131,9 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
     for server in servers:
         name = "log pipeline" + (f" of {server.labels['server']}" if config.servers else "")
         run = server.pipeline.run(
-            poll_interval=config.log_poll_interval,
-            batch_interval=config.log_batch_interval,
-            use_watchdog=config.fs_events,
+            poll_interval=config.logs.poll_interval,
+            batch_interval=config.logs.batch_interval,
+            use_watchdog=config.logs.fs_events,
             stop=stop,
         )
         start_task(stack, stop, run, name)
@@ -141,12 +141,12 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
 
 def load_web_config(config: Config) -> WebConfigWatcher | None:
     """`--web.config.file`, read and checked (its module is imported only when the flag is given)."""
-    if config.web_config_file is None:
+    if config.web.config_file is None:
         return None
     from exporter.web.webconfig import WebConfigError, WebConfigWatcher
 
     try:
-        return WebConfigWatcher(config.web_config_file)
+        return WebConfigWatcher(config.web.config_file)
     except WebConfigError as exc:
         raise StartError(f"--web.config.file {exc}", code=2) from None
 
@@ -160,7 +160,7 @@ def start_demo(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitS
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="llamacpp-exporter-demo-"))
     path = Path(folder) / "llama-server.log"
     path.touch()  # the replay writes into it; it exists from the start, like a running server's log
-    start_task(stack, stop, replay_forever(path, speed=config.demo_speed, stop=stop), "demo replay")
+    start_task(stack, stop, replay_forever(path, speed=config.logs.demo_speed, stop=stop), "demo replay")
     return str(path)
 
 
@@ -190,15 +190,15 @@ async def start_web(
 ) -> None:
     """Bind `--listen-address` and serve `app` on it."""
     try:
-        serving = await start_server(app, config.listen_host, config.listen_port, security=security)
+        serving = await start_server(app, config.web.host, config.web.port, security=security)
     except OSError as exc:
-        raise StartError(f"--listen-address {config.listen_host}:{config.listen_port}: {exc.strerror}") from None
+        raise StartError(f"--listen-address {config.web.host}:{config.web.port}: {exc.strerror}") from None
     stack.push_async_callback(serving.close)
     # The port bound, which differs from the flag's for port 0 ("any free port").
     scheme = "https" if security is not None and security.ssl_context is not None else "http"
     auth = " with basic auth" if security is not None and security.config.users else ""
-    host = config.listen_host or "0.0.0.0"
-    demo = " (demo: replaying two recorded llama-server logs in a loop)" if config.demo else ""
+    host = config.web.host or "0.0.0.0"
+    demo = " (demo: replaying two recorded llama-server logs in a loop)" if config.logs.demo else ""
     log.info(
         "llamacpp-exporter %s serving on %s://%s:%d/metrics%s%s", __version__, scheme, host, serving.port, auth, demo
     )
@@ -208,22 +208,13 @@ async def start_guard(
     config: Config, server: FollowedServer, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
 ) -> None:
     """Start the guard in front of --server-url and add its families to `registry`."""
-    from exporter.guard import GuardCollector, GuardSettings, Limits, ServerPools
+    from exporter.guard import GuardCollector, Limits, ServerPools
     from exporter.guard import start_guard as start_proxy
     from exporter.guard.client_metrics import ClientCollector
 
-    assert config.guard_listen is not None
-    host, port = config.guard_listen
-    settings = GuardSettings(
-        upstream=config.server_url,
-        api_key=config.api_key,
-        default_budget=config.guard_default_budget,
-        max_queue=config.guard_queue_size,
-        max_wait=config.guard_queue_timeout,
-        max_body_bytes=config.guard_max_body_bytes,
-        body_timeout=config.guard_head_timeout,
-        admission=config.guard_clients.admission,
-    )
+    assert config.guard.listen is not None
+    host, port = config.guard.listen
+    settings = config.guard.guard_settings(config.http.server_url, config.http.api_key)
     accounting = guard_accounting(config, stack)
     try:
         pools = ServerPools(
@@ -232,9 +223,9 @@ async def start_guard(
                 {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
             ),
         )
-        limits = Limits(config.guard_head_timeout, config.guard_keepalive_timeout, config.guard_max_connections)
+        limits = Limits(config.guard.head_timeout, config.guard.keepalive_timeout, config.guard.max_connections)
         running = await start_proxy(
-            settings, pools, host, port, limits, also=config.guard_listen_also, accounting=accounting
+            settings, pools, host, port, limits, also=config.guard.listen_also, accounting=accounting
         )
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
@@ -250,7 +241,7 @@ async def start_guard(
     # The forecast counts the prompts the guard measured at arrival, before the log says their size.
     server.measured = g.measured
     where = ", ".join(f"http://{a}" for a in running.serving.addresses)
-    log.info("guard serving on %s in front of %s", where, config.server_url)
+    log.info("guard serving on %s in front of %s", where, config.http.server_url)
 
 
 def guard_accounting(config: Config, stack: contextlib.AsyncExitStack) -> Any:
@@ -259,7 +250,7 @@ def guard_accounting(config: Config, stack: contextlib.AsyncExitStack) -> Any:
     from exporter.guard.accounting import Accounting
     from exporter.guard.clients import ClientNamer, KeysFileError, read_keys_file
 
-    opts = config.guard_clients
+    opts = config.clients
     try:
         keys = read_keys_file(opts.keys_file) if opts.keys_file else None
     except KeysFileError as exc:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from exporter.diagnose.read import InputError
 from exporter.diagnose.report import Failure, Report
-from exporter.guard_flags import CLIENT_NAME as _NAME  # what the guard writes as a client name or request id
+from exporter.model.clients import CLIENT_NAME as _NAME  # what the guard writes as a client name or request id
 
 #: Lines of one abort end within this many seconds of one another (the server errors them all at once;
 #: the guard writes each when its answer has ended).

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from exporter.guard_flags import CLIENT_NAME, CLIENT_SOURCES
+from exporter.model.clients import CLIENT_NAME, CLIENT_SOURCES
 
 #: The sources of a name, in their order of preference.
 SOURCES = CLIENT_SOURCES

@@ -48,19 +48,19 @@ from exporter.model.forecast import Measured
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GuardSettings:
-    """The guard's flags."""
+    """The guard's settings. Those its flags set have no default here: theirs is the only one, in
+    `exporter.settings.GuardArea`, whose `guard_settings` builds this."""
 
     upstream: str  # llama-server's base URL
     api_key: str | None = None  # for the guard's own sizing calls when the client sends no Authorization
-    default_budget: int = 1024  # generation tokens assumed for a request that gives no limit
-    max_queue: int = 64
-    #: Half the `openai` and `anthropic` SDKs' default request timeout (600 s): the rest is for the answer.
-    max_wait: float = 300.0
-    max_body_bytes: int = 64 * 1024 * 1024
-    body_timeout: float = 10.0  # the longest pause between two bytes of a request body
-    connect_timeout: float = 10.0
+    default_budget: int  # generation tokens assumed for a request that gives no limit
+    max_queue: int
+    max_wait: float
+    max_body_bytes: int
+    body_timeout: float  # the longest pause between two bytes of a request body
+    connect_timeout: float
     #: Preemption: how often `/slots` is read while requests run, and how far ahead the slots are projected.
     #: llama-server notices a closed connection only after a whole second in which no result reached its
     #: results queue (any result restarts its wait, a `/slots` read included): the guard reads `/slots`
@@ -77,7 +77,7 @@ class GuardSettings:
     retry_floor: int = 3
     #: False (`--guard.admission off`): every request is sent at once (no queue, no preemption); the books
     #: by client and the access log still run, to see who fills the pool before the guard holds anyone.
-    admission: bool = True
+    admission: bool
 
 
 #: How often one request is sent again after llama-server died under it.

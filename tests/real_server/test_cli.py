@@ -80,10 +80,10 @@ def test_help_documents_every_flag_with_its_environment_variable() -> None:
 def test_environment_sets_flags_and_flags_win() -> None:
     env = {"LLAMACPP_EXPORTER_LOG_FILE": "/var/log/a.log", "LLAMACPP_EXPORTER_LISTEN_ADDRESS": "127.0.0.1:1234"}
     cfg = parse_config([], env)
-    assert (cfg.log_file, cfg.listen_host, cfg.listen_port) == ("/var/log/a.log", "127.0.0.1", 1234)
+    assert (cfg.logs.file, cfg.web.host, cfg.web.port) == ("/var/log/a.log", "127.0.0.1", 1234)
     cfg = parse_config(["--listen-address", ":4321"], env)
-    assert (cfg.listen_host, cfg.listen_port) == ("", 4321)
-    assert parse_config(["--log-file", "x"], {}).listen_port == DEFAULT_PORT
+    assert (cfg.web.host, cfg.web.port) == ("", 4321)
+    assert parse_config(["--log-file", "x"], {}).web.port == DEFAULT_PORT
 
 
 def test_missing_log_is_waited_for_while_metrics_serve(tmp_path: Path) -> None:

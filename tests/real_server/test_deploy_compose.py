@@ -325,8 +325,10 @@ def test_rendered_llama_server_command_runs(
     exporter = cfg["services"]["llamacpp-exporter"]
     exporter_env = {k: v for k, v in exporter["environment"].items() if v is not None}
     config = parse_config(exporter["command"], exporter_env)
-    assert config.log_file == "/var/log/llama/llama-server.log" and config.server_url == "http://llama-server:8080"
-    assert config.listen_port == 9778
+    assert (
+        config.logs.file == "/var/log/llama/llama-server.log" and config.http.server_url == "http://llama-server:8080"
+    )
+    assert config.web.port == 9778
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -320,5 +320,5 @@ def test_pod_command_line_runs(llama_server_bin: Path, tiny_llama_model: Path, t
     (sidecar,) = _pod()["initContainers"]
     sidecar_env = {e["name"]: e["value"] for e in sidecar["env"]}
     parsed = parse_config(sidecar["args"], sidecar_env)
-    assert parsed.log_file == "/var/log/llama/llama-server.log" and parsed.server_url == "http://127.0.0.1:8080"
-    assert parsed.listen_port == 9778 == sidecar["ports"][0]["containerPort"]
+    assert parsed.logs.file == "/var/log/llama/llama-server.log" and parsed.http.server_url == "http://127.0.0.1:8080"
+    assert parsed.web.port == 9778 == sidecar["ports"][0]["containerPort"]

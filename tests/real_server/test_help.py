@@ -105,13 +105,13 @@ def test_the_environment_changes_the_default_shown_and_in_effect() -> None:
     assert "(default: set by LLAMACPP_EXPORTER_API_KEY)" in sections["llama-server HTTP"]["--api-key"]
     # What the help shows is what runs.
     config = parse_config(["--demo"], env)
-    assert (config.listen_host, config.listen_port, config.log_level) == ("127.0.0.1", 9999, "debug")
-    assert config.server_url == "http://10.0.0.5:8081"
+    assert (config.web.host, config.web.port, config.output.log_level) == ("127.0.0.1", 9999, "debug")
+    assert config.http.server_url == "http://10.0.0.5:8081"
 
 
 def test_a_flag_wins_over_the_environment_default_shown() -> None:
     env = {"LLAMACPP_EXPORTER_LISTEN_ADDRESS": "127.0.0.1:9999"}
-    assert parse_config(["--demo", "--listen-address", "127.0.0.1:7000"], env).listen_port == 7000
+    assert parse_config(["--demo", "--listen-address", "127.0.0.1:7000"], env).web.port == 7000
 
 
 @pytest.mark.parametrize(

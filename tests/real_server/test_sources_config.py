@@ -41,7 +41,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 def test_defaults() -> None:
     cfg = parse_config(["--log-file", "x.log"], {})
-    assert (cfg.nvml, cfg.proc, cfg.http, cfg.pid, cfg.pid_file, cfg.proc_root) == (
+    assert (cfg.host.nvml, cfg.host.proc, cfg.http.enabled, cfg.host.pid, cfg.host.pid_file, cfg.host.proc_root) == (
         True,
         True,
         True,
@@ -49,7 +49,7 @@ def test_defaults() -> None:
         None,
         "/proc",
     )
-    assert (cfg.server_timeout, cfg.api_key, cfg.kv_pool_capacity) == (2.0, None, None)
+    assert (cfg.http.server_timeout, cfg.http.api_key, cfg.host.kv_pool_capacity) == (2.0, None, None)
 
 
 def test_flags_and_environment(tmp_path: Path) -> None:
@@ -62,22 +62,24 @@ def test_flags_and_environment(tmp_path: Path) -> None:
         "LLAMACPP_EXPORTER_KV_POOL_CAPACITY": "131072",
     }
     cfg = parse_config(["--log-file", "x.log"], env)
-    assert (cfg.nvml, cfg.http, cfg.proc_root, cfg.pid) == (False, False, str(tmp_path), 42)
-    assert (cfg.server_timeout, cfg.kv_pool_capacity) == (0.5, 131072)
+    assert (cfg.host.nvml, cfg.http.enabled, cfg.host.proc_root, cfg.host.pid) == (False, False, str(tmp_path), 42)
+    assert (cfg.http.server_timeout, cfg.host.kv_pool_capacity) == (0.5, 131072)
     cfg = parse_config(["--log-file", "x.log", "--nvml", "on", "--server-timeout", "3"], env)
-    assert (cfg.nvml, cfg.server_timeout) == (True, 3.0)  # flags win
+    assert (cfg.host.nvml, cfg.http.server_timeout) == (True, 3.0)  # flags win
 
 
 def test_api_key_sources_in_order(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("# comment\n\n  from-file  \nsecond\n")
     base = ["--log-file", "x.log"]
-    assert parse_config([*base, "--api-key", "from-flag"], {"LLAMA_API_KEY": "x"}).api_key == "from-flag"
-    assert parse_config([*base, "--api-key-file", str(key_file)], {}).api_key == "from-file"
-    assert parse_config(base, {"LLAMACPP_EXPORTER_API_KEY": "from-env", "LLAMA_API_KEY": "x"}).api_key == "from-env"
-    assert parse_config(base, {"LLAMACPP_EXPORTER_API_KEY_FILE": str(key_file)}).api_key == "from-file"
+    assert parse_config([*base, "--api-key", "from-flag"], {"LLAMA_API_KEY": "x"}).http.api_key == "from-flag"
+    assert parse_config([*base, "--api-key-file", str(key_file)], {}).http.api_key == "from-file"
+    assert (
+        parse_config(base, {"LLAMACPP_EXPORTER_API_KEY": "from-env", "LLAMA_API_KEY": "x"}).http.api_key == "from-env"
+    )
+    assert parse_config(base, {"LLAMACPP_EXPORTER_API_KEY_FILE": str(key_file)}).http.api_key == "from-file"
     # llama-server's own variable, a comma-separated list: the first key.
-    assert parse_config(base, {"LLAMA_API_KEY": "k1,k2"}).api_key == "k1"
+    assert parse_config(base, {"LLAMA_API_KEY": "k1,k2"}).http.api_key == "k1"
     cfg = parse_config([*base, "--api-key", "s3cret"], {})
     assert "s3cret" not in repr(cfg)
 

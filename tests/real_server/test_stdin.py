@@ -177,4 +177,4 @@ async def test_closed_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_stdin_flags(argv: list[str], env: dict[str, str], source: str) -> None:
-    assert parse_config(argv, env).log_source == source
+    assert parse_config(argv, env).logs.source == source

@@ -39,10 +39,10 @@ def _parse(args: list[str]) -> Config:
 
 
 def _check(config: Config, log_file: str) -> None:
-    assert config.log_file == log_file and config.log_source == "file"
-    assert config.server_url == "http://127.0.0.1:8080"
-    assert (config.listen_host, config.listen_port) == ("127.0.0.1", 9778)
-    assert config.process_source == "auto"  # psutil there: Windows and macOS have no /proc
+    assert config.logs.file == log_file and config.logs.source == "file"
+    assert config.http.server_url == "http://127.0.0.1:8080"
+    assert (config.web.host, config.web.port) == ("127.0.0.1", 9778)
+    assert config.host.process_source == "auto"  # psutil there: Windows and macOS have no /proc
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

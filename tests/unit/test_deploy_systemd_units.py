@@ -14,10 +14,10 @@ def test_units_fit_together() -> None:
     argv = exec_start(EXPORTER_UNIT)
     assert argv[0] == "/usr/local/bin/llamacpp-exporter"
     config = parse_config(argv[1:], {})
-    assert config.log_source == "journald" and config.journal_unit == SERVER_UNIT.name
+    assert config.logs.source == "journald" and config.logs.journal_unit == SERVER_UNIT.name
     server_argv = exec_start(SERVER_UNIT)
     port = server_argv[server_argv.index("--port") + 1]
-    assert config.server_url == f"http://127.0.0.1:{port}"
+    assert config.http.server_url == f"http://127.0.0.1:{port}"
     assert server_argv[server_argv.index("-lv") + 1] == "4" and "--metrics" in server_argv
     # Same user (for /proc/<pid>/environ and fd), journal read access, start order, no hard dependency.
     assert exporter["Service"]["User"] == server["Service"]["User"]

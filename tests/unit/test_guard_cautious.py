@@ -17,7 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from exporter.guard.admission import Pool
-from exporter.guard.proxy import Guard, GuardSettings
+from exporter.guard.proxy import Guard
+from exporter.settings import GuardArea
 
 POOL = Pool(capacity=1000, slot_window=600, unified=True)
 
@@ -55,8 +56,8 @@ async def guarded() -> AsyncIterator[tuple[Upstream, Guard, TestServer]]:
     upstream = Upstream()
     server = TestServer(upstream.app())
     await server.start_server()
-    settings = GuardSettings(
-        upstream=str(server.make_url("")).rstrip("/"), default_budget=100, poll_interval=0.05, blind_after=0.2
+    settings = GuardArea(default_budget=100).guard_settings(
+        str(server.make_url("")).rstrip("/"), poll_interval=0.05, blind_after=0.2
     )
     guard = Guard(settings, lambda: POOL)
     front = TestServer(guard.make_app())

@@ -63,7 +63,7 @@ def test_journald_flag_errors(
 
 def test_journald_flags() -> None:
     c = parse_config(["--journal-unit", "llama-server.service"], {})
-    assert (c.log_source, c.journal_unit, c.journal_namespace, c.journal_directory) == (
+    assert (c.logs.source, c.logs.journal_unit, c.logs.journal_namespace, c.logs.journal_directory) == (
         "journald",
         "llama-server.service",
         None,
@@ -76,7 +76,7 @@ def test_journald_flags() -> None:
         "LLAMACPP_EXPORTER_JOURNAL_DIRECTORY": "/host/var/log/journal",
     }
     c = parse_config([], env)
-    assert (c.log_source, c.journal_unit, c.journal_namespace, c.journal_directory) == (
+    assert (c.logs.source, c.logs.journal_unit, c.logs.journal_namespace, c.logs.journal_directory) == (
         "journald",
         "llama-server",
         "llm",

@@ -118,8 +118,8 @@ def test_the_default_proc_root_is_not_checked_and_a_given_one_only_with_proc_on(
             return False
 
     monkeypatch.setattr(config_mod, "Path", NoProc)
-    assert parse_config(["--log-file", "x.log"], env={}).proc_root == "/proc"
-    assert parse_config(["--log-file", "x.log", "--proc", "off", "--proc-root", "/no/such"], env={}).proc is False
+    assert parse_config(["--log-file", "x.log"], env={}).host.proc_root == "/proc"
+    assert parse_config(["--log-file", "x.log", "--proc", "off", "--proc-root", "/no/such"], env={}).host.proc is False
     with pytest.raises(SystemExit) as exit_:
         parse_config(["--log-file", "x.log", "--proc-root", "/no/such"], env={})
     assert exit_.value.code == 2
@@ -159,7 +159,7 @@ def test_several_guard_listen_addresses(value: str, error: str | None, capsys: p
     if error is None:
         config = parse_config(args, env={})
         first, *more = [("::1" if "[" in item else item.rpartition(":")[0], 8081) for item in value.split(",")]
-        assert config.guard_listen == first and list(config.guard_listen_also) == more
+        assert config.guard.listen == first and list(config.guard.listen_also) == more
         return
     with pytest.raises(SystemExit):
         parse_config(args, env={})

@@ -106,11 +106,11 @@ def test_host_memory_and_this_process_as_the_proc_reader_reads_them() -> None:
 
 
 def test_process_source_flag_variable_and_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert parse_config(["--log-file", "x"], {}).process_source == "auto"
-    assert parse_config(["--log-file", "x", "--process-source", "psutil"], {}).process_source == "psutil"
+    assert parse_config(["--log-file", "x"], {}).host.process_source == "auto"
+    assert parse_config(["--log-file", "x", "--process-source", "psutil"], {}).host.process_source == "psutil"
     env = {"LLAMACPP_EXPORTER_PROCESS_SOURCE": "psutil"}
-    assert parse_config(["--log-file", "x"], env).process_source == "psutil"
-    assert parse_config(["--log-file", "x", "--process-source", "procfs"], env).process_source == "procfs"
+    assert parse_config(["--log-file", "x"], env).host.process_source == "psutil"
+    assert parse_config(["--log-file", "x", "--process-source", "procfs"], env).host.process_source == "procfs"
     for argv, env in ((["--process-source", "wmi"], {}), ([], {"LLAMACPP_EXPORTER_PROCESS_SOURCE": "wmi"})):
         with pytest.raises(SystemExit) as exc:
             parse_config(["--log-file", "x", *argv], env)

@@ -377,7 +377,7 @@ def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
     flags.add(
         g,
         "--http",
-        "read /health, /slots and /props at --server-url.",
+        "read /health, /slots, /props and /metrics at --server-url.",
         type=bool_value,
         metavar="on|off",
     )

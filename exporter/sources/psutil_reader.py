@@ -15,8 +15,9 @@ can and cannot see, by system:
   e.g. PowerShell writing the server's output with `2>`). Pipes are not listed anywhere: with `--log-file -` the writer
   of our standard input is taken to be the llama-server in our pipeline, the one started by the same
   parent (the shell running `llama-server … | llamacpp-exporter --log-file -`) or by the exporter itself,
-  when there is exactly one; else the only llama-server is taken by name (said once, and `found_by`
-  says "name").
+  when there is exactly one; else, when none is, the one started by a process of our pipeline (a wrapper:
+  `wrapper | llamacpp-exporter --log-file -`), when there is exactly one. A llama-server outside the
+  pipeline cannot write into its pipe: never taken, whatever else runs on the host.
 - The journal unit's cgroup: Linux only; use the /proc reader there.
 
 Host memory is `psutil.virtual_memory()`: `available` is MemAvailable on Linux, the available physical
@@ -71,6 +72,7 @@ class PsutilReader(ProcessFinder):
         super().__init__(**finder)
         self._processes = processes or psutil.process_iter
         self._pipeline: set[int] = set()  # named processes in our pipeline (our parent's children, or ours)
+        self._started_by_pipeline: set[int] = set()  # named processes started by another process of our pipeline
         # Whether psutil's open files carry their mode here (Linux); elsewhere a reader looks like a writer.
         self._modes = psutil.LINUX
 
@@ -132,7 +134,7 @@ class PsutilReader(ProcessFinder):
 
     def candidates(self, log_real: str | None, log_stat: tuple[int, int] | None) -> Iterator[Candidate]:
         family = self._family() if self.log_file is None else set()
-        self._pipeline = set()
+        self._pipeline, self._started_by_pipeline = set(), set()
         for p in self._processes():
             if p.pid == self.self_pid:
                 continue
@@ -148,8 +150,12 @@ class PsutilReader(ProcessFinder):
             except _ERRORS:
                 continue  # gone meanwhile, or a system process this user may not look at
             named = is_server(name, argv)
-            if named and self.log_file is None and _parent(p) in family:
-                self._pipeline.add(p.pid)
+            if named and self.log_file is None:
+                parent = _parent(p)
+                if parent in family:
+                    self._pipeline.add(p.pid)
+                elif parent is not None and parent > 1 and self.parent(parent) in family:
+                    self._started_by_pipeline.add(p.pid)
             if named and not argv:
                 yield Candidate(p.pid, ticks, True, None)  # whether it names our log cannot be told
                 continue
@@ -200,7 +206,10 @@ class PsutilReader(ProcessFinder):
         if not c.named and not self._modes:
             return None  # without the open mode a reader cannot be told from a writer: never taken
         if self.log_file is None:  # our standard input's pipe, which psutil does not list: our pipeline's server
-            return True if self._pipeline == {c.pid} else None
+            ours = self._pipeline or self._started_by_pipeline
+            if c.pid not in ours:
+                return False  # outside our pipeline: it cannot write into the pipe
+            return True if ours == {c.pid} else None
         # A llama-server holding its log open writes it, whether or not the mode is known.
         return self._holds(c.pid, target, writing=self._modes)
 

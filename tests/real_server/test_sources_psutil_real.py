@@ -268,3 +268,38 @@ def test_the_server_in_our_pipeline_writes_our_standard_input(procs: list[subpro
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_llama_server_outside_our_pipeline_is_never_taken_for_the_writer_of_our_standard_input(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """Our standard input written by no llama-server (a test, `cat`): a llama-server elsewhere on the host is
+    neither our parent's child nor started by a process of our pipeline, so it cannot write into our pipe, and
+    is not taken by its name (as the /proc reader, which sees the pipe, never takes it)."""
+    read_end, write_end = os.pipe()
+    exporter: psutil.Process | None = None
+    try:
+        # The exporter's parent is a shell of its own (`; true` keeps bash from exec'ing its last command).
+        shell = subprocess.Popen(
+            [
+                "bash",
+                "-c",
+                'bash -c \'exec -a llamacpp-exporter "$0" -c "$1"\' "$0" "$1"; true',
+                sys.executable,
+                SLEEPER,
+            ]
+        )
+        outsider = _spawn("llama-server", [])  # the test's child: started outside the exporter's pipeline
+        procs += [shell, outsider]
+        _exec_done(outsider, "llama-server")
+        wait_for(lambda: psutil.Process(shell.pid).children(), timeout=10, what="the exporter's process")
+        (exporter,) = psutil.Process(shell.pid).children()
+        wait_for(lambda: exporter.cmdline()[:1] == ["llamacpp-exporter"], timeout=10, what="the exporter exec'd")
+        snap = PsutilReader(stdin_fd=read_end, self_pid=exporter.pid, processes=_only(outsider)).read()
+        assert snap.process is None, snap.process
+        assert "not ours" in (snap.error or ""), snap.error
+    finally:
+        if exporter is not None:
+            exporter.kill()
+        os.close(read_end)
+        os.close(write_end)

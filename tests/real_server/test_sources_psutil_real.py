@@ -265,6 +265,7 @@ def test_the_server_in_our_pipeline_writes_our_standard_input(procs: list[subpro
             stdin_fd=read_end, self_pid=exporter.pid, processes=lambda: [*listed(), psutil.Process(second.pid)]
         ).read()
         assert snap.process is None and snap.error is not None and "none is known to write standard input" in snap.error
+        other.kill()  # the outsider's child: killing the outsider (the fixture) would leave it behind
     finally:
         os.close(read_end)
         os.close(write_end)

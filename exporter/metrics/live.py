@@ -10,7 +10,8 @@ from prometheus_client.registry import Collector
 from exporter.metrics.gpu import NvmlCollector
 from exporter.metrics.process import ProcCollector
 from exporter.metrics.server_http import ServerHttpCollector
-from exporter.sources.live import SLOT_TOKEN_SOURCES, LiveSources
+from exporter.model.live import SLOT_TOKEN_SOURCES
+from exporter.sources.live import LiveSources
 
 
 class LiveCollector(Collector):

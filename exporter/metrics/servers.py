@@ -38,11 +38,12 @@ from exporter.metrics.live import live_collectors
 from exporter.metrics.requests import RequestSizeCollector
 from exporter.metrics.server_log import ServerLogCollector, rejected_lines_family, server_starts_family
 from exporter.model.forecast import Measured
+from exporter.model.live import HttpSnapshot
 from exporter.model.router import EXIT_OUTCOMES, RouterChild
 from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources, SourceStatus
 from exporter.sources.process_readers import open_process_reader
-from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
+from exporter.sources.server_http import ServerHttpReader
 
 log = logging.getLogger(__name__)
 

@@ -30,18 +30,19 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from exporter.model.bounds import MIB
+from exporter.model.live import HttpSnapshot, NvmlSnapshot, ProcSnapshot
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
-from exporter.sources.nvml import NvmlReader, NvmlSnapshot
-from exporter.sources.process import ProcessFinder, ProcSnapshot
-from exporter.sources.server_http import HttpSnapshot, ServerHttpReader
+from exporter.sources.nvml import NvmlReader
+from exporter.sources.process import ProcessFinder
+from exporter.sources.server_http import ServerHttpReader
 
 log = logging.getLogger(__name__)
 
 #: Below this llama-server verbosity (b9151+) the lines the exporter needs most are hidden.
 FULL_VERBOSITY = 4
 _VERBOSITY_LINE_SINCE = 9151  # b9151 moved library INFO and many server lines to trace level
-SLOT_TOKEN_SOURCES = ("slots_endpoint", "log")
+
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)

@@ -24,9 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
+from exporter.model.live import HttpSnapshot
 from exporter.model.state import ServerState
 from exporter.sources.live import merge_view
-from exporter.sources.server_http import HttpSnapshot, parse_deferred
+from exporter.sources.server_http import parse_deferred
 
 ROOT = REPO
 EXAMPLE = ROOT / "deploy" / "kubernetes" / "inference-gateway"

@@ -17,12 +17,12 @@ from exporter.logs import follow as follow_mod
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector, merge_units
+from exporter.model.live import ProcessInfo, ProcSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
 from exporter.servers_file import MAX_SERVERS, ServersFileError, parse_servers
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
-from exporter.sources.procfs import ProcessInfo, ProcSnapshot
 
 CAPTURE = B11434 / "exhaust-lv4" / "llama-server.log"
 NO_CHILDREN = ChildSources(None, None, 1.0, None)

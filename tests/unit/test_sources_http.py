@@ -23,11 +23,12 @@ from prometheus_client import CollectorRegistry
 from exporter.logs.parse import parse_line
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
+from exporter.model.live import HttpSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
 from exporter.sources import server_http
 from exporter.sources.live import LiveSources, merge_view
-from exporter.sources.server_http import HttpSnapshot, ServerHttpReader, parse_props, parse_slots
+from exporter.sources.server_http import ServerHttpReader, parse_props, parse_slots
 
 FIXTURES = B11434
 LONG = FIXTURES / "exhaust-long-lv4"

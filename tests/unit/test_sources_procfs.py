@@ -19,9 +19,10 @@ from prometheus_client import CollectorRegistry
 
 from exporter.logs.events import BuildInfo, ServerStarting, SlotReleased, TaskStarted
 from exporter.metrics.process import ProcCollector
+from exporter.model.live import ProcSnapshot
 from exporter.model.state import ServerState
 from exporter.sources.live import LiveSources
-from exporter.sources.procfs import ProcReader, ProcSnapshot
+from exporter.sources.procfs import ProcReader
 
 PROC = FIXTURES / "proc"
 LOG = "/srv/llama/logs/llama-server.log"  # what llama-server 4242 in `single` names (relative to its cwd)

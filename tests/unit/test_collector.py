@@ -1,14 +1,12 @@
-"""Collector tests: exposition built from a captured log, and a golden file (promtool's lint of it:
-tests/real_server/test_exposition_promtool.py)."""
+"""Collector tests: figures of the exposition built from a captured log (the byte-for-byte golden files of
+every capture: tests/unit/test_exposition_golden.py)."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 from expositions import LogStatus, log_registry, state_until
 from paths import FIXTURES
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from exporter.logs.parse import parse_line
 from exporter.metrics.exporter_health import ExporterCollector
@@ -22,17 +20,6 @@ def _state(name: str, *, counting: bool = True) -> ServerState:
         if event is not None:
             state.apply(event)
     return state
-
-
-@pytest.mark.parametrize("name", ["exhaust-lv4", "recover-purge-lv4", "exhaust-default-verbosity"])
-def test_exposition_matches_golden(name: str) -> None:
-    """parse → state → exposition, byte for byte; UPDATE_GOLDEN=1 rewrites the files after a reviewed change."""
-    text = generate_latest(log_registry(_state(name))).decode()
-    golden = FIXTURES / "golden" / f"{name}.prom"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(text)
-    assert text == golden.read_text()
 
 
 def test_seed_incident_values() -> None:

@@ -3,5 +3,6 @@
 `state.ServerState` is one server run's slots, pool and counters; `slot`, `bounds` and `provenance` are
 what it checks before an event is applied; `forecast` is the demand and the time to full; `router` splits a
 router's log into one state per child; `request_sizes` holds the request-size histograms;
-`server_cmdline` reads llama-server's argv and environment.
+`server_cmdline` reads llama-server's argv and environment; `live` holds the live sources' snapshots and
+`view` one server unit's view of one scrape.
 """

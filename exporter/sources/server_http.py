@@ -25,6 +25,7 @@ import asyncio
 import json
 import re
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -138,13 +139,20 @@ class ServerHttpReader:
     """Reads `/health`, `/slots` and `/props` through one aiohttp session (created on first use)."""
 
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0, model: str | None = None
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 2.0,
+        model: str | None = None,
+        router: Callable[[], bool] = lambda: False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         # A router child's endpoints, through the router: never load the model (see the module's docstring).
         self._query = "?" + urllib.parse.urlencode({"model": model, "autoload": "false"}) if model else ""
-        self.router = False  # read the router's own endpoints (/health, /models) instead of a server's
+        # Whether the server is a router now (its log says so): read its own endpoints (/health, /models) then.
+        self.router = router
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._has_key = bool(api_key)
         self._session: aiohttp.ClientSession | None = None
@@ -189,7 +197,7 @@ class ServerHttpReader:
 
     async def read(self) -> HttpSnapshot:
         """Fetch the endpoints concurrently. Never raises (except cancellation)."""
-        endpoints = ROUTER_ENDPOINTS if self.router else ENDPOINTS
+        endpoints = ROUTER_ENDPOINTS if self.router() else ENDPOINTS
         results = await asyncio.gather(*(self._get(ep) for ep in endpoints))
         status: dict[str, int] = {}
         errors: dict[str, str] = {}

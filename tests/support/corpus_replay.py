@@ -20,6 +20,7 @@ from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 
 CAPTURES = sorted(p.parent for p in FIXTURES.glob("*/*/capture.json"))
 IDS = [f"{p.parent.name}/{p.name}" for p in CAPTURES]
@@ -65,7 +66,7 @@ def follow(
 def exported(state: ServerState) -> Samples:
     """The samples /metrics would show for the state (log collectors only)."""
     registry = CollectorRegistry()
-    for collector in log_collectors(lambda: state):
+    for collector in log_collectors(lambda: ServerView(state)):
         registry.register(collector)
     out: Samples = {}
     for family in registry.collect():

@@ -126,11 +126,6 @@ KNOWN_EXCEPTIONS = frozenset(
         ("exporter.logs.pipeline", "exporter.model.router"),  # removed by h40-logs
         ("exporter.logs.pipeline", "exporter.model.state"),  # removed by h40-logs
         ("exporter.model.router", "exporter.logs.parse"),  # removed by h40-logs
-        ("exporter.metrics.live", "exporter.sources.live"),  # removed by the server unit
-        ("exporter.metrics.servers", "exporter.logs.pipeline"),  # removed by the server unit
-        ("exporter.metrics.servers", "exporter.sources.live"),  # removed by the server unit
-        ("exporter.metrics.servers", "exporter.sources.process_readers"),  # removed by the server unit
-        ("exporter.metrics.servers", "exporter.sources.server_http"),  # removed by the server unit
     }
 )
 ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"

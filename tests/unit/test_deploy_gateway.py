@@ -26,8 +26,9 @@ from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.live import HttpSnapshot
 from exporter.model.state import ServerState
-from exporter.sources.live import merge_view
+from exporter.sources.live import LiveSources
 from exporter.sources.server_http import parse_deferred
+from exporter.unit import ServerUnit
 
 ROOT = REPO
 EXAMPLE = ROOT / "deploy" / "kubernetes" / "inference-gateway"
@@ -141,9 +142,10 @@ def _exported() -> dict[str, tuple[str, list[float]]]:
     pipeline.replay_existing()
     tailer.close()
     deferred = parse_deferred((CAPTURE / "metrics.txt").read_text())
-    view = merge_view(state, HttpSnapshot(up=True, deferred=deferred))
+    live = LiveSources(state)
+    live.http = HttpSnapshot(up=True, deferred=deferred)  # as a read of it found it
     registry = CollectorRegistry()
-    for collector in log_collectors(lambda: view):
+    for collector in log_collectors(ServerUnit(state, live).make_view):
         registry.register(collector)
     text = generate_latest(registry).decode()
     return {f.name: (f.type, [s.value for s in f.samples]) for f in text_string_to_metric_families(text)}

@@ -20,7 +20,7 @@ from exporter.model.live import HttpSnapshot
 from exporter.model.run import ServerRun
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
-from exporter.sources.live import merge_view
+from exporter.model.view import merge_view
 from exporter.sources.server_http import parse_slots
 
 FIXTURES = B11434

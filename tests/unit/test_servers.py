@@ -16,16 +16,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.logs import follow as follow_mod
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
-from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector, merge_units
+from exporter.metrics.servers import ServersCollector, merge_units
 from exporter.model.live import ProcessInfo, ProcSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
 from exporter.servers_file import MAX_SERVERS, ServersFileError, parse_servers
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
+from exporter.unit import FollowedServer, refresh_all
 
 CAPTURE = B11434 / "exhaust-lv4" / "llama-server.log"
-NO_CHILDREN = ChildSources(None, None, 1.0, None)
 
 
 class _Static:
@@ -65,7 +65,7 @@ def _server(tmp_path: Path, name: str, pid: int, nvml: NvmlReader | None, owner:
     live = LiveSources(pipeline.state, nvml=nvml)
     cmdline = parse_command_line(["llama-server", "-c", "512"], {})
     live.proc = ProcSnapshot(process=ProcessInfo(pid, 1, None, 1 << 30, cmdline, "pid"))  # as a /proc read found it
-    return FollowedServer({"server": name}, pipeline, live, children=NO_CHILDREN, nvml_owner=owner)
+    return FollowedServer({"server": name}, pipeline, live, nvml_owner=owner)
 
 
 def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
     a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
     b = _server(tmp_path, "b", 200, None, a.live)
     collector = ServersCollector([a, b])
-    asyncio.run(collector.refresh())
+    asyncio.run(refresh_all([a, b]))
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     get = registry.get_sample_value
@@ -105,9 +105,9 @@ def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     NVML on: nothing added about GPU sharing."""
     fake = FakeNvml([h200(0, 100, [(100, 40 * GIB)])])
     server = _server(tmp_path, "x", 100, NvmlReader(fake), None)
-    one = FollowedServer({}, server.pipeline, server.live, children=NO_CHILDREN)
+    one = FollowedServer({}, server.pipeline, server.live)
     collector = ServersCollector([one])
-    asyncio.run(collector.refresh())
+    asyncio.run(refresh_all([one]))
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     text = generate_latest(registry).decode()
@@ -127,7 +127,8 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     log.write_bytes(CAPTURE.read_bytes())
     pipeline = LogPipeline(ServerState(), LogTailer(log))
     pipeline.replay_existing()
-    collector = ServersCollector([FollowedServer({}, pipeline, LiveSources(pipeline.state), children=NO_CHILDREN)])
+    server = FollowedServer({}, pipeline, LiveSources(pipeline.state))
+    collector = ServersCollector([server])
     registry = CollectorRegistry()
     registry.register(collector)
     stop = asyncio.Event()
@@ -155,7 +156,7 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     await lines_after(40)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await collector.refresh()  # what the web app runs before it renders /metrics
+    await refresh_all([server])  # what the web app runs before it renders /metrics
     assert scraped() == 42
     assert loop.time() - started < 1.0
     stop.set()

@@ -26,9 +26,11 @@ from exporter.metrics.server_log import ServerLogCollector
 from exporter.model.live import HttpSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView, merge_view
 from exporter.sources import server_http
-from exporter.sources.live import LiveSources, merge_view
+from exporter.sources.live import LiveSources
 from exporter.sources.server_http import ServerHttpReader, parse_props, parse_slots
+from exporter.unit import ServerUnit
 
 FIXTURES = B11434
 LONG = FIXTURES / "exhaust-long-lv4"
@@ -272,7 +274,7 @@ def test_live_slots_replace_the_log_estimate_and_flow_into_the_pool() -> None:
     assert {i: s.tokens for i, s in view.run.slots.items()} == {0: 3879, 1: 3879, 2: 3880, 3: 3879}
     assert {i: s.tokens for i, s in st.run.slots.items()} == before  # the state itself is untouched
     reg = CollectorRegistry()
-    reg.register(ServerLogCollector(lambda: view))
+    reg.register(ServerLogCollector(lambda: ServerView(view)))
     assert reg.get_sample_value("llamacpp_kv_pool_used_tokens") == 3879 * 3 + 3880
     assert reg.get_sample_value("llamacpp_kv_pool_usage_ratio") == pytest.approx((3879 * 3 + 3880) / 32768)
     assert reg.get_sample_value("llamacpp_slot_processing", {"slot": "2"}) == 1
@@ -297,8 +299,9 @@ async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[
     st = _log_state("exhaust-long-lv4")
     live = LiveSources(st, http=ServerHttpReader(url))
     reg = CollectorRegistry()
-    reg.register(ServerLogCollector(live.view))
-    for c in live_collectors(live):
+    view = ServerUnit(st, live).make_view  # a view made at each render, as each scrape makes one
+    reg.register(ServerLogCollector(view))
+    for c in live_collectors(view, ["http"]):
         reg.register(c)
     await live.refresh()
     assert reg.get_sample_value("llamacpp_slot_tokens_source", {"source": "slots_endpoint"}) == 1

@@ -74,17 +74,18 @@ class ServerUnit:
         self.live = live
         self._hooks = hooks
         self._pool = pool
-        self.nvml = nvml or live
+        self.nvml_owner = nvml or live
         self._router = router
         self._view: ServerView | None = None
 
     def make_view(self) -> ServerView:
         """The unit as the collectors render it now: the log's state merged with the live sources' last reads."""
-        live, hooks = self.live, self._hooks
-        http = live.http
+        live, http = self.live, self.live.http
+        # A router's own unit renders no forecast nor queue (its children do): the guard is not asked of it.
+        hooks = self._hooks if self._router is None or not self._router.active else None
         return ServerView(
             merge_view(self.state, http),
-            nvml=self.nvml.nvml,
+            nvml=self.nvml_owner.nvml,
             proc=live.proc,
             http=http,
             pid=live.pid,
@@ -118,7 +119,7 @@ class ServerUnit:
             k for k, r in (("nvml", live.nvml_reader), ("proc", live.proc_reader), ("http", live.http_reader)) if r
         ]
         out = live_collectors(self.view, kinds)
-        if self.nvml is not live and self.nvml.nvml_reader is not None:
+        if self.nvml_owner is not live and self.nvml_owner.nvml_reader is not None:
             out.append(NvmlCollector(lambda: self.view().nvml, lambda: self.view().pid))
         return out
 

@@ -192,6 +192,7 @@ def test_the_known_exceptions_still_exist() -> None:
 def page_table() -> dict[str, frozenset[str]]:
     """The table under "Who imports whom" in docs/architecture.md: importer → what it may import."""
     text = ARCHITECTURE_PAGE.read_text()
+    assert "## Who imports whom" in text, f"{ARCHITECTURE_PAGE} shows no table of the imports"
     section = text.split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
     rows: dict[str, frozenset[str]] = {}
     for line in section.splitlines():

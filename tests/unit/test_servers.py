@@ -13,13 +13,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import unit as unit_mod
 from exporter.logs import follow as follow_mod
 from exporter.logs.pipeline import LogPipeline
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ServersCollector, merge_units
-from exporter.model.live import ProcessInfo, ProcSnapshot
+from exporter.model.live import HttpSnapshot, ProcessInfo, ProcSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
+from exporter.model.view import merge_view
 from exporter.servers_file import MAX_SERVERS, ServersFileError, parse_servers
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
@@ -117,6 +119,33 @@ def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     for c in one._own:
         direct.register(c)
     assert text == generate_latest(direct).decode()
+
+
+def test_each_unit_makes_one_view_a_scrape_that_every_collector_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers, NVML on: the log state is merged with the live reads once per unit and scrape (in the refresh),
+    not once per collector; a render without a refresh makes a new view, so it never shows an older scrape's."""
+    merged: list[ServerState] = []
+    real = merge_view
+
+    def counted(state: ServerState, http: HttpSnapshot | None) -> ServerState:
+        merged.append(state)
+        return real(state, http)
+
+    monkeypatch.setattr(unit_mod, "merge_view", counted)
+    fake = FakeNvml([h200(0, 100, [(100, 40 * GIB)])])
+    a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
+    b = _server(tmp_path, "b", 200, None, a.live)
+    registry = CollectorRegistry()
+    registry.register(ServersCollector([a, b]))
+    for _ in range(3):
+        asyncio.run(refresh_all([a, b]))
+        generate_latest(registry)
+    assert sorted(id(st) for st in merged) == sorted([id(a.pipeline.state), id(b.pipeline.state)] * 3)
+    starts = registry.get_sample_value("llamacpp_server_starts_total", {"server": "a"})
+    a.pipeline.state.server_starts += 1  # as a start would count it, between two scrapes
+    assert registry.get_sample_value("llamacpp_server_starts_total", {"server": "a"}) == (starts or 0) + 1
 
 
 async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,42 +7,35 @@ socket, no thread; a file is opened only by a tailer's first read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter.config import Config
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
-from exporter.metrics.checkpoints import CheckpointCacheCollector
-from exporter.metrics.exporter_health import ExporterCollector
-from exporter.metrics.forecast import KVForecastCollector
-from exporter.metrics.live import live_collectors
-from exporter.metrics.server_log import ServerLogCollector
-from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.metrics.servers import ServersCollector
+from exporter.model.router import RouterChild
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
+from exporter.servers_file import ServerSpec
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.process_readers import open_process_reader
 from exporter.sources.server_http import ServerHttpReader
+from exporter.unit import ChildLive, FollowedServer, GuardHooks, model_gate, no_live
 
 
-def build_registry(state: ServerState, pipeline: LogPipeline, live: LiveSources | None = None) -> CollectorRegistry:
-    """A registry with one server's collectors (and the exporter's own process metrics), router mode aside.
+@dataclass(frozen=True)
+class FollowedLog:
+    """One server's log side, built before its unit (the guard admits against its state): line source →
+    (router split →) parse → state. `spec`: its --servers-file entry (None for the server of a plain run)."""
 
-    With `live`, the log collectors render `live.view()`: the state with `/slots` and the other live
-    reads merged in.
-    """
-    registry = CollectorRegistry(auto_describe=True)
-    view: Callable[[], ServerState] = live.view if live is not None else (lambda: state)
-    registry.register(ServerLogCollector(view))
-    registry.register(KVForecastCollector(view))
-    registry.register(CheckpointCacheCollector(view))
-    registry.register(ExporterCollector(pipeline, live.statuses if live is not None else None))
-    for collector in live_collectors(live) if live is not None else []:
-        registry.register(collector)
-    ProcessCollector(registry=registry)
-    return registry
+    pipeline: LogPipeline
+    tailer: LogTailer | None
+    log_file: str | None  # the file's path as given (None: standard input or the journal)
+    description: str  # the log in words, for the exporter's log
+    spec: ServerSpec | None = None
 
 
 def build_live_sources(
@@ -55,11 +48,11 @@ def build_live_sources(
     pid_file: str | None = None,
     nvml: bool = True,
     unit: str = "",
+    router: Callable[[], bool] = lambda: False,
 ) -> LiveSources:
     """The live sources the flags ask for, for one server. `log_file` (None when not a file) lets /proc
     find it; `url`, `pid` and `pid_file` default to the flags' (a --servers-file entry gives its own);
     `nvml`: False for all but one server (NVML is read once)."""
-    state.capacity_override = config.host.kv_pool_capacity
     # The demo replays recorded logs: no real llama-server process or endpoint belongs to it, nor does
     # this host's GPU.
     live = not config.logs.demo
@@ -79,7 +72,7 @@ def build_live_sources(
         )
         if config.host.proc and live
         else None,
-        http=ServerHttpReader(url, api_key=config.http.api_key, timeout=config.http.server_timeout)
+        http=ServerHttpReader(url, api_key=config.http.api_key, timeout=config.http.server_timeout, router=router)
         if config.http.enabled and live and url
         else None,
         timeout=config.http.server_timeout,
@@ -95,45 +88,92 @@ def servers_registry(servers: ServersCollector) -> CollectorRegistry:
     return registry
 
 
-def child_sources(config: Config, url: str | None) -> ChildSources:
-    """How router children are read: through the router's URL (when HTTP is on), under the /proc root."""
+def child_live(config: Config, url: str | None) -> ChildLive:
+    """How router children's live sources are built: read through the router's URL (when HTTP is on), found
+    under the /proc root as the router's child started with their port."""
     live = not config.logs.demo
-    return ChildSources(
-        url=url if config.http.enabled and live else None,
-        api_key=config.http.api_key,
-        timeout=config.http.server_timeout,
-        proc_root=config.host.proc_root if config.host.proc and live else None,
-        process_source=config.host.process_source,
-    )
+    url = url if config.http.enabled and live else None
+    proc_root = config.host.proc_root if config.host.proc and live else None
+    if url is None and proc_root is None:
+        return no_live
 
-
-def build_servers(config: Config) -> tuple[list[FollowedServer], list[LogTailer]]:
-    """One `FollowedServer` per entry of --servers-file, each labelled with its name (their tailers too)."""
-    servers: list[FollowedServer] = []
-    tailers: list[LogTailer] = []
-    owner: LiveSources | None = None
-    for spec in config.servers:
-        state = ServerState()
-        tailer = LogTailer(spec.log_file)
-        pipeline = LogPipeline(state, tailer)
-        live = build_live_sources(
-            config,
-            state,
-            spec.log_file,
-            url=spec.url,
-            pid=spec.pid,
-            pid_file=spec.pid_file,
-            nvml=owner is None,  # read once, for all servers
-            unit=f"server {spec.name}",
-        )
-        owner = owner or live
-        servers.append(
-            FollowedServer(
-                {"server": spec.name}, pipeline, live, children=child_sources(config, spec.url), nvml_owner=owner
+    def build(child: RouterChild, router: LiveSources, unit: str) -> LiveSources:
+        return LiveSources(
+            child.state,
+            http=ServerHttpReader(
+                url, api_key=config.http.api_key, timeout=config.http.server_timeout, model=child.name
             )
+            if url
+            else None,
+            proc=open_process_reader(
+                config.host.process_source, proc_root, router_pid=lambda: router.pid, port=child.port
+            )
+            if proc_root is not None
+            else None,
+            timeout=config.http.server_timeout,
+            http_gate=model_gate(lambda: router.http, child.name),
+            unit=unit,
         )
-        tailers.append(tailer)
-    return servers, tailers
+
+    return build
+
+
+def build_logs(config: Config, log_file: str | None) -> tuple[list[FollowedLog], str]:
+    """Every followed log (one per --servers-file entry, else the one of a plain run: `log_file` is the demo's
+    under --demo) and how they are described."""
+    if config.servers:
+        logs = []
+        for spec in config.servers:
+            tail = LogTailer(spec.log_file)
+            followed = LogPipeline(ServerState(capacity_override=config.host.kv_pool_capacity), tail)
+            logs.append(FollowedLog(followed, tail, spec.log_file, followed.description, spec))
+        return logs, f"{len(logs)} servers"
+    source = None if config.logs.demo else line_source(config)
+    tailer: LogTailer | None = None
+    if source is None:
+        assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
+        tailer = LogTailer(log_file)
+    pipeline = LogPipeline(ServerState(capacity_override=config.host.kv_pool_capacity), tailer, source)
+    description = source.description if source is not None else str(log_file)
+    return [FollowedLog(pipeline, tailer, log_file if tailer is not None else None, description)], description
+
+
+def build_server(
+    config: Config, log: FollowedLog, *, hooks: GuardHooks | None = None, nvml_owner: LiveSources | None = None
+) -> FollowedServer:
+    """A followed server around its log, the same for the server of a plain run and each --servers-file entry:
+    its live sources, its router children's (built as they appear), the guard's hooks (when it guards this
+    server). `nvml_owner`: the server that reads NVML for all (None: this one does)."""
+    spec = log.spec
+    router = log.pipeline.log.router
+
+    def is_router() -> bool:  # the log says whether the server is a router: its endpoints differ
+        return router.active
+
+    if spec is None:
+        live = build_live_sources(config, log.pipeline.state, log.log_file, router=is_router)
+        return FollowedServer(
+            {}, log.pipeline, live, child_live=child_live(config, config.http.server_url), hooks=hooks
+        )
+    live = build_live_sources(
+        config,
+        log.pipeline.state,
+        spec.log_file,
+        url=spec.url,
+        pid=spec.pid,
+        pid_file=spec.pid_file,
+        nvml=nvml_owner is None,  # read once, for all servers
+        unit=f"server {spec.name}",
+        router=is_router,
+    )
+    return FollowedServer(
+        {"server": spec.name},
+        log.pipeline,
+        live,
+        child_live=child_live(config, spec.url),
+        hooks=hooks,
+        nvml_owner=nvml_owner,
+    )
 
 
 def line_source(config: Config) -> LineSource | None:
@@ -152,22 +192,3 @@ def line_source(config: Config) -> LineSource | None:
 
         return StdinSource()
     return None
-
-
-def single_server(config: Config, log_file: str | None) -> tuple[FollowedServer, LogTailer | None, str]:
-    """The one server of a plain run: its followed server, its tailer (None for stdin or the journal) and how
-    its log is described. `log_file` is the demo's file under --demo."""
-    state = ServerState()
-    source = None if config.logs.demo else line_source(config)
-    tailer = None
-    if source is None:
-        assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
-        tailer = LogTailer(log_file)
-    pipeline = LogPipeline(state, tailer, source)
-    description = source.description if source is not None else str(log_file)
-    live = build_live_sources(config, state, log_file if tailer is not None else None)
-    return (
-        FollowedServer({}, pipeline, live, children=child_sources(config, config.http.server_url)),
-        tailer,
-        description,
-    )

@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
-from exporter.build import build_servers, servers_registry, single_server
+from exporter.build import FollowedLog, build_logs, build_server, servers_registry
 from exporter.config import Config
-from exporter.metrics.servers import FollowedServer, ServersCollector
+from exporter.metrics.servers import ServersCollector
+from exporter.unit import FollowedServer, GuardHooks, refresh_all
 from exporter.web.server import BindError, host_port, make_app, start_server
 
 if TYPE_CHECKING:
+    from exporter.guard import Guard
+    from exporter.guard.accounting import Accounting
     from exporter.web.webconfig import WebConfigWatcher
 
 log = logging.getLogger("llamacpp_exporter")
@@ -107,12 +110,15 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
     """Start everything the flags ask for, each undoing pushed onto `stack`."""
     security = load_web_config(config)
     log_file = start_demo(config, stop, stack) if config.logs.demo else config.logs.file
-    servers, log_description = open_servers(config, log_file, stack)
-    collector = ServersCollector(servers)
-    await collector.refresh()  # says once, at start, which live sources work and why the others do not
-    registry = servers_registry(collector)
-    if config.guard.listen is not None:
-        await start_guard(config, servers[0], registry, stack)
+    logs, log_description = build_logs(config, log_file)
+    # The guard is built (not started) before the servers: the first admits against its state, and its
+    # queue and measured prompts go into that server's views.
+    guard = build_guard(config, logs[0]) if config.guard.listen is not None else None
+    servers = open_servers(config, logs, guard_hooks(guard) if guard is not None else None, stack)
+    await refresh_all(servers)  # says once, at start, which live sources work and why the others do not
+    registry = servers_registry(ServersCollector(servers))
+    if guard is not None:
+        await start_guard(config, guard, servers[0], registry, stack)
 
     def health() -> dict[str, object]:
         return servers_health(servers, log_description)
@@ -121,7 +127,7 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
         registry,
         log_description=log_description,
         health=health,
-        before_scrape=collector.refresh,
+        before_scrape=lambda: refresh_all(servers),
         security=security,
         demo=config.logs.demo,
     )
@@ -165,24 +171,23 @@ def start_demo(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExitS
 
 
 def open_servers(
-    config: Config, log_file: str | None, stack: contextlib.AsyncExitStack
-) -> tuple[list[FollowedServer], str]:
-    """The followed servers (each log's existing lines replayed) and how their logs are described."""
-    if config.servers:
-        servers, tailers = build_servers(config)
-        log_description = f"{len(servers)} servers"
-    else:
-        server, tailer, log_description = single_server(config, log_file)
-        servers, tailers = [server], [tailer] if tailer is not None else []
-    for tailer in tailers:
-        stack.callback(tailer.close)
+    config: Config, logs: list[FollowedLog], hooks: GuardHooks | None, stack: contextlib.AsyncExitStack
+) -> list[FollowedServer]:
+    """The followed servers (the guard's `hooks` for the first, which it guards), each log's existing lines
+    replayed, and their undoing pushed onto `stack`."""
+    servers: list[FollowedServer] = []
+    for followed in logs:
+        owner = servers[0].live if servers else None  # NVML is read once, by the first server
+        servers.append(build_server(config, followed, hooks=hooks if not servers else None, nvml_owner=owner))
+    for followed in logs:
+        if followed.tailer is not None:
+            stack.callback(followed.tailer.close)
     for server in servers:
         stack.push_async_callback(server.close)
-    for server in servers:
+    for server, followed in zip(servers, logs, strict=True):
         replayed = server.pipeline.replay_existing()
-        where = server.pipeline.description if config.servers else log_description
-        log.info("following %s (replayed %d existing lines without counting them)", where, replayed)
-    return servers, log_description
+        log.info("following %s (replayed %d existing lines without counting them)", followed.description, replayed)
+    return servers
 
 
 async def start_web(
@@ -204,29 +209,39 @@ async def start_web(
     )
 
 
+def build_guard(config: Config, log: FollowedLog) -> Guard:
+    """The guard in front of --server-url, admitting against `log`'s state (a router's: per child), not started."""
+    from exporter.guard import Guard, GuardSettings, ServerPools
+
+    settings = GuardSettings.of(config.guard, config.http.server_url, config.http.api_key)
+    server_log = log.pipeline.log
+    pools = ServerPools(
+        lambda: server_log.main,
+        lambda: {c.name: c.state for c in server_log.router.children.values()} if server_log.router.active else None,
+    )
+    return Guard(settings, pools, guard_accounting(config))
+
+
+def guard_hooks(guard: Guard) -> GuardHooks:
+    """What the guard adds to its server's views: its queue (waiting too) and the prompts it measured."""
+    return GuardHooks(lambda: sum(len(a.queue) for a in guard.admissions.values()), guard.measured)
+
+
 async def start_guard(
-    config: Config, server: FollowedServer, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
+    config: Config, guard: Guard, server: FollowedServer, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
 ) -> None:
-    """Start the guard in front of --server-url and add its families to `registry`."""
-    from exporter.guard import GuardCollector, Limits, ServerPools
-    from exporter.guard import start_guard as start_proxy
+    """Serve `guard` on --guard.listen-address and add its families to `registry`."""
+    from exporter.guard import GuardCollector, Limits, serve_guard
     from exporter.guard.client_metrics import ClientCollector
 
     assert config.guard.listen is not None
     host, port = config.guard.listen
-    settings = config.guard.guard_settings(config.http.server_url, config.http.api_key)
-    accounting = guard_accounting(config, stack)
+    access_log = guard.accounting.access_log
+    if access_log is not None:
+        stack.callback(access_log.close)  # after the guard has stopped: its last lines are written
     try:
-        pools = ServerPools(
-            lambda: server.live.state,
-            lambda: (
-                {c.name: c.state for c in server.pipeline.log.router.children.values()} if server.is_router else None
-            ),
-        )
         limits = Limits(config.guard.head_timeout, config.guard.keepalive_timeout, config.guard.max_connections)
-        running = await start_proxy(
-            settings, pools, host, port, limits, also=config.guard.listen_also, accounting=accounting
-        )
+        running = await serve_guard(guard, host, port, limits, also=config.guard.listen_also)
     except OSError as exc:
         why = os.strerror(exc.errno).lower() if exc.errno else str(exc)  # asyncio's strerror repeats the address
         where = exc.address if isinstance(exc, BindError) else host_port(host, port)
@@ -235,17 +250,13 @@ async def start_guard(
     g = running.guard
     registry.register(GuardCollector(g.books, lambda: g.admissions.values(), lambda: g.pool(None).limit))
     # Cells by client, as fresh as the exporter's own /slots read for the scrape.
-    registry.register(ClientCollector(accounting, lambda: server.live.http.slots if server.live.http else None))
-    # What a gateway reads as the server's queue includes the requests the guard holds back.
-    server.live.guard_queue = lambda: sum(len(a.queue) for a in g.admissions.values())
-    # The forecast counts the prompts the guard measured at arrival, before the log says their size.
-    server.measured = g.measured
+    registry.register(ClientCollector(g.accounting, lambda: server.live.http.slots if server.live.http else None))
     where = ", ".join(f"http://{a}" for a in running.serving.addresses)
     log.info("guard serving on %s in front of %s", where, config.http.server_url)
 
 
-def guard_accounting(config: Config, stack: contextlib.AsyncExitStack) -> Any:
-    """The guard's client names and access log (`exporter.guard.accounting.Accounting`) from the flags."""
+def guard_accounting(config: Config) -> Accounting:
+    """The guard's client names and access log from the flags."""
     from exporter.guard.access_log import AccessLog
     from exporter.guard.accounting import Accounting
     from exporter.guard.clients import ClientNamer, KeysFileError, read_keys_file
@@ -262,7 +273,6 @@ def guard_accounting(config: Config, stack: contextlib.AsyncExitStack) -> Any:
             access_log = AccessLog(opts.access_log, opts.access_log_max_bytes)
         except OSError as exc:
             raise StartError(f"--guard.access-log {opts.access_log}: {exc.strerror or exc}") from None
-        stack.callback(access_log.close)  # after the guard has stopped: its last lines are written
     return Accounting(namer, access_log)
 
 

@@ -11,12 +11,9 @@ Light on purpose: `--help` and a flag's error import this, and nothing of the se
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from exporter.model.clients import CLIENT_SOURCES
-
-if TYPE_CHECKING:
-    from exporter.guard.proxy import GuardSettings
 
 DEFAULT_PORT = 9778  # not 8080/9090/9093/9100/3000; the 9100-9999 exporter range has no free registration left
 DEFAULT_PROC_ROOT = "/proc"
@@ -125,15 +122,6 @@ class GuardArea:
     @property
     def listen_also(self) -> tuple[tuple[str, int], ...]:
         return self.listen_address[1:]
-
-    def guard_settings(self, upstream: str, api_key: str | None = None, **more: Any) -> GuardSettings:
-        """The guard's `GuardSettings` in front of `upstream`; `more` sets its other fields (tests)."""
-        from exporter.guard.proxy import GuardSettings  # the guard's modules load only where it runs
-
-        names = {f.name for f in fields(GuardSettings)}
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name in names}
-        own["body_timeout"] = self.head_timeout  # one flag: the head's deadline, a body's longest pause
-        return GuardSettings(**{**own, "upstream": upstream, "api_key": api_key, **more})
 
 
 @dataclass(frozen=True)

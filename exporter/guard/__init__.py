@@ -40,6 +40,7 @@ __all__ = [
     "ServerPools",
     "pool_from",
     "pool_of",
+    "serve_guard",
     "start_guard",
 ]
 
@@ -110,7 +111,13 @@ async def start_guard(
     deadline, a keep-alive timeout, a connection cap); raises OSError (BindError) when an address cannot be
     bound. `accounting`: how clients are named and where the access log goes (default: named by User-Agent or
     address, no access log)."""
-    guard = Guard(settings, pool, accounting)
+    return await serve_guard(Guard(settings, pool, accounting), host, port, limits, also)
+
+
+async def serve_guard(
+    guard: Guard, host: str, port: int, limits: Limits | None = None, also: Sequence[tuple[str, int]] = ()
+) -> RunningGuard:
+    """Serve a built `guard` as `start_guard` does; closes it when an address cannot be bound (OSError)."""
     # Each client connection may hold one upstream: two descriptors each.
     limits = dataclasses.replace(limits or Limits(), descriptors_per_connection=2)
     try:

@@ -15,7 +15,8 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
@@ -44,6 +45,7 @@ from exporter.guard.upstream import (
     why_unreachable,
 )
 from exporter.model.forecast import Measured
+from exporter.settings import GuardArea
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,14 @@ class GuardSettings:
     #: False (`--guard.admission off`): every request is sent at once (no queue, no preemption); the books
     #: by client and the access log still run, to see who fills the pool before the guard holds anyone.
     admission: bool
+
+    @classmethod
+    def of(cls, area: GuardArea, upstream: str, api_key: str | None = None, **more: Any) -> GuardSettings:
+        """The settings the guard's flags (`area`) give, in front of `upstream`; `more` sets the other fields."""
+        names = {f.name for f in fields(cls)}
+        own = {f.name: getattr(area, f.name) for f in fields(area) if f.name in names}
+        own["body_timeout"] = area.head_timeout  # one flag: the head's deadline, a body's longest pause
+        return cls(**{**own, "upstream": upstream, "api_key": api_key, **more})
 
 
 #: How often one request is sent again after llama-server died under it.

@@ -9,6 +9,7 @@ from prometheus_client.registry import Collector
 
 from exporter.metrics.families import counter, histogram, labelled_counter
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 
 CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
 
@@ -28,12 +29,12 @@ class CheckpointCacheCollector(Collector):
     llamacpp_prompt_eval_seconds_bucket{le="0.005"} 4.0
     """
 
-    def __init__(self, state: Callable[[], ServerState]) -> None:
-        self._state = state
+    def __init__(self, view: Callable[[], ServerView]) -> None:
+        self._view = view  # the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
         """Yield checkpoint, prompt-cache and timing families."""
-        st = self._state()
+        st = self._view().state
         visible = st.run.checkpoint_lines_visible()
         if visible is not None:
             yield GaugeMetricFamily(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client.core import (
@@ -38,7 +38,7 @@ class LogSourceStatus(Protocol):
 
 
 class SourceHealth(Protocol):
-    """Last result of one live source, for `llamacpp_exporter_source_up` (`sources.live.SourceStatus`)."""
+    """Last result of one live source, for `llamacpp_exporter_source_up` (`model.view.SourceReading`)."""
 
     @property
     def up(self) -> bool: ...
@@ -55,13 +55,13 @@ class ExporterCollector(Collector):
     llamacpp_exporter_log_lines_total 412.0
     """
 
-    def __init__(self, log: LogSourceStatus, sources: Mapping[str, SourceHealth] | None = None) -> None:
+    def __init__(self, log: LogSourceStatus, sources: Callable[[], Mapping[str, SourceHealth]] | None = None) -> None:
         self._log = log
-        self._sources = sources or {}
+        self._sources = sources  # the live sources' health in the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
         """Yield the exporter's self-metrics."""
-        yield source_up_family(self._log.up, self._sources)
+        yield source_up_family(self._log.up, self._sources() if self._sources is not None else {})
         log = self._log
         yield counter(
             "llamacpp_exporter_log_lines",
@@ -126,9 +126,9 @@ class SourcesUpCollector(Collector):
     llamacpp_exporter_source_up{source="http"} 1.0
     """
 
-    def __init__(self, sources: Mapping[str, SourceHealth]) -> None:
+    def __init__(self, sources: Callable[[], Mapping[str, SourceHealth]]) -> None:
         self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
         """Yield the one family."""
-        yield source_up_family(None, self._sources)
+        yield source_up_family(None, self._sources())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
     GaugeMetricFamily,
@@ -10,8 +10,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from exporter.model.forecast import HORIZONS, Measured, forecast
-from exporter.model.state import ServerState
+from exporter.model.forecast import HORIZONS, forecast
+from exporter.model.view import ServerView
 
 
 class KVForecastCollector(Collector):
@@ -38,20 +38,18 @@ class KVForecastCollector(Collector):
     llamacpp_kv_pool_demand_slots{source="held"} 1.0
     """
 
-    def __init__(
-        self, state: Callable[[], ServerState], measured: Callable[[], Sequence[Measured]] | None = None
-    ) -> None:
-        self._state = state
-        # The requests in flight that the guard measured at arrival (exact before the log says their size).
-        self._measured = measured
+    def __init__(self, view: Callable[[], ServerView]) -> None:
+        self._view = view  # the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the forecast families."""
-        st = self._state()
+        """Yield the forecast families (counting the requests in flight that the guard measured at arrival: exact
+        before the log says their size)."""
+        view = self._view()
+        st = view.state
         count = st.run.slot_count
         if count is None:
             return
-        f = forecast(st, self._measured() if self._measured is not None else ())
+        f = forecast(st, view.measured)
         sources = "prompt sizes from 'new prompt' lines (-lv 4) or progress lines (X / progress), else the cells held"
         demand = GaugeMetricFamily(
             "llamacpp_kv_pool_demand_tokens",

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.nvml import NvmlSnapshot
+from exporter.model.live import NvmlSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -10,7 +10,8 @@ from prometheus_client.registry import Collector
 from exporter.metrics.gpu import NvmlCollector
 from exporter.metrics.process import ProcCollector
 from exporter.metrics.server_http import ServerHttpCollector
-from exporter.sources.live import SLOT_TOKEN_SOURCES, LiveSources
+from exporter.model.live import SLOT_TOKEN_SOURCES
+from exporter.model.view import ServerView
 
 
 class LiveCollector(Collector):
@@ -31,14 +32,14 @@ class LiveCollector(Collector):
     llamacpp_exporter_source_read_failures_total{source="nvml"} 12.0
     """
 
-    def __init__(self, live: LiveSources) -> None:
-        self._live = live
+    def __init__(self, view: Callable[[], ServerView]) -> None:
+        self._view = view  # the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
         """Yield the families."""
-        live = self._live
-        if live.state.run.slot_count is not None or (live.http is not None and live.http.slots):
-            used = live.slot_tokens_source()
+        view = self._view()
+        if view.state.run.slot_count is not None or (view.http is not None and view.http.slots):
+            used = view.slot_tokens_source
             source = GaugeMetricFamily(
                 "llamacpp_slot_tokens_source",
                 "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots "
@@ -48,7 +49,7 @@ class LiveCollector(Collector):
             for name in SLOT_TOKEN_SOURCES:
                 source.add_metric([name], 1 if name == used else 0)
             yield source
-        level = live.effective_verbosity()
+        level = view.verbosity
         if level is not None:
             yield GaugeMetricFamily(
                 "llamacpp_log_verbosity",
@@ -66,22 +67,23 @@ class LiveCollector(Collector):
             "Reads of the live source that failed (see the exporter's log for why).",
             labels=["source"],
         )
-        for name, st in sorted(live.statuses.items()):
+        for name, st in sorted(view.sources.items()):
             if st.duration_seconds is not None:
                 duration.add_metric([name], st.duration_seconds)
             failures.add_metric([name], st.failures)
-        if live.statuses:
+        if view.sources:
             yield duration
             yield failures
 
 
-def live_collectors(live: LiveSources) -> list[Collector]:
-    """Collectors for a server's live sources (register them next to its log collectors)."""
-    out: list[Collector] = [LiveCollector(live)]
-    if live.nvml_reader is not None:
-        out.append(NvmlCollector(lambda: live.nvml, lambda: live.pid))
-    if live.proc_reader is not None:
-        out.append(ProcCollector(lambda: live.proc))
-    if live.http_reader is not None:
-        out.append(ServerHttpCollector(lambda: live.http, lambda: live.http_rejected))
+def live_collectors(view: Callable[[], ServerView], sources: Collection[str]) -> list[Collector]:
+    """Collectors for a server's live sources (`sources`: those it reads, of "nvml", "proc", "http"), rendering
+    the unit's view of each scrape; register them next to its log collectors."""
+    out: list[Collector] = [LiveCollector(view)]
+    if "nvml" in sources:
+        out.append(NvmlCollector(lambda: view().nvml, lambda: view().pid))
+    if "proc" in sources:
+        out.append(ProcCollector(lambda: view().proc))
+    if "http" in sources:
+        out.append(ServerHttpCollector(lambda: view().http, lambda: view().http_rejected))
     return out

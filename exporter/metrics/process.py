@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.process import ProcSnapshot
+from exporter.model.live import ProcSnapshot
 
 
 class ProcCollector(Collector):

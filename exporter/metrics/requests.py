@@ -8,7 +8,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter.metrics.families import histogram
-from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 
 
 class RequestSizeCollector(Collector):
@@ -34,11 +34,12 @@ class RequestSizeCollector(Collector):
     llamacpp_requests_queued 0.0
     """
 
-    def __init__(self, state: Callable[[], ServerState]) -> None:
-        self._state = state
+    def __init__(self, view: Callable[[], ServerView]) -> None:
+        self._view = view  # the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
-        st = self._state()
+        view = self._view()
+        st = view.state
         yield histogram(
             "llamacpp_request_tokens",
             "KV cells each request held when it ended (its 'stop processing' line; aborted requests included).",
@@ -59,10 +60,10 @@ class RequestSizeCollector(Collector):
             "Requests llama-server is processing now (slots with a task).",
             value=sum(1 for s in st.run.slots.values() if s.processing),
         )
-        if st.requests_deferred is not None or st.requests_guard_queued is not None:
+        if view.requests_deferred is not None or view.requests_guard_queued is not None:
             yield GaugeMetricFamily(
                 "llamacpp_requests_queued",
                 "Requests waiting: for a slot in llama-server (its own /metrics: requests_deferred; needs its "
                 "--metrics) and in the guard's queue for room in the KV pool.",
-                value=(st.requests_deferred or 0) + (st.requests_guard_queued or 0),
+                value=(view.requests_deferred or 0) + (view.requests_guard_queued or 0),
             )

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporter.sources.server_http import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot
+from exporter.model.live import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot
 
 
 class ServerHttpCollector(Collector):

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from exporter.metrics.families import counter, labelled_counter
 from exporter.model.run import CRASH_CAUSES
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 
 CASCADE_OUTCOMES = ("recovered", "failed")
 
@@ -43,12 +44,12 @@ class ServerLogCollector(Collector):
     llamacpp_kv_cascades_total{outcome="recovered"} 0.0
     """
 
-    def __init__(self, state: Callable[[], ServerState]) -> None:
-        self._state = state
+    def __init__(self, view: Callable[[], ServerView]) -> None:
+        self._view = view  # the unit's view of this scrape
 
     def collect(self) -> Iterator[Metric]:
         """Yield the log-derived metric families."""
-        st = self._state()
+        st = self._view().state
         yield from self._info(st)
         yield from self._slots(st)
         yield from self._pool(st)

@@ -4,5 +4,6 @@
 what it checks before an event is applied; `forecast` is the demand and the time to full; `router` splits a
 router's log into one state per child; `request_sizes` holds the request-size histograms;
 `server_cmdline` reads llama-server's argv and environment; `clients` is what the guard calls a request's
-client (the sources of its name and the form a name takes).
+client (the sources of its name and the form a name takes); `live` holds the live sources' snapshots and
+`view` one server unit's view of one scrape.
 """

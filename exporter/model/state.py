@@ -63,11 +63,12 @@ class ServerState:
     request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))
 
-    # Live sources (set at scrape time by exporter.sources; still no I/O here).
+    # The operator's word on the pool's size (--kv-pool-capacity), given at construction: a fallback of
+    # `pool_capacity` where neither the log nor the command line states it.
+    capacity_override: int | None = None
+    # llama-server's command line and process, applied by the process source like events (they count starts
+    # and give the pool's size); still no I/O here.
     command_line: ServerCommandLine | None = None
-    capacity_override: int | None = None  # --kv-pool-capacity
-    requests_deferred: int | None = None  # llama-server's /metrics: requests waiting for a slot
-    requests_guard_queued: int | None = None  # the guard's queue in front of the server (when it runs)
     _process: tuple[int, int] | None = None  # (pid, start time in clock ticks) last seen
     _unmatched_log_starts: int = 0
     _unmatched_process_starts: int = 0

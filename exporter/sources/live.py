@@ -8,10 +8,10 @@ GPU can block; a read still running when the next scrape comes is awaited, not s
 
 What the sources tell the log-derived `ServerState` is applied on the event loop, never from a
 thread: the process identity (a new pid is a server start, counted once with the log's banner) and
-the command line (a pool-capacity fallback). `view()` then builds what the log collectors render: a
-copy of the state in which `/slots` replaces the log's per-slot estimate when it has
-`n_prompt_tokens`, and gaps the log leaves at default verbosity (build, slot count, per-slot context,
-cache types) are filled from `/props` and the command line. The state itself stays pure.
+the command line (a pool-capacity fallback). What the collectors render is made from the state and the
+last snapshots once per scrape (`exporter.model.view`): `/slots` replaces the log's per-slot estimate when
+it has `n_prompt_tokens`, and gaps the log leaves at default verbosity are filled from `/props` and the
+command line, in a copy. The state itself stays pure.
 
 Every failure is a value: `llamacpp_exporter_source_up{source} 0`, a failed-reads counter, and one
 line in the exporter's log when a source goes down, changes its reason, or comes back.
@@ -21,27 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from exporter.model.bounds import MIB
-from exporter.model.slot import SlotState
+from exporter.model.live import HttpSnapshot, NvmlSnapshot, ProcSnapshot
 from exporter.model.state import ServerState
-from exporter.sources.nvml import NvmlReader, NvmlSnapshot
-from exporter.sources.process import ProcessFinder, ProcSnapshot
-from exporter.sources.server_http import METRICS_FIGURES, HttpSnapshot, ServerHttpReader
+from exporter.model.view import SourceReading, effective_verbosity, merge_view
+from exporter.sources.nvml import NvmlReader
+from exporter.sources.process import ProcessFinder
+from exporter.sources.server_http import METRICS_FIGURES, ServerHttpReader
 
 log = logging.getLogger(__name__)
 
 #: Below this llama-server verbosity (b9151+) the lines the exporter needs most are hidden.
 FULL_VERBOSITY = 4
 _VERBOSITY_LINE_SINCE = 9151  # b9151 moved library INFO and many server lines to trace level
-SLOT_TOKEN_SOURCES = ("slots_endpoint", "log")
+
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -130,8 +128,6 @@ class LiveSources:
         # Reads of llama-server's /metrics whose figure was absent or not a count, by figure (a fixed set).
         self.http_rejected: dict[str, int] = dict.fromkeys(METRICS_FIGURES, 0) if http else {}
         self._rejected_reported: dict[str, str] = {}
-        # The guard's queue in front of this server (set when the guard runs): requests waiting too.
-        self.guard_queue: Callable[[], int] | None = None
         self._nvml_read = _Coalesced(_in_thread(nvml.read)) if nvml else None
         self._proc_read = _Coalesced(_in_thread(proc.read)) if proc else None
         self._http_read = _Coalesced(http.read) if http else None
@@ -242,12 +238,11 @@ class LiveSources:
         p = self.proc.process if self.proc is not None else None
         return p.pid if p is not None else None
 
-    def view(self) -> ServerState:
-        """The state as the collectors should render it: live slots and filled gaps (a copy; the state is untouched)."""
-        view = merge_view(self.state, self.http)
-        if self.guard_queue is not None:
-            view.requests_guard_queued = self.guard_queue()
-        return view
+    def readings(self) -> dict[str, SourceReading]:
+        """Each source's health as of its last read, by name (`http`, `nvml`, `proc`), for the scrape's view."""
+        return {
+            name: SourceReading(st.up, st.duration_seconds, st.failures, st.error) for name, st in self.statuses.items()
+        }
 
     def slot_tokens_source(self) -> str:
         """`slots_endpoint` when `/slots` gave every slot's tokens in the last read, else `log`."""
@@ -255,12 +250,7 @@ class LiveSources:
 
     def effective_verbosity(self) -> int | None:
         """llama-server's log verbosity: from the log, else from its command line (llama-server's default is 3)."""
-        if self.state.run.verbosity is not None:
-            return self.state.run.verbosity
-        cfg = self.state.command_line
-        if cfg is None:
-            return None
-        return cfg.verbosity if cfg.verbosity is not None else 3
+        return effective_verbosity(self.state)
 
     def report_verbosity(self) -> None:
         """Say once (per change) in the exporter's log when llama-server's verbosity hides lines it needs."""
@@ -273,7 +263,7 @@ class LiveSources:
             return
         self._verbosity_reported = (level, hidden)
         if hidden:
-            capacity, source = self.view().pool_capacity()
+            capacity, source = merge_view(self.state, self.http).pool_capacity()
             log.warning(
                 "%sllama-server logs at verbosity %d (< %d): the KV pool size (llama_context/llama_kv_cache), "
                 "'new prompt'/'cached n_tokens', 'clearing prompt', context checkpoint and prompt cache lines "
@@ -286,57 +276,3 @@ class LiveSources:
                 source,
                 "/slots" if self.slot_tokens_source() == "slots_endpoint" else "log estimates",
             )
-
-
-def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
-    """A shallow copy of `state` with `/slots` and `/props` (and the command line) filling in. Pure.
-
-    - `/slots` with `n_prompt_tokens` (b9276+) replaces each slot's token estimate, and its
-      `is_processing` replaces the log's processing flag; the slot count becomes the live one.
-    - Configuration the log did not give (default verbosity hides most of it) is taken from
-      `/props` first, then from llama-server's command line.
-    """
-    view = copy.copy(state)
-    view.run = run = copy.copy(state.run)  # the view fills in its own run, never the state's
-    cfg = state.command_line
-    live = http.slots if http is not None and http.up else None
-    if live:
-        slots: dict[int, SlotState] = {}
-        for ls in live:
-            s = state.run.slots.get(ls.id) or SlotState(n_ctx=state.run.n_ctx_slot)
-            slots[ls.id] = dataclasses.replace(
-                s,
-                tokens=s.tokens if ls.tokens is None else ls.tokens,
-                processing=s.processing if ls.processing is None else ls.processing,
-                n_ctx=ls.n_ctx if ls.n_ctx is not None else s.n_ctx,
-                generation_budget=ls.generation_budget,
-                prompt_size=(ls.n_cached and s.size_with_cache(ls.n_cached)) or s.prompt_size,
-            )
-        run.slots = slots
-        run.n_slots = max(ls.id for ls in live) + 1
-    props = http if http is not None and http.up else None
-    if props is not None and props.deferred is not None:
-        view.requests_deferred = props.deferred
-    if run.build is None and props is not None:
-        run.build = props.build
-    if run.model is None and props is not None:
-        run.model = props.model
-    if run.n_slots is None:
-        run.n_slots = (props.total_slots if props else None) or (cfg.slot_count() if cfg else None)
-    if run.n_ctx_slot is None:
-        run.n_ctx_slot = (props.n_ctx_slot if props else None) or (cfg.slot_context() if cfg else None)
-    if cfg is not None:
-        if run.kv_unified is None:
-            run.kv_unified = cfg.unified()
-        if run.type_k is None:
-            run.type_k = cfg.type_k or "f16"  # llama-server's default cache type
-        if run.type_v is None:
-            run.type_v = cfg.type_v or "f16"
-        if run.verbosity is None and cfg.verbosity is not None:
-            run.verbosity = cfg.verbosity
-        if run.checkpoint_limit is None and cfg.ctx_checkpoints is not None:
-            run.checkpoint_limit = cfg.ctx_checkpoints
-        if run.prompt_cache_limit_bytes is None and cfg.cache_ram_mib is not None:
-            mib = cfg.cache_ram_mib
-            run.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
-    return view

@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from exporter.model.live import GpuReading, NvmlSnapshot
 
 # NVML return codes after which handles are stale: shut NVML down and initialise it again next read.
 _REINIT_CODES = frozenset(
@@ -31,33 +32,6 @@ _REINIT_CODES = frozenset(
     }
 )
 _FUNCTION_NOT_FOUND = 13
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU: memory in bytes, and the VRAM each process uses on it (None = NVML cannot tell)."""
-
-    index: int
-    uuid: str
-    name: str
-    total_bytes: int
-    used_bytes: int
-    free_bytes: int
-    # pid → bytes; None when the process list could not be read (e.g. not supported on this GPU).
-    processes: dict[int, int | None] | None = field(default=None)
-
-
-@dataclass(frozen=True)
-class NvmlSnapshot:
-    """The result of one read. `error` is None when every GPU was read."""
-
-    gpus: tuple[GpuReading, ...] = ()
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """The read worked and found at least one GPU."""
-        return self.error is None and bool(self.gpus)
 
 
 def _text(value: object) -> str:

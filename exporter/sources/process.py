@@ -37,49 +37,12 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:
     pass
 
+from exporter.model.live import HostMemory, ProcessInfo, ProcSnapshot
 from exporter.model.server_cmdline import ServerCommandLine, parse_command_line
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "llama-server"
-FOUND_BY = ("pid", "pid_file", "log_file", "unit", "router", "name")
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """llama-server's process as the reader saw it."""
-
-    pid: int
-    # Identifies the process together with its pid (a reused pid has another): /proc's start time in clock
-    # ticks after boot (field 22 of /proc/<pid>/stat); psutil's creation time in milliseconds.
-    start_ticks: int
-    start_time_seconds: float | None  # Unix time
-    rss_bytes: int
-    command_line: ServerCommandLine
-    found_by: str  # one of FOUND_BY
-    environ_readable: bool = True
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """The host's memory in bytes: MemTotal and MemAvailable (/proc/meminfo, or psutil's equivalents)."""
-
-    total_bytes: int | None
-    available_bytes: int | None
-
-
-@dataclass(frozen=True)
-class ProcSnapshot:
-    """One read. `error` says why `process` (or `host`) is missing."""
-
-    process: ProcessInfo | None = None
-    host: HostMemory | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """llama-server and the host memory were both read."""
-        return self.process is not None and self.host is not None and self.error is None
 
 
 @dataclass(frozen=True)

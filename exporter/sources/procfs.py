@@ -19,21 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.sources.process import (
-    Candidate,
-    FinderArgs,
-    HostMemory,
-    ProcessFinder,
-    ProcessInfo,
-    ProcSnapshot,
-    file_id,
-    is_server,
-)
+from exporter.model.live import HostMemory, ProcessInfo
+from exporter.sources.process import Candidate, FinderArgs, ProcessFinder, file_id, is_server
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["HostMemory", "ProcReader", "ProcSnapshot", "ProcessInfo"]
+__all__ = ["ProcReader"]
 
 _O_ACCMODE = 0o3
 

@@ -35,7 +35,8 @@ import psutil
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-from exporter.sources.process import Candidate, FinderArgs, HostMemory, ProcessFinder, ProcessInfo, file_id, is_server
+from exporter.model.live import HostMemory, ProcessInfo
+from exporter.sources.process import Candidate, FinderArgs, ProcessFinder, file_id, is_server
 
 #: Errors of a process that exited (or turned zombie) meanwhile, or that this user may not look at.
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess)

@@ -28,80 +28,19 @@ import json
 import math
 import re
 import urllib.parse
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-ENDPOINTS = ("/health", "/slots", "/props", "/metrics")
-ROUTER_ENDPOINTS = ("/health", "/models")
+from exporter.model.live import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot, LiveSlot
+
 _BUILD = re.compile(r"^b?(\d+)")
 #: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
 MAX_BODY_BYTES = 16 << 20
 # Statuses that say "this endpoint is not available here", not "the read failed".
 _UNAVAILABLE = {404: "not found (older build)", 501: "disabled on the server"}
-
-
-@dataclass(frozen=True)
-class LiveSlot:
-    """One entry of `/slots`. None = the build does not report it."""
-
-    id: int
-    n_ctx: int | None
-    processing: bool | None
-    tokens: int | None  # n_prompt_tokens
-    n_decoded: int | None
-    n_remain: int | None = None  # next_token.n_remain: generation budget left (-1 = unlimited or not started)
-    n_predict: int | None = None  # params.n_predict (-1 = unlimited)
-    n_cached: int | None = None  # n_prompt_tokens_cache (b9276+): the prompt's prefix reused from the cache
-    task: int | None = None  # id_task: the slot's task (its last one while idle)
-
-    @property
-    def generation_budget(self) -> int | None:
-        """Tokens the slot may still generate; None when unknown or unlimited."""
-        if self.n_remain is not None and self.n_remain >= 0:
-            return self.n_remain
-        if self.n_predict is not None and self.n_predict >= 0:
-            return max(0, self.n_predict - (self.n_decoded or 0))
-        return None
-
-
-@dataclass(frozen=True)
-class HttpSnapshot:
-    """The result of one read of the endpoints."""
-
-    up: bool = False
-    loading: bool = False
-    status: Mapping[str, int] = field(default_factory=dict)  # endpoint → HTTP status, 0 = no answer
-    errors: Mapping[str, str] = field(default_factory=dict)  # endpoint → what went wrong
-    slots: tuple[LiveSlot, ...] | None = None
-    build: int | None = None
-    total_slots: int | None = None
-    n_ctx_slot: int | None = None
-    model: str | None = None
-    models: Mapping[str, str] | None = None  # router mode: model id → status (`loaded`, `unloaded`, …)
-    deferred: int | None = None  # /metrics `llamacpp:requests_deferred`: requests waiting for a slot
-    # Figures of /metrics (`METRICS_FIGURES`) this read did not understand → why (absent, not a count).
-    rejected: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """The server answered and every endpoint gave what it has (an endpoint that is off is fine)."""
-        return (self.up or self.loading) and not self.errors
-
-    @property
-    def slot_tokens_live(self) -> bool:
-        """`/slots` gave `n_prompt_tokens` for every slot."""
-        return bool(self.slots) and all(s.tokens is not None for s in self.slots or ())
-
-    def describe(self) -> str | None:
-        """One line for the exporter's log, or None when all is well."""
-        by_message: dict[str, list[str]] = {}
-        for ep, msg in sorted(self.errors.items()):
-            by_message.setdefault(msg, []).append(ep)
-        return "; ".join(f"{', '.join(eps)}: {msg}" for msg, eps in by_message.items()) or None
 
 
 def redact_url(url: str) -> str:
@@ -204,13 +143,20 @@ class ServerHttpReader:
     session (created on first use)."""
 
     def __init__(
-        self, base_url: str, *, api_key: str | None = None, timeout: float = 2.0, model: str | None = None
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 2.0,
+        model: str | None = None,
+        router: Callable[[], bool] = lambda: False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         # A router child's endpoints, through the router: never load the model (see the module's docstring).
         self._query = "?" + urllib.parse.urlencode({"model": model, "autoload": "false"}) if model else ""
-        self.router = False  # read the router's own endpoints (/health, /models) instead of a server's
+        # Whether the server is a router now (its log says so): read its own endpoints (/health, /models) then.
+        self.router = router
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._has_key = bool(api_key)
         self._session: aiohttp.ClientSession | None = None
@@ -255,7 +201,7 @@ class ServerHttpReader:
 
     async def read(self) -> HttpSnapshot:
         """Fetch the endpoints concurrently. Never raises (except cancellation)."""
-        endpoints = ROUTER_ENDPOINTS if self.router else ENDPOINTS
+        endpoints = ROUTER_ENDPOINTS if self.router() else ENDPOINTS
         results = await asyncio.gather(*(self._get(ep) for ep in endpoints))
         status: dict[str, int] = {}
         errors: dict[str, str] = {}

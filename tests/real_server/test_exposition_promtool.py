@@ -25,10 +25,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.logs.tail import LogTailer
 from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.server_http import ServerHttpCollector
+from exporter.model.live import ENDPOINTS, HttpSnapshot
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
 from exporter.sources.nvml import NvmlReader
-from exporter.sources.server_http import ENDPOINTS, REQUESTS_DEFERRED, HttpSnapshot
+from exporter.sources.server_http import REQUESTS_DEFERRED
 
 
 @pytest.mark.promtool

@@ -4,8 +4,8 @@ The one place the tests (the log goldens, tests/unit/test_exposition_golden.py) 
 (bench/cpu_paired.py) build the production exporter: when the assembly changes, only this file does.
 `assembled()` takes the path of `exporter.serve.start`: the flags parsed by `exporter.config.parse_config`
 (`--nvml off --proc off`, no `--server-url`: no live source reads anything), the servers built and their
-existing lines replayed by `exporter.serve.open_servers`, one `ServersCollector` refreshed once (as at
-start: a router's children are opened there), and `servers_registry`. Lines then reach the state the way
+existing lines replayed by `exporter.build.build_logs` and `exporter.serve.open_servers`, refreshed once by
+`exporter.unit.refresh_all` (as at start: a router's children are opened there), and `servers_registry`. Lines then reach the state the way
 `exporter.logs.follow` hands them on: each `LogTailer.poll` (one read of at most 32 KiB) to
 `LogPipeline.feed`, until the file is read to its end; only the follower's timers are left out, so that
 the batches, and with them everything, are the same on every run.
@@ -27,10 +27,11 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from exporter.build import servers_registry
+from exporter.build import build_logs, servers_registry
 from exporter.config import parse_config
 from exporter.metrics.servers import ServersCollector
 from exporter.serve import open_servers
+from exporter.unit import refresh_all
 
 #: Families of the exposition that are not the log collectors' (ServerLogCollector, KVForecastCollector,
 #: CheckpointCacheCollector, RequestSizeCollector): the process' own (CPU, memory, start time: they vary
@@ -53,9 +54,10 @@ class Assembly:
         self.config = parse_config(["--log-file", str(log), *LIVE_OFF, *argv], env={})
         self._loop = asyncio.new_event_loop()
         self._stack = contextlib.AsyncExitStack()
-        servers, _ = open_servers(self.config, str(log), self._stack)
-        self.pipelines = [s.pipeline for s in servers]
-        self.collector = ServersCollector(servers)
+        logs, _ = build_logs(self.config, str(log))
+        self.servers = open_servers(self.config, logs, None, self._stack)
+        self.pipelines = [s.pipeline for s in self.servers]
+        self.collector = ServersCollector(self.servers)
         self.refresh()
         self.registry = servers_registry(self.collector)
 
@@ -88,7 +90,7 @@ class Assembly:
 
     def refresh(self) -> None:
         """What precedes every scrape: the live sources (none here) and a router's children opened or closed."""
-        self._loop.run_until_complete(self.collector.refresh())
+        self._loop.run_until_complete(refresh_all(self.servers))
 
     def render(self) -> bytes:
         """The /metrics body, as the web app renders it (`generate_latest` on the production registry)."""

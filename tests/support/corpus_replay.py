@@ -19,6 +19,7 @@ from prometheus_client.samples import Sample
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 from exporter.pipeline import LogPipeline
 
 CAPTURES = sorted(p.parent for p in FIXTURES.glob("*/*/capture.json"))
@@ -65,7 +66,7 @@ def follow(
 def exported(state: ServerState) -> Samples:
     """The samples /metrics would show for the state (log collectors only)."""
     registry = CollectorRegistry()
-    for collector in log_collectors(lambda: state):
+    for collector in log_collectors(lambda: ServerView(state)):
         registry.register(collector)
     out: Samples = {}
     for family in registry.collect():

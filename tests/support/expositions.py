@@ -17,11 +17,13 @@ from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.forecast import KVForecastCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
-from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector
+from exporter.metrics.servers import ServersCollector
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
+from exporter.unit import FollowedServer, ServerUnit, refresh_all
 
 
 def state_until(name: str, last_line: int) -> ServerState:
@@ -38,8 +40,8 @@ def state_until(name: str, last_line: int) -> ServerState:
 def log_registry(state: ServerState) -> CollectorRegistry:
     """The log's collectors (server log, forecast) on ``state``."""
     registry = CollectorRegistry()
-    registry.register(ServerLogCollector(lambda: state))
-    registry.register(KVForecastCollector(lambda: state))
+    registry.register(ServerLogCollector(lambda: ServerView(state)))
+    registry.register(KVForecastCollector(lambda: ServerView(state)))
     return registry
 
 
@@ -65,9 +67,9 @@ SNAPSHOT_AT = 648  # lines before beta's unload: the /slots snapshots were taken
 def router_exposition(pipeline: LogPipeline) -> str:
     """One scrape of the multi-server collector following ``pipeline`` (a router's log)."""
     live = LiveSources(pipeline.state)
-    server = FollowedServer({}, pipeline, live, children=ChildSources(None, None, 1.0, None))
+    server = FollowedServer({}, pipeline, live)
     collector = ServersCollector([server])
-    asyncio.run(collector.refresh())  # opens the children's live sources (none reads here: no URL, no /proc)
+    asyncio.run(refresh_all([server]))  # opens the children's live sources (none reads here: no URL, no /proc)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     return generate_latest(registry).decode()
@@ -80,8 +82,9 @@ SERVER_PID = 4242
 def nvml_live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
     """Live sources reading only NVML through ``reader``, and a registry of their collectors."""
     live = LiveSources(ServerState(), nvml=reader)
+    view = ServerUnit(live.state, live).make_view  # a view made at each render, as each scrape makes one
     reg = CollectorRegistry()
-    for c in live_collectors(live):
+    for c in live_collectors(view, ["nvml"]):
         reg.register(c)
     reg.register(
         ExporterCollector(
@@ -95,7 +98,7 @@ def nvml_live(reader: NvmlReader) -> tuple[LiveSources, CollectorRegistry]:
                 long_lines=0,
                 understood=True,
             ),
-            live.statuses,
+            lambda: view().sources,
         )
     )
     return live, reg

@@ -1,5 +1,6 @@
-"""The layout holds: the pure parts import no I/O, no module imports itself back, private names stay home,
-each constant is defined once, and the wiring stays in small functions.
+"""The layout holds: each folder imports only what the table of docs/architecture.md allows, the pure parts
+import no I/O, no module imports itself back, private names stay home, each constant is defined once, and
+the wiring stays in small functions.
 
 The data flow is one folder per box (docs/architecture.md): `logs/` → `model/` → `metrics/` → `web/`, with
 `sources/` read at scrape time, `guard/` in the request path and `diagnose/` reading whole logs.
@@ -106,6 +107,95 @@ def reach(start: str) -> set[str]:
                 seen.add(m)
                 todo.append(m)
     return seen
+
+
+# Who may import whom: importer folder → what it may import (a folder, or one module of a folder), run-time
+# and TYPE_CHECKING imports alike. docs/architecture.md shows the same table (compared below). The top level
+# (`exporter/*.py`) may import anything; every folder may import the top level's leaves (below).
+ALLOWED: dict[str, frozenset[str]] = {
+    "logs": frozenset({"logs"}),
+    "model": frozenset({"model", "logs.events", "logs.event_class"}),
+    "sources": frozenset({"sources", "model"}),
+    "metrics": frozenset({"metrics", "model"}),
+    "web": frozenset({"web"}),
+    "guard": frozenset({"guard", "model", "metrics", "web"}),
+    "diagnose": frozenset({"diagnose", "logs", "model"}),
+}
+ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
+
+
+def box(module: str) -> str | None:
+    """The folder a module lives in (`logs`, `model`, …), or None for the top level (`exporter/*.py`)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
+
+
+def import_targets(name: str) -> set[str]:
+    """The exporter modules `name` imports, at run time or for annotations: `from a import b` is `a.b` where
+    that is a module, else `a`."""
+    out: set[str] = set()
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in MODULES)
+        elif isinstance(node, ast.ImportFrom) and node.module in MODULES and node.level == 0:
+            for a in node.names:
+                out.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module)
+    out.discard(name)
+    return out
+
+
+def top_level_leaves() -> set[str]:
+    """The top level's modules that reach no folder but the pure model (the version, `loops`, the settings,
+    which build on the model's constants): any folder may use them without reaching the wiring."""
+    top = {m for m in MODULES if box(m) is None}
+    return {m for m in top if all(box(r) in (None, "model") for r in reach(m))}
+
+
+def allowed(importer: str, imported: str, leaves: set[str]) -> bool:
+    source, target = box(importer), box(imported)
+    if source is None or target == source:
+        return True
+    if target is None:
+        return imported in leaves
+    short = imported.removeprefix("exporter.")
+    return any(short == a or short.startswith(a + ".") for a in ALLOWED[source])
+
+
+def arrows_not_in_the_table() -> list[str]:
+    leaves = top_level_leaves()
+    return [f"{m} → {t}" for m in sorted(MODULES) for t in sorted(import_targets(m)) if not allowed(m, t, leaves)]
+
+
+def test_every_import_arrow_is_in_the_table() -> None:
+    """The folders import one another only as docs/architecture.md draws it (run-time and annotation imports)."""
+    assert arrows_not_in_the_table() == []
+
+
+def page_table() -> dict[str, frozenset[str]]:
+    """The table under "Who imports whom" in docs/architecture.md: importer → what it may import."""
+    text = ARCHITECTURE_PAGE.read_text()
+    assert "## Who imports whom" in text, f"{ARCHITECTURE_PAGE} shows no table of the imports"
+    section = text.split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, frozenset[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        importer = cells[0].strip("`").removesuffix("/")
+        rows[importer] = frozenset(c.strip().strip("`").removesuffix("/") for c in cells[1].split(","))
+    return rows
+
+
+def test_the_page_shows_the_tested_table() -> None:
+    assert page_table() == ALLOWED
+
+
+def test_the_page_names_the_top_level_leaves_the_folders_use() -> None:
+    text = ARCHITECTURE_PAGE.read_text().split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
+    named = {t for m in MODULES if box(m) is not None for t in import_targets(m) if box(t) is None}
+    named.discard("exporter")  # the version, in exporter/__init__.py
+    missing = [m for m in sorted(named) if f"`{m.removeprefix('exporter.')}.py`" not in text]
+    assert missing == []
 
 
 def pure_modules() -> list[str]:

@@ -23,10 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import log_collectors
+from exporter.model.live import HttpSnapshot
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
-from exporter.sources.live import merge_view
-from exporter.sources.server_http import REQUESTS_DEFERRED, HttpSnapshot, parse_metrics
+from exporter.sources.live import LiveSources
+from exporter.sources.server_http import REQUESTS_DEFERRED, parse_metrics
+from exporter.unit import ServerUnit
 
 ROOT = REPO
 EXAMPLE = ROOT / "deploy" / "kubernetes" / "inference-gateway"
@@ -140,9 +142,10 @@ def _exported() -> dict[str, tuple[str, list[float]]]:
     pipeline.replay_existing()
     tailer.close()
     deferred = parse_metrics((CAPTURE / "metrics.txt").read_text())[0][REQUESTS_DEFERRED]
-    view = merge_view(state, HttpSnapshot(up=True, deferred=deferred))
+    live = LiveSources(state)
+    live.http = HttpSnapshot(up=True, deferred=deferred)  # as a read of it found it
     registry = CollectorRegistry()
-    for collector in log_collectors(lambda: view):
+    for collector in log_collectors(ServerUnit(state, live).make_view):
         registry.register(collector)
     text = generate_latest(registry).decode()
     return {f.name: (f.type, [s.value for s in f.samples]) for f in text_string_to_metric_families(text)}

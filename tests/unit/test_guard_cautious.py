@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from exporter.guard.admission import Pool
-from exporter.guard.proxy import Guard
+from exporter.guard.proxy import Guard, GuardSettings
 from exporter.settings import GuardArea
 
 POOL = Pool(capacity=1000, slot_window=600, unified=True)
@@ -56,8 +56,8 @@ async def guarded() -> AsyncIterator[tuple[Upstream, Guard, TestServer]]:
     upstream = Upstream()
     server = TestServer(upstream.app())
     await server.start_server()
-    settings = GuardArea(default_budget=100).guard_settings(
-        str(server.make_url("")).rstrip("/"), poll_interval=0.05, blind_after=0.2
+    settings = GuardSettings.of(
+        GuardArea(default_budget=100), str(server.make_url("")).rstrip("/"), poll_interval=0.05, blind_after=0.2
     )
     guard = Guard(settings, lambda: POOL)
     front = TestServer(guard.make_app())

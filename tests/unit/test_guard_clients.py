@@ -21,7 +21,7 @@ from exporter.guard.books import GuardBooks
 from exporter.guard.client_metrics import ClientCollector
 from exporter.guard.clients import ClientNamer, KeysFileError, key_digest, parse_keys_file, user_agent_product
 from exporter.guard.preempt import SlotView
-from exporter.sources.server_http import LiveSlot
+from exporter.model.live import LiveSlot
 
 # ---------------------------------------------------------------------------------------------- names
 

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 from scripted_upstream import Upstream, words
 from yarl import URL
 
-from exporter.guard import RunningGuard, start_guard
+from exporter.guard import GuardSettings, RunningGuard, start_guard
 from exporter.guard.admission import Admission, Pool
 from exporter.guard.upstream import CUT_MARGIN, PREFIX_CHARS_PER_TOKEN
 from exporter.settings import GuardArea
@@ -64,7 +64,7 @@ async def rig(pool: Pool = POOL, up: Upstream | None = None, **settings: Any) ->
     server = TestServer(up.app())
     await server.start_server()
     upstream = settings.pop("upstream", str(server.make_url("")).rstrip("/"))
-    running = await start_guard(GuardArea().guard_settings(upstream, **settings), lambda: pool, "127.0.0.1", 0)
+    running = await start_guard(GuardSettings.of(GuardArea(), upstream, **settings), lambda: pool, "127.0.0.1", 0)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     try:
         yield Rig(up, running, f"http://127.0.0.1:{running.port}", session)

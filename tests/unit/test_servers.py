@@ -13,19 +13,21 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter import unit as unit_mod
 from exporter.logs import follow as follow_mod
 from exporter.logs.tail import LogTailer
-from exporter.metrics.servers import ChildSources, FollowedServer, ServersCollector, merge_units
+from exporter.metrics.servers import ServersCollector, merge_units
+from exporter.model.live import HttpSnapshot, ProcessInfo, ProcSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
+from exporter.model.view import merge_view
 from exporter.pipeline import LogPipeline
 from exporter.servers_file import MAX_SERVERS, ServersFileError, parse_servers
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
-from exporter.sources.procfs import ProcessInfo, ProcSnapshot
+from exporter.unit import FollowedServer, refresh_all
 
 CAPTURE = B11434 / "exhaust-lv4" / "llama-server.log"
-NO_CHILDREN = ChildSources(None, None, 1.0, None)
 
 
 class _Static:
@@ -65,7 +67,7 @@ def _server(tmp_path: Path, name: str, pid: int, nvml: NvmlReader | None, owner:
     live = LiveSources(pipeline.state, nvml=nvml)
     cmdline = parse_command_line(["llama-server", "-c", "512"], {})
     live.proc = ProcSnapshot(process=ProcessInfo(pid, 1, None, 1 << 30, cmdline, "pid"))  # as a /proc read found it
-    return FollowedServer({"server": name}, pipeline, live, children=NO_CHILDREN, nvml_owner=owner)
+    return FollowedServer({"server": name}, pipeline, live, nvml_owner=owner)
 
 
 def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
@@ -75,7 +77,7 @@ def test_two_servers_sharing_a_gpu_are_visible(tmp_path: Path) -> None:
     a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
     b = _server(tmp_path, "b", 200, None, a.live)
     collector = ServersCollector([a, b])
-    asyncio.run(collector.refresh())
+    asyncio.run(refresh_all([a, b]))
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     get = registry.get_sample_value
@@ -105,9 +107,9 @@ def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     NVML on: nothing added about GPU sharing."""
     fake = FakeNvml([h200(0, 100, [(100, 40 * GIB)])])
     server = _server(tmp_path, "x", 100, NvmlReader(fake), None)
-    one = FollowedServer({}, server.pipeline, server.live, children=NO_CHILDREN)
+    one = FollowedServer({}, server.pipeline, server.live)
     collector = ServersCollector([one])
-    asyncio.run(collector.refresh())
+    asyncio.run(refresh_all([one]))
     registry = CollectorRegistry(auto_describe=True)
     registry.register(collector)
     text = generate_latest(registry).decode()
@@ -119,6 +121,33 @@ def test_one_server_exports_exactly_what_it_always_did(tmp_path: Path) -> None:
     assert text == generate_latest(direct).decode()
 
 
+def test_each_unit_makes_one_view_a_scrape_that_every_collector_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two servers, NVML on: the log state is merged with the live reads once per unit and scrape (in the refresh),
+    not once per collector; a render without a refresh makes a new view, so it never shows an older scrape's."""
+    merged: list[ServerState] = []
+    real = merge_view
+
+    def counted(state: ServerState, http: HttpSnapshot | None) -> ServerState:
+        merged.append(state)
+        return real(state, http)
+
+    monkeypatch.setattr(unit_mod, "merge_view", counted)
+    fake = FakeNvml([h200(0, 100, [(100, 40 * GIB)])])
+    a = _server(tmp_path, "a", 100, NvmlReader(fake), None)
+    b = _server(tmp_path, "b", 200, None, a.live)
+    registry = CollectorRegistry()
+    registry.register(ServersCollector([a, b]))
+    for _ in range(3):
+        asyncio.run(refresh_all([a, b]))
+        generate_latest(registry)
+    assert sorted(id(st) for st in merged) == sorted([id(a.pipeline.state), id(b.pipeline.state)] * 3)
+    starts = registry.get_sample_value("llamacpp_server_starts_total", {"server": "a"})
+    a.pipeline.state.server_starts += 1  # as a start would count it, between two scrapes
+    assert registry.get_sample_value("llamacpp_server_starts_total", {"server": "a"}) == (starts or 0) + 1
+
+
 async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scrape's refresh reads the log first: lines written while the follower waits between batches
     (here 5 s) are on /metrics at the next scrape, not at the end of the wait."""
@@ -127,7 +156,8 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     log.write_bytes(CAPTURE.read_bytes())
     pipeline = LogPipeline(ServerState(), LogTailer(log))
     pipeline.replay_existing()
-    collector = ServersCollector([FollowedServer({}, pipeline, LiveSources(pipeline.state), children=NO_CHILDREN)])
+    server = FollowedServer({}, pipeline, LiveSources(pipeline.state))
+    collector = ServersCollector([server])
     registry = CollectorRegistry()
     registry.register(collector)
     stop = asyncio.Event()
@@ -155,7 +185,7 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     await lines_after(40)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await collector.refresh()  # what the web app runs before it renders /metrics
+    await refresh_all([server])  # what the web app runs before it renders /metrics
     assert scraped() == 42
     assert loop.time() - started < 1.0
     stop.set()

@@ -64,7 +64,7 @@ def test_the_guards_settings_are_its_areas() -> None:
     from exporter.guard.proxy import GuardSettings
 
     area = GuardArea(max_wait=5, head_timeout=3, max_queue=7, admission=False, connect_timeout=2.5)
-    settings = area.guard_settings("http://127.0.0.1:8080", "key", quiet=0.5)
+    settings = GuardSettings.of(area, "http://127.0.0.1:8080", "key", quiet=0.5)
     assert (settings.max_wait, settings.body_timeout, settings.max_queue, settings.admission) == (5, 3, 7, False)
     assert settings.connect_timeout == 2.5
     assert (settings.upstream, settings.api_key, settings.quiet) == ("http://127.0.0.1:8080", "key", 0.5)

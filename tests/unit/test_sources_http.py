@@ -27,11 +27,14 @@ from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
 from exporter.metrics.servers import log_collectors
+from exporter.model.live import HttpSnapshot
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
+from exporter.model.view import ServerView, merge_view
 from exporter.sources import server_http
-from exporter.sources.live import LiveSources, merge_view
-from exporter.sources.server_http import HttpSnapshot, ServerHttpReader, parse_props, parse_slots
+from exporter.sources.live import LiveSources
+from exporter.sources.server_http import ServerHttpReader, parse_props, parse_slots
+from exporter.unit import ServerUnit
 
 FIXTURES = B11434
 LONG = FIXTURES / "exhaust-long-lv4"
@@ -218,12 +221,14 @@ async def test_a_metrics_figure_not_understood_leaves_the_http_source_up(
     exporter's log once per change."""
     server, url = fake
     caplog.set_level(logging.INFO, logger="exporter.sources.live")
-    live = LiveSources(_log_state("exhaust-long-lv4"), http=ServerHttpReader(url))
+    st = _log_state("exhaust-long-lv4")
+    live = LiveSources(st, http=ServerHttpReader(url))
     reg = CollectorRegistry()
-    for c in log_collectors(live.view):
+    view = ServerUnit(st, live).make_view  # a view made at each render, as each scrape makes one
+    for c in log_collectors(view):
         reg.register(c)
-    reg.register(ExporterCollector(LogStatus(), live.statuses))
-    for c in live_collectors(live):
+    reg.register(ExporterCollector(LogStatus(), lambda: view().sources))
+    for c in live_collectors(view, ["http"]):
         reg.register(c)
     rejected = {"endpoint": "/metrics", "metric": "llamacpp:requests_deferred"}
     try:
@@ -358,7 +363,7 @@ def test_live_slots_replace_the_log_estimate_and_flow_into_the_pool() -> None:
     assert {i: s.tokens for i, s in view.run.slots.items()} == {0: 3879, 1: 3879, 2: 3880, 3: 3879}
     assert {i: s.tokens for i, s in st.run.slots.items()} == before  # the state itself is untouched
     reg = CollectorRegistry()
-    reg.register(ServerLogCollector(lambda: view))
+    reg.register(ServerLogCollector(lambda: ServerView(view)))
     assert reg.get_sample_value("llamacpp_kv_pool_used_tokens") == 3879 * 3 + 3880
     assert reg.get_sample_value("llamacpp_kv_pool_usage_ratio") == pytest.approx((3879 * 3 + 3880) / 32768)
     assert reg.get_sample_value("llamacpp_slot_processing", {"slot": "2"}) == 1
@@ -383,8 +388,9 @@ async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[
     st = _log_state("exhaust-long-lv4")
     live = LiveSources(st, http=ServerHttpReader(url))
     reg = CollectorRegistry()
-    reg.register(ServerLogCollector(live.view))
-    for c in live_collectors(live):
+    view = ServerUnit(st, live).make_view  # a view made at each render, as each scrape makes one
+    reg.register(ServerLogCollector(view))
+    for c in live_collectors(view, ["http"]):
         reg.register(c)
     await live.refresh()
     assert reg.get_sample_value("llamacpp_slot_tokens_source", {"source": "slots_endpoint"}) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -13,13 +14,14 @@ from llama_harness import free_port
 from paths import B11434
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.build import build_live_sources, build_registry
+from exporter.build import build_logs, servers_registry
 from exporter.config import parse_config
 from exporter.logs.parse import parse_line
-from exporter.logs.tail import LogTailer
+from exporter.metrics.servers import ServersCollector
 from exporter.model.state import ServerState
-from exporter.pipeline import LogPipeline
+from exporter.serve import open_servers
 from exporter.sources.live import LiveSources
+from exporter.unit import refresh_all
 from exporter.web.server import make_app
 
 FIXTURES = B11434
@@ -69,17 +71,14 @@ async def test_every_source_failing_still_scrapes_fast(tmp_path: Path) -> None:
         ],
         {},
     )
-    state = ServerState()
-    tailer = LogTailer(str(log_file))
-    pipeline = LogPipeline(state, tailer)
-    pipeline.replay_existing()
-    live = build_live_sources(config, state, str(log_file))
-    app = make_app(build_registry(state, pipeline, live), log_description="x", health=dict, before_scrape=live.refresh)
-    async with TestClient(TestServer(app)) as client:
-        resp = await client.get("/metrics", timeout=aiohttp.ClientTimeout(total=20))
-        text = await resp.text()
-    await live.close()
-    tailer.close()
+    async with contextlib.AsyncExitStack() as stack:  # the production assembly, as `exporter.serve.start` makes it
+        logs, description = build_logs(config, config.logs.file)
+        servers = open_servers(config, logs, None, stack)
+        registry = servers_registry(ServersCollector(servers))
+        app = make_app(registry, log_description=description, health=dict, before_scrape=lambda: refresh_all(servers))
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.get("/metrics", timeout=aiohttp.ClientTimeout(total=20))
+            text = await resp.text()
     assert resp.status == 200
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -17,7 +17,8 @@ from fake_nvml import GIB, FakeNvml, h200
 from prometheus_client import CollectorRegistry
 
 from exporter.metrics.gpu import NvmlCollector
-from exporter.sources.nvml import NvmlReader, NvmlSnapshot
+from exporter.model.live import NvmlSnapshot
+from exporter.sources.nvml import NvmlReader
 
 
 def _registry(reader: NvmlReader, pid: int | None = SERVER_PID) -> tuple[CollectorRegistry, list[NvmlSnapshot]]:

@@ -19,9 +19,11 @@ from prometheus_client import CollectorRegistry
 
 from exporter.logs.events import BuildInfo, ServerStarting, SlotReleased, TaskStarted
 from exporter.metrics.process import ProcCollector
+from exporter.model.live import ProcSnapshot
 from exporter.model.state import ServerState
+from exporter.model.view import merge_view
 from exporter.sources.live import LiveSources
-from exporter.sources.procfs import ProcReader, ProcSnapshot
+from exporter.sources.procfs import ProcReader
 
 PROC = FIXTURES / "proc"
 LOG = "/srv/llama/logs/llama-server.log"  # what llama-server 4242 in `single` names (relative to its cwd)
@@ -233,7 +235,8 @@ def test_live_sources_apply_the_process_and_its_command_line(tmp_path: Path) -> 
     asyncio.run(live.refresh())
     assert live.statuses["proc"].up and live.pid == 4242
     assert st.pool_capacity() == (512, "command_line")
-    assert live.view().run.type_k == "q8_0" and live.view().run.n_slots == 4
+    view = merge_view(st, live.http)
+    assert view.run.type_k == "q8_0" and view.run.n_slots == 4
     starts = st.server_starts
     _restart(root, 4242, 4300, 777777)
     asyncio.run(live.refresh())

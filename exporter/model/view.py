@@ -1,0 +1,117 @@
+"""What one server unit renders at one scrape: its log state merged with what the live sources read, as one
+immutable `ServerView`. Pure: the view is made once before each scrape (`exporter.unit`), and every collector
+of the unit renders that same view.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from exporter.model.bounds import MIB
+from exporter.model.forecast import Measured
+from exporter.model.live import HttpSnapshot, NvmlSnapshot, ProcSnapshot
+from exporter.model.router import RouterLog
+from exporter.model.slot import SlotState
+from exporter.model.state import ServerState
+
+
+@dataclass(frozen=True)
+class SourceReading:
+    """One live source's health at the scrape: up, the last read's duration, failed reads, the last error."""
+
+    up: bool
+    duration_seconds: float | None = None
+    failures: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerView:
+    """One unit (a server, or a router child) at one scrape.
+
+    `state` is the log's state with `/slots`, `/props` and the command line merged in (`merge_view`: a copy
+    made for this view; the log's state is untouched). The snapshots are the live sources' last reads (`nvml`
+    may be another unit's: NVML is read once for all); `requests_deferred` is llama-server's own queue
+    (`/metrics`), `requests_guard_queued` the guard's in front of it, `measured` the requests in flight whose
+    prompts the guard counted; `router` the router's children, for a router's own unit.
+    """
+
+    state: ServerState
+    nvml: NvmlSnapshot | None = None
+    proc: ProcSnapshot | None = None
+    http: HttpSnapshot | None = None
+    pid: int | None = None
+    requests_deferred: int | None = None
+    requests_guard_queued: int | None = None
+    measured: Sequence[Measured] = ()
+    sources: Mapping[str, SourceReading] = field(default_factory=dict)  # by source: "http", "nvml", "proc"
+    # Reads whose value of llama-server's /metrics was not understood, by metric (a fixed set): left out alone.
+    http_rejected: Mapping[str, int] = field(default_factory=dict)
+    slot_tokens_source: str = "log"  # one of model.live.SLOT_TOKEN_SOURCES
+    verbosity: int | None = None  # llama-server's log verbosity: from its log, else its command line
+    router: RouterLog | None = None
+
+
+def effective_verbosity(state: ServerState) -> int | None:
+    """llama-server's log verbosity: from the log, else from its command line (llama-server's default is 3)."""
+    if state.run.verbosity is not None:
+        return state.run.verbosity
+    cfg = state.command_line
+    if cfg is None:
+        return None
+    return cfg.verbosity if cfg.verbosity is not None else 3
+
+
+def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
+    """A shallow copy of `state` with `/slots` and `/props` (and the command line) filling in. Pure.
+
+    - `/slots` with `n_prompt_tokens` (b9276+) replaces each slot's token estimate, and its
+      `is_processing` replaces the log's processing flag; the slot count becomes the live one.
+    - Configuration the log did not give (default verbosity hides most of it) is taken from
+      `/props` first, then from llama-server's command line.
+    """
+    view = copy.copy(state)
+    view.run = run = copy.copy(state.run)  # the view fills in its own run, never the state's
+    cfg = state.command_line
+    live = http.slots if http is not None and http.up else None
+    if live:
+        slots: dict[int, SlotState] = {}
+        for ls in live:
+            s = state.run.slots.get(ls.id) or SlotState(n_ctx=state.run.n_ctx_slot)
+            slots[ls.id] = dataclasses.replace(
+                s,
+                tokens=s.tokens if ls.tokens is None else ls.tokens,
+                processing=s.processing if ls.processing is None else ls.processing,
+                n_ctx=ls.n_ctx if ls.n_ctx is not None else s.n_ctx,
+                generation_budget=ls.generation_budget,
+                prompt_size=(ls.n_cached and s.size_with_cache(ls.n_cached)) or s.prompt_size,
+            )
+        run.slots = slots
+        run.n_slots = max(ls.id for ls in live) + 1
+    props = http if http is not None and http.up else None
+    if run.build is None and props is not None:
+        run.build = props.build
+    if run.model is None and props is not None:
+        run.model = props.model
+    if run.n_slots is None:
+        run.n_slots = (props.total_slots if props else None) or (cfg.slot_count() if cfg else None)
+    if run.n_ctx_slot is None:
+        run.n_ctx_slot = (props.n_ctx_slot if props else None) or (cfg.slot_context() if cfg else None)
+    if cfg is not None:
+        if run.kv_unified is None:
+            run.kv_unified = cfg.unified()
+        if run.type_k is None:
+            run.type_k = cfg.type_k or "f16"  # llama-server's default cache type
+        if run.type_v is None:
+            run.type_v = cfg.type_v or "f16"
+        if run.verbosity is None and cfg.verbosity is not None:
+            run.verbosity = cfg.verbosity
+        if run.checkpoint_limit is None and cfg.ctx_checkpoints is not None:
+            run.checkpoint_limit = cfg.ctx_checkpoints
+        if run.prompt_cache_limit_bytes is None and cfg.cache_ram_mib is not None:
+            mib = cfg.cache_ram_mib
+            run.prompt_cache_limit_bytes = float("inf") if mib < 0 else mib * MIB
+    return view

@@ -10,8 +10,8 @@ first on `sys.path`; the two processes run side by side and take turns, one bloc
 A B B A A B …, so that both meet the same load on a shared machine (another process on the same core
 slows the CPU time of a block too). Each process builds the exporter as `llamacpp-exporter` does,
 through the checkout's own `tests/support/assembly.py` (the tests' production assembly; a checkout older
-than it uses this checkout's copy), live sources off, and times its own work with `time.process_time`
-(its CPU time, user and system; not wall time):
+than it uses that helper's first version, `FIRST_ASSEMBLY`), live sources off, and times its own work with
+`time.process_time` (its CPU time, user and system; not wall time):
 
 - line: a block is `--block` lines of the corpus (`bench/make_corpus.py`: real b11434 runs stitched,
   `--lines` lines) appended to the log the exporter follows, then read, split, parsed and applied to the
@@ -56,11 +56,23 @@ FIGURES = ("line", "scrape", "router_scrape")
 
 
 # -- a measuring process (one checkout) ---------------------------------------------------------------
+#: The assembly helper's first version, written for the build of its time (`single_server`, `LogPipeline` in
+#: logs/): what a checkout older than the helper is measured through.
+FIRST_ASSEMBLY = "7138fa9"
+
+
 def _assembly(checkout: Path) -> ModuleType:
-    """The checkout's `tests/support/assembly.py`, or this checkout's when it has none (older revisions)."""
+    """The checkout's `tests/support/assembly.py`, or, for a checkout older than it, the helper's first version."""
     path = checkout / "tests" / "support" / "assembly.py"
     if not path.exists():
-        path = REPO / "tests" / "support" / "assembly.py"
+        first = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{FIRST_ASSEMBLY}:tests/support/assembly.py"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        with tempfile.NamedTemporaryFile("wb", suffix=".py", prefix="first_assembly_", delete=False) as f:
+            f.write(first)  # a temporary file: a checkout folder given as it is stays untouched
+        path = Path(f.name)
     spec = importlib.util.spec_from_file_location("assembly", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -88,14 +88,10 @@ class ServerUnit:
             nvml=self.nvml_owner.nvml,
             proc=live.proc,
             http=http,
-            pid=live.pid,
-            requests_deferred=http.deferred if http is not None and http.up else None,
             requests_guard_queued=hooks.queued() if hooks is not None and self._pool is None else None,
             measured=tuple(hooks.measured(self._pool)) if hooks is not None else (),
             sources=live.readings(),
             http_rejected=dict(live.http_rejected),
-            slot_tokens_source=live.slot_tokens_source(),
-            verbosity=live.effective_verbosity(),
             router=self._router,
         )
 

@@ -43,16 +43,34 @@ class ServerView:
     nvml: NvmlSnapshot | None = None
     proc: ProcSnapshot | None = None
     http: HttpSnapshot | None = None
-    pid: int | None = None
-    requests_deferred: int | None = None
     requests_guard_queued: int | None = None
     measured: Sequence[Measured] = ()
     sources: Mapping[str, SourceReading] = field(default_factory=dict)  # by source: "http", "nvml", "proc"
     # Reads whose value of llama-server's /metrics was not understood, by metric (a fixed set): left out alone.
     http_rejected: Mapping[str, int] = field(default_factory=dict)
-    slot_tokens_source: str = "log"  # one of model.live.SLOT_TOKEN_SOURCES
-    verbosity: int | None = None  # llama-server's log verbosity: from its log, else its command line
     router: RouterLog | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """llama-server's pid, from the process source's last read."""
+        p = self.proc.process if self.proc is not None else None
+        return p.pid if p is not None else None
+
+    @property
+    def requests_deferred(self) -> int | None:
+        """llama-server's own queue (`/metrics`), while its endpoints answer."""
+        return self.http.deferred if self.http is not None and self.http.up else None
+
+    @property
+    def slot_tokens_source(self) -> str:
+        """`slots_endpoint` when `/slots` gave every slot's tokens in the last read, else `log`
+        (one of model.live.SLOT_TOKEN_SOURCES)."""
+        return "slots_endpoint" if self.http is not None and self.http.slot_tokens_live else "log"
+
+    @property
+    def verbosity(self) -> int | None:
+        """llama-server's log verbosity: from its log, else its command line."""
+        return effective_verbosity(self.state)
 
 
 def effective_verbosity(state: ServerState) -> int | None:

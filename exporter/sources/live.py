@@ -244,17 +244,9 @@ class LiveSources:
             name: SourceReading(st.up, st.duration_seconds, st.failures, st.error) for name, st in self.statuses.items()
         }
 
-    def slot_tokens_source(self) -> str:
-        """`slots_endpoint` when `/slots` gave every slot's tokens in the last read, else `log`."""
-        return "slots_endpoint" if self.http is not None and self.http.slot_tokens_live else "log"
-
-    def effective_verbosity(self) -> int | None:
-        """llama-server's log verbosity: from the log, else from its command line (llama-server's default is 3)."""
-        return effective_verbosity(self.state)
-
     def report_verbosity(self) -> None:
         """Say once (per change) in the exporter's log when llama-server's verbosity hides lines it needs."""
-        level = self.effective_verbosity()
+        level = effective_verbosity(self.state)
         if level is None:
             return
         build = self.state.run.build or (self.http.build if self.http else None)
@@ -274,5 +266,5 @@ class LiveSources:
                 FULL_VERBOSITY,
                 capacity if capacity is not None else "unknown",
                 source,
-                "/slots" if self.slot_tokens_source() == "slots_endpoint" else "log estimates",
+                "/slots" if self.http is not None and self.http.slot_tokens_live else "log estimates",
             )

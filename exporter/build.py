@@ -153,7 +153,12 @@ def build_server(
     if spec is None:
         live = build_live_sources(config, log.pipeline.state, log.log_file, router=is_router)
         return FollowedServer(
-            {}, log.pipeline, live, child_live=child_live(config, config.http.server_url), hooks=hooks
+            {},
+            log.pipeline,
+            live,
+            child_live=child_live(config, config.http.server_url),
+            hooks=hooks,
+            active_window=config.host.kv_pool_active_window,
         )
     live = build_live_sources(
         config,
@@ -173,6 +178,7 @@ def build_server(
         child_live=child_live(config, spec.url),
         hooks=hooks,
         nvml_owner=nvml_owner,
+        active_window=config.host.kv_pool_active_window,
     )
 
 

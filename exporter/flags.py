@@ -461,6 +461,9 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         type=positive_int,
         metavar="TOKENS",
     )
+    active = "seconds after its last turn that an idle slot's conversation counts as coming back "
+    active += "(llamacpp_kv_pool_active_tokens): longer than the pauses between an agent's turns (its tool runs)."
+    flags.add(g, "--kv-pool-active-window", active, type=_positive_float, metavar="SECONDS")
 
 
 def _add_guard_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:

@@ -74,6 +74,7 @@ class HostArea:
     pid: int | None = flag("--pid", None)
     pid_file: str | None = flag("--pid-file", None)
     kv_pool_capacity: int | None = flag("--kv-pool-capacity", None)
+    kv_pool_active_window: float = flag("--kv-pool-active-window", 60.0)
 
 
 @dataclass(frozen=True)

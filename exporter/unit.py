@@ -17,6 +17,7 @@ unit's view; the scrape renders those views and the next one makes new ones.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,12 +27,14 @@ from exporter.metrics.exporter_health import ExporterCollector, SourcesUpCollect
 from exporter.metrics.gpu import NvmlCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.servers import RouterCollector, Unit, log_collectors
+from exporter.model.activity import Activity
 from exporter.model.forecast import Measured
 from exporter.model.live import HttpSnapshot, NvmlSnapshot
 from exporter.model.router import RouterChild, RouterLog
 from exporter.model.state import ServerState
 from exporter.model.view import ServerView, merge_view
 from exporter.pipeline import LogPipeline
+from exporter.settings import HostArea
 from exporter.sources.live import LiveSources, SourceStatus
 
 #: Builds a router child's live sources: the child, the router's live sources (its pid, its `/models`), and
@@ -69,9 +72,12 @@ class ServerUnit:
         pool: str | None = None,
         nvml: LiveSources | None = None,
         router: RouterLog | None = None,
+        active_window: float = HostArea.kv_pool_active_window,
     ) -> None:
         self.state = state
         self.live = live
+        self._activity = Activity()
+        self._active_window = active_window
         self._hooks = hooks
         self._pool = pool
         self.nvml_owner = nvml or live
@@ -83,8 +89,11 @@ class ServerUnit:
         live, http = self.live, self.live.http
         # A router's own unit renders no forecast nor queue (its children do): the guard is not asked of it.
         hooks = self._hooks if self._router is None or not self._router.active else None
+        state = merge_view(self.state, http)
+        window = self._active_window
+        active = self._activity.observe(time.monotonic(), state.run.slots, window, self.state.run)
         return ServerView(
-            merge_view(self.state, http),
+            state,
             nvml=self.nvml_owner.nvml,
             proc=live.proc,
             http=http,
@@ -93,6 +102,8 @@ class ServerUnit:
             sources=live.readings(),
             http_rejected=dict(live.http_rejected),
             router=self._router,
+            active_tokens=active if state.run.slot_count is not None else None,
+            active_window=window,
         )
 
     def refreshed(self) -> None:
@@ -140,14 +151,23 @@ class FollowedServer:
         child_live: ChildLive | None = None,
         hooks: GuardHooks | None = None,
         nvml_owner: LiveSources | None = None,
+        active_window: float = HostArea.kv_pool_active_window,
     ) -> None:
         self.labels = dict(labels)
+        self._active_window = active_window
         self.pipeline = pipeline
         self.live = live
         self.nvml_owner = nvml_owner or live
         self._child_live = child_live or no_live
         self._hooks = hooks
-        self.unit = ServerUnit(pipeline.state, live, hooks=hooks, nvml=self.nvml_owner, router=pipeline.log.router)
+        self.unit = ServerUnit(
+            pipeline.state,
+            live,
+            hooks=hooks,
+            nvml=self.nvml_owner,
+            router=pipeline.log.router,
+            active_window=active_window,
+        )
         self._children: dict[int, _Child] = {}  # port → unit of a child that runs now
         self._refreshing = asyncio.Lock()  # one refresh at a time: a second scrape must not close a child
         # whose reads the first one still awaits
@@ -215,7 +235,14 @@ class FollowedServer:
     def _open_child(self, child: RouterChild) -> _Child:
         name = ", ".join(f"{k} {v}" for k, v in {**self.labels, "model": child.name}.items())
         live = self._child_live(child, self.live, name)
-        unit = ServerUnit(child.state, live, hooks=self._hooks, pool=child.name, nvml=self.nvml_owner)
+        unit = ServerUnit(
+            child.state,
+            live,
+            hooks=self._hooks,
+            pool=child.name,
+            nvml=self.nvml_owner,
+            active_window=self._active_window,
+        )
         collectors = [
             *log_collectors(unit.view),
             SourcesUpCollector(lambda: unit.view().sources),

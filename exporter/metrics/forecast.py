@@ -28,6 +28,12 @@ class KVForecastCollector(Collector):
     # HELP llamacpp_kv_pool_demand_ratio llamacpp_kv_pool_demand_tokens / llamacpp_kv_pool_capacity_tokens …
     # TYPE llamacpp_kv_pool_demand_ratio gauge
     llamacpp_kv_pool_demand_ratio{horizon="prompt"} 1.0986328125
+    # HELP llamacpp_kv_pool_active_tokens KV cells of the conversations in flight or coming back: …
+    # TYPE llamacpp_kv_pool_active_tokens gauge
+    llamacpp_kv_pool_active_tokens 31500.0
+    # HELP llamacpp_kv_pool_active_ratio llamacpp_kv_pool_active_tokens / llamacpp_kv_pool_capacity_tokens …
+    # TYPE llamacpp_kv_pool_active_ratio gauge
+    llamacpp_kv_pool_active_ratio 0.9613037109375
     # HELP llamacpp_kv_pool_full_eta_seconds Seconds until the requests in flight fill the KV pool at …
     # TYPE llamacpp_kv_pool_full_eta_seconds gauge
     llamacpp_kv_pool_full_eta_seconds 84.2
@@ -72,6 +78,7 @@ class KVForecastCollector(Collector):
             for h in HORIZONS:
                 ratio.add_metric([h], f.demand(h) / f.capacity)
             yield ratio
+        yield from _active(view, f.capacity)
         eta = f.eta_seconds
         if eta is not None:
             yield GaugeMetricFamily(
@@ -113,3 +120,29 @@ class KVForecastCollector(Collector):
             per_slot.add_metric([str(i), "prompt"], d.prompt if d else 0)
             per_slot.add_metric([str(i), "max"], d.max if d else 0)
         yield per_slot
+
+
+def _active(view: ServerView, capacity: int | None) -> Iterator[Metric]:
+    """The cells of the conversations in flight or coming back (`exporter.model.activity`), and their share."""
+    if view.active_tokens is None or view.active_window is None:
+        return
+    yield GaugeMetricFamily(
+        "llamacpp_kv_pool_active_tokens",
+        "KV cells of the conversations in flight or coming back: slots processing now, and idle slots whose "
+        "last turn ended within llamacpp_kv_pool_active_window_seconds (an agent running its tools; the most "
+        "the slot held in that turn, also if another task's start cleared it).",
+        value=view.active_tokens,
+    )
+    if capacity:
+        yield GaugeMetricFamily(
+            "llamacpp_kv_pool_active_ratio",
+            "llamacpp_kv_pool_active_tokens / llamacpp_kv_pool_capacity_tokens: above 0.9 the conversations "
+            "coming back leave no room (LlamaCppKVPoolSaturated).",
+            value=view.active_tokens / capacity,
+        )
+    yield GaugeMetricFamily(
+        "llamacpp_kv_pool_active_window_seconds",
+        "How long after its last turn an idle slot's conversation counts in llamacpp_kv_pool_active_tokens "
+        "(--kv-pool-active-window).",
+        value=view.active_window,
+    )

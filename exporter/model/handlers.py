@@ -109,6 +109,7 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
         if s.task == e.task and s.prompt_size is not None:
             st.request_prompt_tokens.observe(s.prompt_size)
     s.processing, s.task, s.cache_base = False, -1, None
+    s.turns += 1
     s.new_task()
     aborted = e.task in run.aborted_tasks
     run.aborted_tasks.discard(e.task)

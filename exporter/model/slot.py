@@ -24,6 +24,9 @@ class SlotState:
     tokens: int = 0
     processing: bool = False
     task: int = -1
+    # Tasks it has released (`stop processing`) since its server started: a turn that began and ended between
+    # two scrapes still moves it (exporter.model.activity).
+    turns: int = 0
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None

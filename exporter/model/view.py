@@ -36,7 +36,8 @@ class ServerView:
     made for this view; the log's state is untouched). The snapshots are the live sources' last reads (`nvml`
     may be another unit's: NVML is read once for all); `requests_deferred` is llama-server's own queue
     (`/metrics`), `requests_guard_queued` the guard's in front of it, `measured` the requests in flight whose
-    prompts the guard counted; `router` the router's children, for a router's own unit.
+    prompts the guard counted; `router` the router's children, for a router's own unit; `active_tokens` the
+    cells of the slots processing or idle for less than `active_window` seconds since their last turn.
     """
 
     state: ServerState
@@ -49,6 +50,9 @@ class ServerView:
     # Reads whose value of llama-server's /metrics was not understood, by metric (a fixed set): left out alone.
     http_rejected: Mapping[str, int] = field(default_factory=dict)
     router: RouterLog | None = None
+    # Cells of the conversations in flight or coming back (`exporter.model.activity`), and its window in seconds.
+    active_tokens: int | None = None
+    active_window: float | None = None
 
     @property
     def pid(self) -> int | None:

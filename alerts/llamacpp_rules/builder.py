@@ -20,6 +20,9 @@ HELD = "instance:llamacpp_kv_pool_in_flight_tokens:two_samples"
 PROMISED = "instance:llamacpp_kv_pool_promised_tokens:two_samples"
 #: Recorded by recording.py: cells the largest request in flight holds, at two samples in a row.
 LARGEST = "instance:llamacpp_request_in_flight_tokens:two_samples_max"
+#: Recorded by recording.py: the cells of the conversations in flight or coming back (llamacpp_kv_pool_active_tokens),
+#: the lesser of its last two samples.
+ACTIVE = "instance:llamacpp_kv_pool_active_tokens:two_samples"
 #: Labels that name one llama-server (an absent label matches its absence): for joins with ALERTS.
 SERVER = "job, instance, server, model"
 #: Recorded by recording.py: when a job's llamacpp-exporter was last scraped.

@@ -60,8 +60,10 @@ class Config:
     #: share of the pool, at two samples in a row.
     kv_overflow_ahead_ratio: float = 1.0
     kv_overflow_ahead_for: str = "0s"
-    #: LlamaCppKVPoolSaturated (critical): KV pool usage ratio above this at two samples in a row while the
-    #: requests in flight hold that much; fires at once and keeps firing for kv_page_keep_firing_for.
+    #: LlamaCppKVPoolSaturated (critical): the conversations in flight or coming back (llamacpp_kv_pool_active_ratio:
+    #: slots processing, and idle slots whose last turn ended within the exporter's --kv-pool-active-window) hold
+    #: more than this share of the pool at two samples in a row, and the pool's usage passed it within
+    #: two_samples_window; fires at once and keeps firing for kv_page_keep_firing_for.
     kv_saturated_ratio: float = 0.9
     kv_saturated_for: str = "0s"
     #: LlamaCppKVPoolOverflowPossible: at the limits their clients set (the `limits` horizon: known
@@ -76,6 +78,8 @@ class Config:
     #: ... and the pool is at least this full already (keeps an idle, nearly empty pool quiet).
     kv_fill_min_ratio: float = 0.5
     kv_fill_for: str = "2m"
+    #: ... and it stays up this long after the trend flattens: a fill that pauses and resumes is one warning.
+    kv_fill_keep_firing_for: str = "15m"
     #: LlamaCppKVPoolOvercommitted (info): overcommit above this while at least this many requests run and
     #: they hold more than overcommit_min_usage_ratio of the pool (idle slots' cells do not count: llama-server
     #: purges them when it needs room). A default server (-np auto, -kvu) is 4x overcommitted by design; only a
@@ -84,14 +88,15 @@ class Config:
     overcommit_min_processing: int = 2
     overcommit_min_usage_ratio: float = 0.5
     overcommit_for: str = "10m"
-    #: LlamaCppKVPoolUndersized (warning): over this window, the requests in flight held or were promised
-    #: (prompts and the max_tokens their clients set) more than undersized_peak_ratio of the pool together
-    #: (at two samples in a row), or the largest request held times the number of requests in flight together
-    #: at the busiest moments (p99 at each request's start) exceeds the pool; for this long, with at least
-    #: this many requests in the window.
+    #: LlamaCppKVPoolUndersized (warning): over this window, the conversations in flight or coming back held more
+    #: than undersized_peak_ratio of the pool together (at two samples in a row), or the day-over-day growth of
+    #: that peak (today's window against the one before, once the one before held at least
+    #: undersized_trend_min_ratio of the pool) reaches the pool within undersized_forecast_days; with at least
+    #: undersized_min_requests requests in the window. No `for:`: its inputs already span two samples and a day.
     undersized_window: str = "1d"
-    undersized_peak_ratio: float = 0.8
-    undersized_for: str = "3m"
+    undersized_peak_ratio: float = 0.9
+    undersized_forecast_days: int = 3
+    undersized_trend_min_ratio: float = 0.5
     undersized_min_requests: int = 20
     #: LlamaCppKVPoolCapacityUnknown: slots known, pool size not, for this long.
     capacity_unknown_for: str = "10m"
@@ -106,7 +111,9 @@ class Config:
     host_available_ratio: float = 0.1
     host_for: str = "5m"
     server_down_for: str = "1m"
-    #: LlamaCppServerRestarting: at least this many server starts within the window.
+    #: LlamaCppServerRestarting: at least this many server starts within the window. It and LlamaCppServerDown
+    #: are one page per crash loop: whichever fires first holds it (the other stays quiet while it fires), and
+    #: both keep firing for restarts_window after their condition ends.
     restarts_count: int = 3
     restarts_window: str = "15m"
     restarts_for: str = "1m"

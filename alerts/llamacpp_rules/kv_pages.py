@@ -1,5 +1,9 @@
 """The KV pool's pages: requests being lost to the pool, and the pool past 90 %. One page per incident.
 
+"Past 90 %" counts the conversations in flight or coming back (llamacpp_kv_pool_active_ratio): an agent's slot
+is idle while the agent runs its tools and its conversation returns within seconds, so the requests processing
+at one instant say little; a pool full of slots idle for longer than the exporter's window is not at risk.
+
 Both fire at once (no ``for:``: the pool goes from 90 % to an overflow in seconds) on conditions that need
 two real samples (an increase between two samples; a gauge's last two samples), and keep firing for
 ``kv_page_keep_firing_for`` so that the page stays visible after the pool has emptied. They hold one
@@ -11,10 +15,10 @@ RequestsAborted up. So a pool that passes 90 % and then aborts requests pages on
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, SERVER, Rule, Rules
+from llamacpp_rules.builder import SERVER, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
-from llamacpp_rules.kv_pool import DEMAND, forecast_text
-from llamacpp_rules.text import COUNT, THIS, figure, num
+from llamacpp_rules.kv_pool import choice_text, forecast_text
+from llamacpp_rules.text import THIS, figure, num
 
 ABORTED = "LlamaCppKVPoolRequestsAborted"
 SATURATED = "LlamaCppKVPoolSaturated"
@@ -23,11 +27,23 @@ SATURATED = "LlamaCppKVPoolSaturated"
 ACT_NOW = (
     "In the next 15 minutes: see which clients hold the pool (dashboard: tokens per slot; with the guard, "
     "llamacpp_guard_client_pool_tokens) and stop or pause the longest conversation (close that client's "
-    "connection, or ask its user to compact it); if it keeps happening, restart llama-server with a pool "
-    "that keeps every promise: --kv-unified-per-slot (each slot its own window), or -ctk/-ctv q8_0 and a "
-    "larger -c, or fewer slots (-np); or put the guard in front of it (--guard.listen-address), which "
-    "holds back the request that would overflow the pool instead of losing them all."
+    "connection, or ask its user to compact it); or put the guard in front of llama-server "
+    "(--guard.listen-address), which holds back the request that would overflow the pool instead of losing "
+    "them all."
 )
+#: The selector of requests aborted because the pool overflowed.
+ABORTED_SERIES = 'llamacpp_requests_aborted_total{%s, reason="context_exceeded"}'
+
+
+def lost_text(window: str) -> str:
+    """Whether requests were lost to the pool in the last ``window``, and how many (read back, not $value)."""
+    return (
+        THIS
+        + f"{{{{ with printf `sum(increase({ABORTED_SERIES}[{window}])) > 0` $this | query }}}}"
+        + '{{ . | first | value | printf "%.0f" }} requests were aborted (lost) in the last '
+        + window
+        + ". {{ else }}No request has been lost yet. {{ end }}"
+    )
 
 
 def _firing(alert: str) -> str:
@@ -48,40 +64,27 @@ def requests_aborted(r: Rules) -> Rule:
         "0s",
         "critical",
         "llama-server<WHO> is losing requests: its shared KV pool overflowed and every request in flight was aborted.",
-        "{{ $labels.instance }}<WHO> aborted "
-        + COUNT
-        + f" requests in the last {c.aborted_window} ('Context size has been exceeded', HTTP 500 to every "
-        "client in flight, small requests included): the slots together needed more KV cells than the pool "
-        "has. It happens again whenever the same long conversations run together. "
-        + THIS
-        + figure("llamacpp_kv_pool_capacity_tokens", 'printf "%.0f"', "?", before="The pool has ", after=" cells; ")
-        + figure(
-            f"instance:llamacpp_request_in_flight_tokens:max_{c.undersized_window}",
-            'printf "%.0f"',
-            "?",
-            before=f"the largest request of the last {c.undersized_window} held ",
-            after=". ",
-        )
+        "{{ $labels.instance }}<WHO> lost requests: its slots together needed more KV cells than the pool has, "
+        "and llama-server aborted every request in flight ('Context size has been exceeded', HTTP 500 to every "
+        "client, small requests included). "
+        + lost_text(c.aborted_window)
+        + "It happens again whenever the same long conversations run together. "
+        + figure("llamacpp_kv_pool_capacity_tokens", 'printf "%.0f"', "", before="The pool has ", after=" cells. ")
         + ACT_NOW
+        + choice_text(c.undersized_window)
         + LARGEST_HOLDER,
         keep_firing_for=c.kv_page_keep_firing_for,
     )
 
 
 def saturated(r: Rules) -> Rule:
-    """LlamaCppKVPoolSaturated (critical): the pool is past 90 % while the requests in flight hold that much."""
+    """LlamaCppKVPoolSaturated (critical): the conversations in flight or coming back fill 90 % of the pool."""
     c, m = r.cfg, r.m
     ratio = num(c.kv_saturated_ratio)
-    usage, prompt_demand = m("llamacpp_kv_pool_usage_ratio"), m(DEMAND, 'horizon="prompt"')
-    full = "\n".join(
-        [
-            "(",
-            f"  {r.last_two(usage, '>', ratio)}".replace("\n", "\n  "),
-            f"  and ignoring (horizon) ({r.last_two(prompt_demand, '>', ratio)})".replace("\n", "\n  "),
-            f"  and {BUSY} > 0",
-            ")",
-        ]
-    )
+    active, usage = m("llamacpp_kv_pool_active_ratio"), m("llamacpp_kv_pool_usage_ratio")
+    # The pool itself passed the threshold within the window too: conversations that together outgrow the pool
+    # while llama-server swaps them through its prompt cache, the pool never full, are the capacity warning's.
+    full = f"{r.last_two(active, '>', ratio)}\nand max_over_time({usage}[{c.two_samples_window}]) > {ratio}"
     return r.alert(
         SATURATED,
         # Once it fires, the aborts that follow are its incident: they keep it up (and RequestsAborted quiet).
@@ -89,15 +92,25 @@ def saturated(r: Rules) -> Rule:
         f"unless on ({SERVER}) {_firing(ABORTED)}",
         c.kv_saturated_for,
         "critical",
-        f"llama-server's shared KV pool<WHO> is past {num(c.kv_saturated_ratio * 100)}% full while requests run: "
-        "an overflow aborts every request in flight.",
-        "The KV pool of {{ $labels.instance }}<WHO> is {{ $value | humanizePercentage }} full and the requests "
-        "in flight hold that much (two samples in a row). When it is full, llama-server halves its batch down "
-        "to 1 and then aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500); this "
-        "page stays up while that happens. "
+        f"llama-server's shared KV pool<WHO> is past {num(c.kv_saturated_ratio * 100)}% with conversations that "
+        "are running or coming back: an overflow aborts every request in flight.",
+        THIS
+        + "On {{ $labels.instance }}<WHO>, the conversations in flight or coming back hold "
+        + figure("llamacpp_kv_pool_active_ratio", "humanizePercentage", "?")
+        + " of the shared KV pool at two samples in a row (slots processing, and idle slots whose last turn ended "
+        "within "
+        + figure("llamacpp_kv_pool_active_window_seconds", "humanizeDuration", "the exporter's window")
+        + "); it is "
+        + figure("llamacpp_kv_pool_usage_ratio", "humanizePercentage", "?")
+        + f" full now (past {num(c.kv_saturated_ratio * 100)}% within the last {c.two_samples_window}). "
+        + lost_text(c.aborted_window)
+        + "When the returning conversations need more than the pool, llama-server halves its batch down to 1 and "
+        "then aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500); this page stays "
+        "up while that happens. "
         + forecast_text()
         + " "
         + ACT_NOW
+        + choice_text(c.undersized_window)
         + " Drain this instance if you cannot stop a client."
         + LARGEST_HOLDER,
         keep_firing_for=c.kv_page_keep_firing_for,

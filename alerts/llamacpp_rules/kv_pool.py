@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llamacpp_rules.builder import BUSY, HELD, SERVER, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
+from llamacpp_rules.recording import choice, full_in_days, peak
 from llamacpp_rules.text import COUNT, THIS, figure, num
 
 DEMAND = "llamacpp_kv_pool_demand_ratio"
@@ -25,6 +26,26 @@ def forecast_text() -> str:
             before="full in ", after=" at the current speed.",
         )
     )  # fmt: skip
+
+
+def choice_text(window: str) -> str:
+    """The restart options that would have held the most the conversations held together over ``window``, each
+    with its figure (read back from the recording rules; an option whose figure is not known is left out)."""
+    pick, i = choice(window), 'printf "%.0f"'
+    return (
+        THIS
+        + figure(
+            peak(window), i, "", before=f" To hold the most held together in the last {window} (", after=" cells):"
+        )
+        + figure(pick["context"], i, "", before=" -c ")
+        + figure(pick["extra_bytes"], "humanize1024", "", before=" (", after="B more KV memory)")
+        + figure(pick["slots"], i, "", before="; or -np ", after=" (each as large as the largest request fits alone)")
+        + figure(pick["per_slot"], i, "", before="; or --kv-unified-per-slot ")
+        + figure(pick["per_slot_bytes"], "humanize1024", "", before=" (", after="B of KV memory in all)")
+        + figure(peak(window), i, "", before="", after=". ").replace("{{ . | first | value | " + i + " }}", "")
+        + '{{ with printf `llamacpp_server_info{%s, type_k="f16"}` $this | query }}'
+        "A q8_0 cache (-ctk/-ctv q8_0) halves the memory of each. {{ end }}"
+    )
 
 
 def overflow_ahead(r: Rules) -> Rule:
@@ -92,6 +113,7 @@ def filling_up(r: Rules) -> Rule:
         "fills up before that, and then every in-flight request is aborted. Check which slots grow "
         "(dashboard: tokens per slot), cap long generations (n_predict) or move clients away; plan "
         "--kv-unified-per-slot or -ctk/-ctv q8_0.",
+        keep_firing_for=c.kv_fill_keep_firing_for,
     )
 
 
@@ -117,46 +139,53 @@ def overcommitted(r: Rules) -> Rule:
 
 
 def undersized(r: Rules) -> Rule:
-    """LlamaCppKVPoolUndersized: what the day's requests held together, or would at their usual concurrency,
-    outgrows the pool."""
+    """LlamaCppKVPoolUndersized: what the conversations held together came near the pool, or grows day over day
+    towards it."""
     c, m = r.cfg, r.m
     window = c.undersized_window
     capacity = m("llamacpp_kv_pool_capacity_tokens")
-    peak = f"instance:llamacpp_kv_pool_promised_tokens:max_{window}"
-    needed = f"instance:llamacpp_kv_pool_needed_tokens:{window}"
+    i = 'printf "%.0f"'
     return r.alert(
         "LlamaCppKVPoolUndersized",
         "\n".join(
             [
                 "(",
-                f"  {needed} > {capacity}",
-                f"  or {peak} > {num(c.undersized_peak_ratio)} * {capacity}",
+                f"  {peak(window)} > {num(c.undersized_peak_ratio)} * {capacity}",
+                f"  or {full_in_days(window)} <= {c.undersized_forecast_days}",
                 ")",
                 f"and increase({m('llamacpp_request_tokens_count')}[{window}]) >= {c.undersized_min_requests}",
             ]
         ),
-        c.undersized_for,
+        "0s",
         "warning",
-        "llama-server's KV pool<WHO> is too small for the requests it serves: long requests at once will "
-        "abort every request in flight.",
+        "llama-server's KV pool<WHO> is too small, or will be within days, for the conversations it serves "
+        "together: when they outgrow it, every request in flight is aborted.",
         THIS
         + "Over the last "
         + window
-        + ", the requests in flight on {{ $labels.instance }}<WHO> held or were promised (prompts and the "
-        "max_tokens their clients set) up to "
-        + figure(peak, 'printf "%.0f"', "?")
-        + " KV cells together; the largest request held "
-        + figure(f"instance:llamacpp_request_in_flight_tokens:max_{window}", 'printf "%.0f"', "?")
-        + " and at the busiest moments (p99 at each request's start) "
-        + figure(f"instance:llamacpp_request_concurrency:p99_{window}", 'printf "%.0f"', "?")
-        + " requests ran at once: requests like the largest, that many at once, need about "
-        + figure(needed, 'printf "%.0f"', "?")
-        + " cells, and the pool has "
-        + figure("llamacpp_kv_pool_capacity_tokens", 'printf "%.0f"', "?")
-        + ". The first time long requests run together past the pool, llama-server aborts every request in "
-        "flight. In the daytime: give each slot its own window (--kv-unified-per-slot N: one request can no "
-        "longer abort the others), run fewer slots (-np), or afford a larger pool (-ctk/-ctv q8_0 halves the "
-        "cache, then a larger -c); or run the guard in front of it.",
+        + ", the conversations in flight or coming back on {{ $labels.instance }}<WHO> held up to "
+        + figure(peak(window), i, "?")
+        + " KV cells together (at two samples in a row), and the pool has "
+        + figure("llamacpp_kv_pool_capacity_tokens", i, "?")
+        + ". "
+        + figure(
+            full_in_days(window),
+            'printf "%.1f"',
+            "",
+            before="At the growth of that peak since the day before, it reaches the pool in ",
+            after=" days",
+        )
+        + figure(
+            f"time() + 86400 * {full_in_days(window)}",
+            "humanizeTimestamp",
+            "",
+            before=" (around ",
+            after="). ",
+        )
+        + "When long conversations run together past the pool, llama-server aborts every request in flight. "
+        "In the daytime, resize it:"
+        + choice_text(window)
+        + "Or run the guard in front of it. The sizing tile of the dashboard shows this peak over the pool.",
     )
 
 

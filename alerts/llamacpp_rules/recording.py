@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, HELD, LARGEST, PROMISED, SEEN, Rule, Rules
+from llamacpp_rules.builder import ACTIVE, BUSY, HELD, LARGEST, PROMISED, SEEN, Rule, Rules
+
+#: The granularity of the sizes the rules recommend (-c, --kv-unified-per-slot): llama-server rounds -c up to
+#: a multiple of 256 cells.
+ROUND = 256
+
+
+def peak(window: str) -> str:
+    """Recorded: the most the conversations in flight or coming back held together over ``window``."""
+    return f"instance:llamacpp_kv_pool_active_tokens:max_{window}"
+
+
+def full_in_days(window: str) -> str:
+    """Recorded: in how many days the day-over-day growth of `peak` reaches the pool (absent: not growing)."""
+    return f"instance:llamacpp_kv_pool_full_in_days:{window}"
+
+
+#: Recorded: KV cache bytes per cell (the size line's K and V over the pool's cells).
+BYTES_PER_CELL = "instance:llamacpp_kv_cache_bytes_per_cell"
+
+
+def choice(window: str) -> dict[str, str]:
+    """Recorded: what would have held the most held together over ``window``, by option."""
+    return {
+        "context": f"instance:llamacpp_kv_pool_needed_context_tokens:max_{window}",
+        "extra_bytes": f"instance:llamacpp_kv_pool_needed_extra_bytes:max_{window}",
+        "slots": f"instance:llamacpp_slots_that_fit:max_{window}",
+        "per_slot": f"instance:llamacpp_kv_per_slot_tokens:max_{window}",
+        "per_slot_bytes": f"instance:llamacpp_kv_per_slot_bytes:max_{window}",
+    }
 
 
 def recording(r: Rules) -> list[Rule]:
@@ -11,6 +40,7 @@ def recording(r: Rules) -> list[Rule]:
     window = r.cfg.undersized_window
     tokens, processing = m("llamacpp_slot_tokens"), m("llamacpp_slot_processing")
     promised = m("llamacpp_kv_pool_demand_tokens", 'horizon="limits"')
+    active, capacity, pick = m("llamacpp_kv_pool_active_tokens"), m("llamacpp_kv_pool_capacity_tokens"), choice(window)
     # A slot's cells while it processes, at two samples in a row (the lesser of the two; 0 unless it was
     # processing at both): one sample never counts, whatever the scrape and evaluation intervals.
     held_per_slot = (
@@ -53,6 +83,37 @@ def recording(r: Rules) -> list[Rule]:
                 f"instance:llamacpp_request_in_flight_tokens:max_{window}\n"
                 f"* clamp_min(instance:llamacpp_request_concurrency:p99_{window}, 1)"
             ),
+        },
+        # What the conversations in flight or coming back held together (the page and the capacity warning),
+        # the lesser of two samples in a row, its peak over the window, and the growth of that peak day over day.
+        {"record": ACTIVE, "expr": f"{active} - clamp_min(idelta({active}[{w}]), 0)"},
+        {"record": peak(window), "expr": f"max_over_time({ACTIVE}[{window}])"},
+        {
+            "record": full_in_days(window),
+            "expr": (
+                f"clamp_min(ln({capacity} / {peak(window)}), 0)\n"
+                f"/ ln(({peak(window)} / ({peak(window)} offset {window})) > 1)\n"
+                f"and ({peak(window)} offset {window}) > {r.cfg.undersized_trend_min_ratio:g} * {capacity}"
+            ),
+        },
+        # What would have held that peak: a larger -c (and its memory), fewer slots, or one window per slot.
+        {"record": BYTES_PER_CELL, "expr": f"sum without (kind) ({m('llamacpp_kv_cache_bytes')}) / {capacity}"},
+        {"record": pick["context"], "expr": f"ceil({peak(window)} / {ROUND}) * {ROUND}"},
+        {
+            "record": pick["extra_bytes"],
+            "expr": f"({pick['context']} - {capacity}) * {BYTES_PER_CELL} > 0",
+        },
+        {
+            "record": pick["slots"],
+            "expr": f"floor({capacity} / clamp_min(instance:llamacpp_request_in_flight_tokens:max_{window}, 1))",
+        },
+        {
+            "record": pick["per_slot"],
+            "expr": f"ceil(instance:llamacpp_request_in_flight_tokens:max_{window} / {ROUND}) * {ROUND}",
+        },
+        {
+            "record": pick["per_slot_bytes"],
+            "expr": f"{pick['per_slot']} * {m('llamacpp_slots')} * {BYTES_PER_CELL}",
         },
         {
             "record": BUSY,

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 from exporter.model.slot import SlotState
 
+#: A conversation that left its slot is taken to be back when a slot whose task began since holds this share of it.
+RETURNED = 0.9
+
 
 @dataclass(frozen=True)
 class _Turn:
@@ -40,13 +43,25 @@ class _Turn:
     at: float | None  # when its last turn was seen running or ending (None: never)
     held: int  # the most it held since that turn began
     processing: bool = False
+    since: float = 0.0  # when its current task was first seen
+
+
+@dataclass(frozen=True)
+class _Away:
+    """A recent conversation whose slot another task took: it comes back to some slot, restored from the cache."""
+
+    held: int
+    at: float  # when its last turn ended
+    left: float  # when its slot was seen running another task
 
 
 class Activity:
-    """Per server: each slot's last turn, kept across observations (one per scrape)."""
+    """Per server: each slot's last turn, and the recent conversations that lost their slot, kept across
+    observations (one per scrape)."""
 
     def __init__(self) -> None:
         self._turns: dict[int, _Turn] = {}
+        self._away: list[_Away] = []
         self._run: object | None = None
 
     def observe(self, now: float, slots: Mapping[int, SlotState], window: float, run: object | None = None) -> int:
@@ -56,24 +71,43 @@ class Activity:
         old process's turns."""
         if run is not self._run:
             self._turns.clear()
+            self._away = []
             self._run = run
         total = 0
         turns: dict[int, _Turn] = {}
+        away = [a for a in self._away if now - a.at <= window]
         for slot_id, s in slots.items():
             last = self._turns.get(slot_id)
+            recent = last is not None and not last.processing and last.at is not None and now - last.at <= window
             if s.processing:
-                turn = _Turn(s.turns, now, s.tokens, processing=True)
+                started = last is None or not last.processing or s.turns != last.turns
+                if started and recent and last is not None and last.held and last.at is not None:
+                    away.append(_Away(last.held, last.at, now))  # the idle conversation lost its slot
+                since = now if started or last is None else last.since
+                turn = _Turn(s.turns, now, s.tokens, processing=True, since=since)
                 total += s.tokens
             elif last is not None and (last.processing or s.turns != last.turns):
+                if not last.processing and recent and last.held and last.at is not None:
+                    away.append(_Away(last.held, last.at, now))  # another turn ran in its slot between scrapes
                 # A turn ended since the previous observation: it counts from now.
                 held = max(s.tokens, last.held) if last.processing else s.tokens
                 turn = _Turn(s.turns, now, held)
                 total += held
-            elif last is not None and last.at is not None and now - last.at <= window:
+            elif recent and last is not None:
                 turn = _Turn(s.turns, last.at, max(s.tokens, last.held))
                 total += turn.held
             else:
                 turn = _Turn(s.turns, None if last is None else last.at, 0)
             turns[slot_id] = turn
-        self._turns = turns
+        # A conversation that lost its slot and runs again in one (restored from the prompt cache) counts there.
+        fresh = sorted((t for t in turns.values() if t.processing), key=lambda t: -t.held)
+        kept: list[_Away] = []
+        for a in sorted(away, key=lambda a: -a.held):
+            back = next((t for t in fresh if t.since >= a.left and t.held >= RETURNED * a.held), None)
+            if back is not None:
+                fresh.remove(back)
+            else:
+                kept.append(a)
+                total += a.held
+        self._turns, self._away = turns, kept
         return total

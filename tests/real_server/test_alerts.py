@@ -70,9 +70,11 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppKVPoolRequestsAborted": [
         "In the next 15 minutes",
         "which clients hold the pool",
+        "requests were aborted (lost)",
+        " -c ",
         "--kv-unified-per-slot",
         "-ctk/-ctv q8_0",
-        "fewer slots (-np)",
+        "or -np ",
         "the guard",
     ],
     "LlamaCppKVPoolOverflowAhead": [
@@ -85,14 +87,16 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
         "In the next 15 minutes",
         "which clients hold the pool",
         "Drain this instance",
+        "No request has been lost yet",
+        " -c ",
         "--kv-unified-per-slot",
         "-ctk/-ctv q8_0",
-        "fewer slots (-np)",
+        "or -np ",
         "the guard",
     ],
     "LlamaCppKVPoolFillingUp": ["n_predict", "--kv-unified-per-slot"],
     "LlamaCppKVPoolOvercommitted": ["--kv-unified-per-slot", "-kvu", "-ctk/-ctv q8_0", "fewer slots"],
-    "LlamaCppKVPoolUndersized": ["--kv-unified-per-slot", "fewer slots (-np)", "-ctk/-ctv q8_0", "larger -c"],
+    "LlamaCppKVPoolUndersized": ["--kv-unified-per-slot", "or -np ", "-ctk/-ctv q8_0", " -c ", "reaches the pool in"],
     "LlamaCppContextExceeded": ["grep 'Context size has been exceeded'", "--kv-unified-per-slot", "-ctk/-ctv q8_0"],
     "LlamaCppKVRetryCascade": ["retrying with smaller batch size", "--kv-unified-per-slot"],
     "LlamaCppVRAMHeadroomLow": ["-ctk/-ctv q8_0", "smaller -c", "-ngl", "-b/-ub"],
@@ -129,6 +133,8 @@ GROUPINGS = {
     "LlamaCppKVPoolSaturated": SERVER_JOIN,
     "LlamaCppContextExceeded": SERVER_JOIN,
     "LlamaCppKVRetryCascade": SERVER_JOIN,
+    "LlamaCppServerDown": SERVER_JOIN,
+    "LlamaCppServerRestarting": SERVER_JOIN,
     "LlamaCppExporterDown": {("on", "job")},
     "LlamaCppExporterTargetGone": {("on", "job")},
     "LlamaCppVRAMHeadroomLow": {("by", "host,job,name,uuid"), ("on", "instance,uuid"), ("on", "instance")},
@@ -482,7 +488,7 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
     text = out_file.read_text(encoding="utf-8")
     assert 'llamacpp_gpu_memory_free_bytes{job="llama"}\n' in text and ") < 1073741824" in text
     assert 'predict_linear(llamacpp_kv_pool_usage_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
-    assert 'llamacpp_kv_pool_usage_ratio{job="llama"} > 0.85' in text
+    assert 'llamacpp_kv_pool_active_ratio{job="llama"} > 0.85' in text
     assert "runbook_url: https://runbooks.acme.corp/llamacpp.md#llamacppkvpoolsaturated" in text
     assert "dashboard_url: https://grafana.acme.corp/d/llamacpp-exporter?from=now-3h&to=now" in text
     check = subprocess.run([str(promtool_bin), "check", "rules", str(out_file)], capture_output=True, timeout=60)

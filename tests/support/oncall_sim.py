@@ -11,14 +11,18 @@ histogram buckets, and written as promtool ``input_series``.
     sim.aborts           # [(second, requests aborted)], one per overflow
     sim.input_series()   # [{"series": 'llamacpp_slot_tokens{job="llamacpp", ...}', "values": "0x5 1200 ..."}]
 
-What it models of llama-server (b11434, unified KV): a request takes an idle slot (its client's own slot when
-idle, for the prompt cache; else the idle slot that holds the least), processes the uncached part of its
-prompt (whole batches, ~1800 tokens/s), then generates (~30 tokens/s); a finished slot keeps its cells until
-it is given to another request or purged to make room; when the slots in flight together need more cells
-than the pool, every request in flight is aborted (a failed retry cascade, 'Context size has been
-exceeded'). Agents retry an aborted request after a few seconds; after two aborts in a row the agent's
-user compacts the conversation. At the default verbosity the exporter learns a prompt's size from its
-second progress line (3 s in); until then the forecast counts what the slot holds.
+What it models of llama-server (b11434, unified KV, `--cache-idle-slots` on: its default): a request takes an
+idle slot (its client's own slot when idle, for the prompt cache; else the idle slot that holds the least);
+starting it saves every other idle slot to the host prompt cache and clears it, so the pool's usage dips and
+comes back when each conversation returns and restores its cells from the cache (fast, like a cached
+prefix); it processes the rest of its prompt (whole batches, ~1800 tokens/s), then generates (~30
+tokens/s); a finished slot keeps its cells until the next task's start clears it or it is purged to make
+room; when the slots in flight together need more cells than the pool, every request in flight is aborted
+(a failed retry cascade, 'Context size has been exceeded'). An agent runs its tools for 5-40 s between turns.
+Agents retry an aborted request after a few seconds; after two aborts in a row the agent's user compacts the
+conversation. At the default verbosity the exporter learns a prompt's size from its second progress line
+(3 s in); until then the forecast counts what the slot holds. `llamacpp_kv_pool_active_tokens` is the
+exporter's own `exporter.model.activity.Activity` over the slots as each scrape sees them.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from exporter.model.activity import Activity
 from exporter.model.request_sizes import CONCURRENCY_BUCKETS, REQUEST_TOKEN_BUCKETS
+from exporter.model.slot import SlotState
+from exporter.settings import HostArea
 
 CAPACITY = 262_144
 SLOTS = 4
@@ -38,6 +45,9 @@ AGENT_MAX_TOKENS = 8192  # what the agents send as max_tokens
 RETRIES_PER_CASCADE = 11  # -b 2048 halved down to 1
 DAY = 86_400
 GPU = 'gpu="0", uuid="GPU-5d7a0c4e", name="NVIDIA GeForce RTX 4090"'
+ACTIVE_WINDOW = HostArea.kv_pool_active_window
+TOOL_GAP_S = (5, 40)  # an agent runs its tools between two turns
+BYTES_PER_CELL = 65_536  # a 70B-class model's f16 K and V per cell (what the size line gives over the cells)
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Scenario:
     chat_per_second: float = 0.6
     scrape_s: int = 15
     traffic: bool = True  # False: a healthy server that nobody uses
+    growth: float = 0.0  # how much longer the conversations grow each day (0.1: 10 % a day)
 
 
 @dataclass
@@ -63,6 +74,7 @@ class Agent:
     failures: int = 0
     compacting: bool = False
     busy: bool = False
+    saved: float = 0.0  # cells of its conversation in the host prompt cache (its slot cleared by another start)
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Slot:
     tokens: float = 0.0
     owner: Agent | None = None
     req: Request | None = None
+    turns: int = 0  # tasks released (stop processing), as the exporter counts them
 
 
 @dataclass
@@ -136,6 +149,7 @@ class _Server:
         self.req_tokens_sum = 0.0
         self.conc = [0] * (len(CONCURRENCY_BUCKETS) + 1)
         self.conc_sum = 0.0
+        self.day = 0
 
     def processing(self) -> list[Slot]:
         return [s for s in self.slots if s.req is not None]
@@ -146,13 +160,27 @@ class _Server:
             if not idle:
                 return
             req = self.queue.popleft()
-            own = [s for s in idle if req.agent is not None and s.owner is req.agent]
+            agent = req.agent
+            own = [s for s in idle if agent is not None and s.owner is agent and s.tokens > 0]
             slot = own[0] if own else min(idle, key=lambda s: s.tokens)
-            cached = min(slot.tokens, req.prompt) if own else 0.0
-            if not own and slot.owner is not None:
-                slot.owner = None  # another client's cache is overwritten
-            slot.req, slot.tokens, slot.owner = req, cached, req.agent
+            if own:
+                cached = min(slot.tokens, req.prompt)
+            elif agent is not None and agent.saved:  # restored from the host prompt cache
+                cached = min(agent.saved, req.prompt)
+            else:
+                cached = 0.0
+            if slot.owner is not None and slot.owner is not agent and slot.tokens:
+                slot.owner.saved = slot.tokens  # another client's cells: saved to the prompt cache first
+            if agent is not None:
+                agent.saved = 0.0
+            slot.req, slot.tokens, slot.owner = req, cached, agent
             req.held, req.started = cached, t
+            # --cache-idle-slots: the new task's start saves every other idle slot and clears it.
+            for other in self.slots:
+                if other.req is None and other.tokens:
+                    if other.owner is not None:
+                        other.owner.saved = other.tokens
+                    other.tokens, other.owner = 0.0, None
             n = len(self.processing())
             self.conc[next((i for i, b in enumerate(CONCURRENCY_BUCKETS) if n <= b), len(CONCURRENCY_BUCKETS))] += 1
             self.conc_sum += n
@@ -205,6 +233,7 @@ class _Server:
             assert req is not None
             slot.tokens = int(slot.tokens * scale)
             slot.req = None
+            slot.turns += 1
             self._observe_tokens(slot.tokens)
             agent = req.agent
             if agent is None:
@@ -219,6 +248,7 @@ class _Server:
 
     def finish(self, t: int, slot: Slot, req: Request) -> None:
         slot.req = None
+        slot.turns += 1
         self._observe_tokens(req.held)
         self.counters["lines"] += 3
         agent = req.agent
@@ -230,13 +260,13 @@ class _Server:
             slot.owner = None
         else:  # the answer without its reasoning goes into the conversation
             agent.conv = req.prompt + req.gen // 5
-        # The agent runs its tools: mostly reads and edits, sometimes a build or the tests.
-        agent.next_at = t + (self.rng.uniform(2, 20) if self.rng.random() < 0.8 else self.rng.uniform(30, 150))
+        # The agent runs its tools: reads and edits, a build or the tests.
+        agent.next_at = t + self.rng.uniform(*TOOL_GAP_S)
 
     def new_conversation(self, agent: Agent, resumed: bool = False) -> None:
         """A fresh (or compacted) conversation; ``resumed``: yesterday's work picked up at some length."""
         lo, hi = self.sc.conversation
-        agent.limit = self.rng.randint(lo, hi)
+        agent.limit = int(self.rng.randint(lo, hi) * (1 + self.sc.growth) ** self.day)
         agent.conv = self.rng.randint(14_000, agent.limit * 2 // 3 if resumed else 26_000)
         agent.compacting = False
 
@@ -278,12 +308,13 @@ def simulate(sc: Scenario) -> Simulation:
     offsets = {a.name: [(rng.uniform(-0.5, 0.5), rng.uniform(-0.5, 0.5)) for _ in range(sc.days)] for a in agents}
     started_day = {a.name: -1 for a in agents}
     rows: dict[str, list[float]] = {}
+    activity = Activity()
 
     def put(name: str, value: float) -> None:
         rows.setdefault(name, []).append(value)
 
     for t in range(sc.days * DAY):
-        day = t // DAY
+        day = srv.day = t // DAY
         for a in agents:
             if a.busy or t < a.next_at or not _working(t, offsets[a.name][day]):
                 continue
@@ -307,6 +338,10 @@ def simulate(sc: Scenario) -> Simulation:
             put(f'llamacpp_slot_processing{{{LABELS}, slot="{i}"}}', int(s.req is not None))
             put(f'llamacpp_slot_context_tokens{{{LABELS}, slot="{i}"}}', CAPACITY)
         put(f"llamacpp_slots{{{LABELS}}}", SLOTS)
+        put(
+            f'llamacpp_server_info{{{LABELS}, build="11434", model="agent-70b", kv_unified="true", type_k="f16", type_v="f16", capacity_source="command_line"}}',
+            1,
+        )
         put(f"llamacpp_kv_pool_capacity_tokens{{{LABELS}}}", CAPACITY)
         put(f"llamacpp_kv_pool_used_tokens{{{LABELS}}}", int(used))
         put(f"llamacpp_kv_pool_usage_ratio{{{LABELS}}}", round(used / CAPACITY, 4))
@@ -315,6 +350,16 @@ def simulate(sc: Scenario) -> Simulation:
             demand = sum(_demand(s.req, t, horizon) for s in busy if s.req is not None)
             put(f'llamacpp_kv_pool_demand_tokens{{{LABELS}, horizon="{horizon}"}}', int(demand))
             put(f'llamacpp_kv_pool_demand_ratio{{{LABELS}, horizon="{horizon}"}}', round(demand / CAPACITY, 4))
+        seen = {
+            i: SlotState(tokens=int(s.tokens), processing=s.req is not None, turns=s.turns)
+            for i, s in enumerate(srv.slots)
+        }
+        active = activity.observe(float(t), seen, ACTIVE_WINDOW)
+        put(f"llamacpp_kv_pool_active_tokens{{{LABELS}}}", active)
+        put(f"llamacpp_kv_pool_active_ratio{{{LABELS}}}", round(active / CAPACITY, 4))
+        put(f"llamacpp_kv_pool_active_window_seconds{{{LABELS}}}", ACTIVE_WINDOW)
+        for kind in ("k", "v"):
+            put(f'llamacpp_kv_cache_bytes{{{LABELS}, kind="{kind}"}}', CAPACITY * BYTES_PER_CELL // 2)
         unknown = sum(1 for s in busy if s.req is not None and s.req.budget is None)
         put(f"llamacpp_kv_pool_demand_unknown_budget_slots{{{LABELS}}}", unknown)
         put(f"llamacpp_requests_in_flight{{{LABELS}}}", len(busy))

@@ -143,13 +143,15 @@ def _overcommit() -> Panel:
 
 def _sizing() -> Panel:
     return stat(
-        "Pool needed / pool (1d)" + OF_MODEL,
-        "instance:llamacpp_kv_pool_needed_tokens:1d over llamacpp_kv_pool_capacity_tokens: requests like the "
-        "day's largest, as many at once as at its busiest moments, against the pool. Past 100% the pool is too "
-        "small for the traffic it gets (LlamaCppKVPoolUndersized); the request-size row has the details.",
-        q("instance:llamacpp_kv_pool_needed_tokens:1d{S} / llamacpp_kv_pool_capacity_tokens{S}", "{W}"),
+        "Held together / pool (1d)" + OF_MODEL,
+        "What LlamaCppKVPoolUndersized reads: instance:llamacpp_kv_pool_active_tokens:max_1d (the most the "
+        "conversations in flight or coming back held together over the last day, at two samples in a row) over "
+        "llamacpp_kv_pool_capacity_tokens. Past 90% it warns; below, it warns when the day-over-day growth of "
+        "this peak reaches the pool within 3 days (instance:llamacpp_kv_pool_full_in_days:1d, in the request-size "
+        "row).",
+        q("instance:llamacpp_kv_pool_active_tokens:max_1d{S} / llamacpp_kv_pool_capacity_tokens{S}", "{W}"),
         unit="percentunit",
-        steps=thresholds((None, GREEN), (0.8, ORANGE), (1.0, RED)),
+        steps=thresholds((None, GREEN), (0.8, ORANGE), (0.9, RED)),
         decimals=0,
     )
 

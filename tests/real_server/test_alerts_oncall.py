@@ -7,10 +7,13 @@ overflows a few times an hour in busy hours, three days; with and without a chat
 
 What the on-call engineer needs, asserted per run:
 - the capacity warning (LlamaCppKVPoolUndersized) fires before the first abort;
+- at a 5 or 15 s scrape, the page comes before the first abort of most incidents (the share is asserted over
+  all runs, and printed with each lead);
 - the first abort of each incident (aborts less than 30 minutes apart) has a critical page at the first
   evaluation that can see it at the latest;
 - no incident gives more than one page;
 and the same at a 1 m scrape with 15 s evaluation. Each run prints its table (pytest -s shows it).
+LLAMACPP_ONCALL_FULL=1 runs every seed (1-5), with and without chat, at 5, 15 and 60 s.
 
 promtool's cost grows with the square of the horizon (the capacity rules look back a day at every
 evaluation): a 3-day run at 15 s evaluation takes minutes. Each run here covers the first busy day from
@@ -30,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from oncall_promtool import Table, measure
+from oncall_promtool import Row, Table, measure
 from oncall_sim import DAY, Scenario, Simulation, simulate
 from paths import REPO
 
@@ -42,7 +45,17 @@ SPAN = (8 * 3600, 14 * 3600 + 1800)
 
 #: (seed, chat front-end, scrape interval s)
 RUNS = [(1, False, 15), (2, False, 15), (3, False, 15), (1, True, 15), (2, True, 15), (3, True, 15)]
+RUNS_5S = [(4, False, 5), (5, True, 5)]
 RUNS_1M = [(4, False, 60), (5, True, 60)]
+#: LLAMACPP_ONCALL_FULL=1: every seed, with and without chat, at every scrape interval (about 20 minutes on 2 cores).
+if os.environ.get("LLAMACPP_ONCALL_FULL") == "1":
+    RUNS = [(seed, chat, scrape) for scrape in (5, 15) for chat in (False, True) for seed in range(1, 6)]
+    RUNS_5S = []
+    RUNS_1M = [(seed, chat, 60) for chat in (False, True) for seed in range(1, 6)]
+ALL_RUNS = RUNS + RUNS_5S + RUNS_1M
+#: The share of incidents at a 5 or 15 s scrape whose first abort a page came before (the rest are paged at
+#: the first evaluation that sees the abort).
+PAGED_AHEAD = 0.75
 
 
 def _measure(run: tuple[int, bool, int], workdir: Path, promtool: Path) -> tuple[Simulation, Table]:
@@ -61,7 +74,7 @@ def tables(
     with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
         futures = {
             run: pool.submit(_measure, run, tmp / f"seed{run[0]}-chat{int(run[1])}-{run[2]}s", promtool_bin)
-            for run in RUNS + RUNS_1M
+            for run in ALL_RUNS
         }
         return {run: f.result() for run, f in futures.items()}
 
@@ -78,7 +91,7 @@ def _report(run: tuple[int, bool, int], sim: Simulation, table: Table) -> str:
 
 
 @pytest.mark.promtool
-@pytest.mark.parametrize("run", RUNS + RUNS_1M, ids=lambda r: f"seed{r[0]}-{'chat' if r[1] else 'agents'}-{r[2]}s")
+@pytest.mark.parametrize("run", ALL_RUNS, ids=lambda r: f"seed{r[0]}-{'chat' if r[1] else 'agents'}-{r[2]}s")
 def test_the_on_call_table(
     run: tuple[int, bool, int], tables: dict[tuple[int, bool, int], tuple[Simulation, Table]]
 ) -> None:
@@ -88,12 +101,63 @@ def test_the_on_call_table(
     assert table.rows, report  # the span holds aborts: the test is not vacuous
     lead = table.capacity_lead_s
     assert lead is not None and lead > 0, f"the capacity warning does not lead the first abort\n{report}"
-    firsts = [r for r in table.rows if r.at == min(x.at for x in table.rows if x.incident == r.incident)]
-    for row in firsts:
+    for row in _first_rows(table):
         assert row.pages, f"incident {row.incident}: no page at its first abort\n{report}"
     assert all(n <= 1 for n in table.pages[:-1]), f"an incident paged more than once\n{report}"
     if run[1]:  # the chat front-end makes long requests rare: the quantiles cannot see them
         assert sim.long_requests / sim.requests < 0.01, report
+
+
+def _first_rows(table: Table) -> list[Row]:
+    return [r for r in table.rows if r.at == min(x.at for x in table.rows if x.incident == r.incident)]
+
+
+@pytest.mark.promtool
+def test_pages_come_before_the_first_abort_of_most_incidents(
+    tables: dict[tuple[int, bool, int], tuple[Simulation, Table]],
+) -> None:
+    """At a 5 or 15 s scrape the page (LlamaCppKVPoolSaturated: the conversations in flight or coming back past
+    90 %) comes before the first abort of most incidents; the table of leads is printed."""
+    ahead, total, leads = 0, 0, []
+    for run, (_, table) in tables.items():
+        if run[2] > 15:
+            continue
+        for row in _first_rows(table):
+            total += 1
+            lead = max((lead for _, lead in row.pages), default=None)
+            leads.append(lead)
+            ahead += lead is not None and lead > 0
+    print(f"paged before the first abort: {ahead} of {total} incidents; leads (s): {leads}")
+    assert total and ahead / total >= PAGED_AHEAD, (ahead, total, leads)
+
+
+@pytest.mark.promtool
+def test_demand_growing_10_percent_a_day_warns_a_day_before_its_first_overflow(
+    promtool_bin: Path, tmp_path: Path
+) -> None:
+    """Conversations that grow 10 % a day (68k-76k tokens on day 1; seed 2 overflows first on day 3): the
+    capacity warning fires at least a day before the first abort."""
+    sim = simulate(Scenario(seed=2, growth=0.1, conversation=(68_000, 76_000), scrape_s=60))
+    assert sim.aborts and sim.aborts[0][0] >= 2 * DAY, sim.aborts[:1]
+    ahead = (sim.aborts[0][0] - DAY) // 300 * 300
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "300s",
+        "tests": [
+            {
+                "interval": "60s",
+                "input_series": sim.input_series(),
+                "promql_expr_test": [
+                    {
+                        "expr": 'count(ALERTS{alertname="LlamaCppKVPoolUndersized", alertstate="firing"})',
+                        "eval_time": f"{ahead}s",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                ],
+            }
+        ],
+    }
+    _promtool_test(promtool_bin, tmp_path, tests)
 
 
 def _promtool_test(promtool: Path, workdir: Path, tests: Mapping[str, object]) -> None:

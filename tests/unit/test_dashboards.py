@@ -335,12 +335,19 @@ def test_stat_targets_are_range_only_with_a_sparkline() -> None:
 
 
 def test_the_top_row_sizes_the_pool_and_sorts_alerts_by_rank() -> None:
-    """The top row has the sizing tile (the pool needed over the pool), the firing alerts sorted by the
-    severity's rank (not its name: "info" < "warning" as strings), and the least free VRAM of the GPUs
-    that llama-server uses only."""
+    """The top row has the sizing tile (what LlamaCppKVPoolUndersized reads, red at its threshold), the firing
+    alerts sorted by the severity's rank (not its name: "info" < "warning" as strings), and the least free VRAM
+    of the GPUs that llama-server uses only."""
     top = rows_json()[0][1]
-    sizing = next(p for p in top if p["title"].startswith("Pool needed"))
-    assert "instance:llamacpp_kv_pool_needed_tokens:1d" in sizing["targets"][0]["expr"]
+    sizing = next(p for p in top if p["title"].startswith("Held together / pool"))
+    rules = yaml.safe_load((REPO / "alerts" / "llamacpp-rules.yml").read_text(encoding="utf-8"))
+    undersized = next(
+        str(r["expr"]) for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LlamaCppKVPoolUndersized"
+    )
+    peak = "instance:llamacpp_kv_pool_active_tokens:max_1d"
+    assert peak in sizing["targets"][0]["expr"]
+    red = [st["value"] for st in sizing["fieldConfig"]["defaults"]["thresholds"]["steps"] if st["color"] == "red"]
+    assert f"{peak} > {red[0]:g} * llamacpp_kv_pool_capacity_tokens" in undersized
     alerts = next(p for p in top if p["title"] == "Firing alerts")
     assert alerts["options"]["sortBy"] == [{"displayName": "rank", "desc": False}]
     expr = alerts["targets"][0]["expr"]

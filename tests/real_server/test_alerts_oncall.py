@@ -55,7 +55,7 @@ if os.environ.get("LLAMACPP_ONCALL_FULL") == "1":
 ALL_RUNS = RUNS + RUNS_5S + RUNS_1M
 #: The share of incidents at a 5 or 15 s scrape whose first abort a page came before (the rest are paged at
 #: the first evaluation that sees the abort).
-PAGED_AHEAD = 0.75
+PAGED_AHEAD = 0.9
 
 
 def _measure(run: tuple[int, bool, int], workdir: Path, promtool: Path) -> tuple[Simulation, Table]:

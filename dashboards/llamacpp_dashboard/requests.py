@@ -128,26 +128,15 @@ def _pool_needed() -> Panel:
         "The pool you need and the pool you have" + OF_MODEL,
         "Over the last day: the most the conversations in flight or coming back held together "
         "(instance:llamacpp_kv_pool_active_tokens:max_1d, what LlamaCppKVPoolUndersized reads: past 90 % of the "
-        "pool it warns), the days until its day-over-day growth reaches the pool "
-        "(instance:llamacpp_kv_pool_full_in_days:1d, right axis: 3 or fewer warns), the largest request held "
+        "pool it warns; its day-over-day growth reaching the pool within 3 days warns too, with the days and the "
+        "date: instance:llamacpp_kv_pool_full_in_days:1d), the largest request held "
         "times the requests in flight together at the busiest moments (instance:llamacpp_kv_pool_needed_tokens:1d); "
         "against llamacpp_kv_pool_capacity_tokens.",
         [
             q("max by ({BY}) (instance:llamacpp_kv_pool_active_tokens:max_1d{S})", "{W} held together (1d)", "C"),
             q("max by ({BY}) (instance:llamacpp_kv_pool_needed_tokens:1d{S})", "{W} largest x p99", "A"),
             q("max by ({BY}) (llamacpp_kv_pool_capacity_tokens{S})", "{W} pool", "B"),
-            q("min by ({BY}) (instance:llamacpp_kv_pool_full_in_days:1d{S})", "{W} days until full (trend)", "D"),
         ],
         unit="short",
         axis_label="KV cells",
-        overrides=[
-            {
-                "matcher": {"id": "byFrameRefID", "options": "D"},
-                "properties": [
-                    {"id": "custom.axisPlacement", "value": "right"},
-                    {"id": "custom.axisLabel", "value": "days"},
-                    {"id": "unit", "value": "d"},
-                ],
-            }
-        ],
     )

@@ -302,7 +302,9 @@ def test_alertmanager_delivers_the_page_to_the_webhook(incident: Incident) -> No
     assert alert["annotations"]["dashboard_url"].endswith(
         f"&var-job={JOB}&var-instance={quote_plus(incident.instance)}"
     )
-    assert alert["annotations"]["description"].startswith(f"The KV pool of {incident.instance} is 9")
+    assert alert["annotations"]["description"].startswith(
+        f"On {incident.instance}, the conversations in flight or coming back hold 9"
+    )
 
 
 def test_the_aborts_are_the_pages_incident_not_a_second_page(incident: Incident) -> None:

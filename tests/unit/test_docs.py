@@ -1,5 +1,6 @@
 """The README and docs/: every link resolves inside the repository, the first screen answers what,
-install, run next to llama-server and test, and no page tells the history of how the project was made."""
+install, run next to llama-server and test, no page tells the history of how the project was made,
+and a section named in a page or a config comment exists."""
 
 from __future__ import annotations
 
@@ -134,3 +135,19 @@ def test_readme_says_what_make_test_fetches_and_how_long_it_takes() -> None:
     for what in ("~/.cache/llamacpp-exporter/tools", "apt-get download", "dpkg -x", "make test-system", "min"):
         assert what in section, what
     assert "TEST_MINUTES" not in section
+
+
+#: "see README.md, "Deploy"" or "docs/deploy.md, section "Docker Compose"" in a comment or a page.
+NAMED_SECTION = re.compile(r"([\w./-]+\.md),? (?:section )?\"([^\"]+)\"")
+TEXT_FILES = sorted(
+    {*PAGES, REPO / ".env.example", *REPO.glob("docker-compose*.yml"), *(REPO / "deploy").rglob("*.yml")}
+)
+
+
+@pytest.mark.parametrize("path", TEXT_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_named_section_exists(path: Path) -> None:
+    """A reader sent to a page's section by name finds a heading of that name there."""
+    for target, section in NAMED_SECTION.findall(path.read_text(encoding="utf-8")):
+        page = (REPO / target) if (REPO / target).exists() else (path.parent / target)
+        assert page.is_file(), f"{path.name} names {target}, which does not exist"
+        assert _slug(section) in _anchors(page), f'{path.name} sends readers to {target}, "{section}": no such section'

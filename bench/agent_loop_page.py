@@ -11,7 +11,7 @@ other agent's start clears them to the host prompt cache: the requests processin
 guide, and the pool's usage dips and comes back. Sooner or later two turns overlap with more than the pool
 together, and llama-server aborts both.
 
-    .venv/bin/python bench/agent_loop_page.py [--seed 1] [--step 250] [--timeout 900]
+    .venv/bin/python bench/agent_loop_page.py [--seed 1] [--step 60] [--timeout 900]
 
 Prints, as JSON: when the page (LlamaCppKVPoolSaturated) started firing (Prometheus' activeAt), when the
 `Context size has been exceeded` line appeared, the lead, and at the page: the slots processing, the prompt
@@ -76,7 +76,7 @@ class Agent(threading.Thread):
     def __init__(self, url: str, name: str, seed: int, step: int, stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self.url, self.rng, self.step, self.stop = url, random.Random(seed), step, stop
-        self.conversation = f"{name}: " + _text(self.rng, 900)
+        self.conversation = f"{name}: " + _text(self.rng, 300)
         self.turns: list[tuple[float, int]] = []  # (end time, status)
 
     def run(self) -> None:
@@ -105,7 +105,7 @@ def _iso(ts: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--step", type=int, default=250, help="words each turn adds to a conversation")
+    p.add_argument("--step", type=int, default=60, help="words each turn adds to a conversation")
     p.add_argument("--timeout", type=float, default=900.0)
     args = p.parse_args(argv)
     binary, prom_bin = find_llama_server(), find_prometheus()

@@ -8,7 +8,9 @@ of it: an overflow is as near as when they all process. Idle cells that no conve
 longer than the window (a prompt cache of yesterday's chats) are not at risk: llama-server frees idle slots
 when it needs room. When another task's start clears an idle slot (`--cache-idle-slots`: saved to the host
 prompt cache), its conversation still comes back and restores it, so the slot keeps counting the most it
-held during its turn until the window has passed.
+held during its turn until the window has passed. When another task takes the slot, the conversation still
+counts, on its own, until the window has passed or a slot whose task began since holds 90 % of it (it came
+back, restored from the cache: counted there, not twice).
 
 A turn is seen at a scrape either as the slot processing, or as its count of released tasks moved since the
 previous scrape (a turn that began and ended between two scrapes). A slot seen for the first time while idle
@@ -83,6 +85,8 @@ class Activity:
                 started = last is None or not last.processing or s.turns != last.turns
                 if started and recent and last is not None and last.held and last.at is not None:
                     away.append(_Away(last.held, last.at, now))  # the idle conversation lost its slot
+                elif started and last is not None and last.processing and last.held and s.turns != last.turns:
+                    away.append(_Away(last.held, now, now))  # its turn ended and another task took the slot
                 since = now if started or last is None else last.since
                 turn = _Turn(s.turns, now, s.tokens, processing=True, since=since)
                 total += s.tokens

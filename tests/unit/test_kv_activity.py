@@ -104,3 +104,24 @@ def test_the_unit_exports_the_active_cells_their_ratio_and_the_window() -> None:
     second = _gauges(generate_latest(registry).decode())
     assert second["llamacpp_kv_pool_active_tokens"] == 247
     assert second["llamacpp_kv_pool_demand_tokens"] == 0
+
+
+def test_a_conversation_whose_slot_another_task_took_counts_once_until_it_comes_back() -> None:
+    from exporter.model.slot import SlotState
+
+    a = Activity()
+    # Slot 0 runs an agent's 6,000-cell turn; slot 1 idles.
+    assert a.observe(0.0, {0: SlotState(tokens=6000, processing=True), 1: SlotState()}, WINDOW) == 6000
+    # The agent runs its tools; a chat request takes slot 0 (its conversation saved to the prompt cache).
+    both = a.observe(10.0, {0: SlotState(tokens=300, processing=True, turns=1), 1: SlotState()}, WINDOW)
+    assert both == 6000 + 300
+    # The agent comes back on slot 1, restored from the cache and 500 cells longer: counted there, once.
+    back = {0: SlotState(tokens=300, turns=2), 1: SlotState(tokens=6500, processing=True)}
+    assert a.observe(20.0, back, WINDOW) == 300 + 6500
+    # A small task on slot 1 instead would not have been the conversation: it would still count on its own.
+    b = Activity()
+    b.observe(0.0, {0: SlotState(tokens=6000, processing=True), 1: SlotState()}, WINDOW)
+    b.observe(10.0, {0: SlotState(tokens=300, processing=True, turns=1), 1: SlotState()}, WINDOW)
+    other = {0: SlotState(tokens=300, turns=2), 1: SlotState(tokens=800, processing=True)}
+    assert b.observe(20.0, other, WINDOW) == 300 + 800 + 6000
+    assert b.observe(10.0 + WINDOW + 1, other, WINDOW) == 300 + 800  # its window passed

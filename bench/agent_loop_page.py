@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import sys
@@ -35,6 +36,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+# Prometheus as scripts/unpack-test-tools.sh unpacks it, first on PATH (as tests/conftest.py puts it).
+TOOLS_BIN = (
+    Path(
+        os.environ.get("LLAMACPP_EXPORTER_TOOLS")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "tools"
+    )
+    / "bin"
+)
+os.environ["PATH"] = f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 from llama_harness import ExporterProcess, LlamaServer, find_llama_server, http_json, wait_for  # noqa: E402
 from prom_harness import Prometheus, find_prometheus, prometheus_test_config  # noqa: E402

@@ -36,14 +36,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+
+from paths import TOOLS_BIN  # noqa: E402
+
 # Prometheus as scripts/unpack-test-tools.sh unpacks it, first on PATH (as tests/conftest.py puts it).
-TOOLS_BIN = (
-    Path(
-        os.environ.get("LLAMACPP_EXPORTER_TOOLS")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "tools"
-    )
-    / "bin"
-)
 os.environ["PATH"] = f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 from llama_harness import ExporterProcess, LlamaServer, find_llama_server, http_json, wait_for  # noqa: E402

@@ -42,7 +42,7 @@ def choice_text(window: str) -> str:
         + figure(pick["slots"], i, "", before="; or -np ", after=" (each as large as the largest request fits alone)")
         + figure(pick["per_slot"], i, "", before="; or --kv-unified-per-slot ")
         + figure(pick["per_slot_bytes"], "humanize1024", "", before=" (", after="B of KV memory in all)")
-        + figure(peak(window), i, "", before="", after=". ").replace("{{ . | first | value | " + i + " }}", "")
+        + f"{{{{ with printf `{peak(window)}{{%s}}` $this | query }}}}. {{{{ end }}}}"
         + '{{ with printf `llamacpp_server_info{%s, type_k="f16"}` $this | query }}'
         "A q8_0 cache (-ctk/-ctv q8_0) halves the memory of each. {{ end }}"
     )

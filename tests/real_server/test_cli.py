@@ -65,6 +65,7 @@ def test_bad_environment_value_is_one_line_naming_it(variable: str, value: str, 
     result = _run("--log-file", "x.log", env={f"LLAMACPP_EXPORTER_{variable}": value})
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and flag in result.stderr, result.stderr
+    assert f"error: LLAMACPP_EXPORTER_{variable} (the environment's {flag}): " in result.stderr, result.stderr
 
 
 def test_help_documents_every_flag_with_its_environment_variable() -> None:

@@ -166,8 +166,8 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
 def test_diagnose_refuses_a_device(device: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A device never ends: one line and exit 2 at once, not a read that never returns."""
-    assert diagnose.main([device]) == 2
+    """A device never ends: one line and exit 3 at once, not a read that never returns."""
+    assert diagnose.main([device]) == 3  # an input that cannot be diagnosed
     assert capsys.readouterr().err.strip() == (
         f"llamacpp-exporter diagnose: error: {device}: is a character device, not a log file "
         "(give a file, or - for standard input)"

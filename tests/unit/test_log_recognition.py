@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
-from paths import FIXTURES
+from paths import FIXTURES, REPO
 
 from exporter.diagnose.inputs import diagnose_file
 from exporter.diagnose.read import InputError
@@ -138,3 +139,17 @@ def test_every_build_is_understood_from_its_first_line(tmp_path: Path) -> None:
         pipeline.replay_existing()
         assert pipeline.understood is True, real
         assert pipeline.up and pipeline.problem is None, real
+
+
+def test_the_docs_say_the_rules_line_count() -> None:
+    """Where a page says after how many lines a log is not understood, it says the rule's number."""
+
+    pages = [REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "alerts" / "runbook.md"]
+    said = [
+        (page.name, int(n.replace(",", "")))
+        for page in pages
+        for n in re.findall(r"first ([\d,]+) lines|([\d,]+) lines without", " ".join(page.read_text().split()))
+        for n in n
+        if n
+    ]
+    assert len(said) >= 4 and all(n == recognize.UNRECOGNIZED_AFTER_LINES for _, n in said), said

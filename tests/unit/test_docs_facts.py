@@ -189,6 +189,58 @@ def test_a_page_that_says_every_alert_links_says_when() -> None:
     assert not wrong, wrong
 
 
+#: A comparison a page quotes from a rule: "`… > 0.9`", "`… < 512 MiB`"; its operator and threshold.
+COMPARISON = re.compile(r"(>=|<=|==|!=|>|<) ?(-?\d+(?:\.\d+)?)(?: ?(KiB|MiB|GiB))?\s*$")
+PERCENT = re.compile(r"\b(\d+(?:\.\d+)?) ?%")
+
+
+def _thresholds(expr: str) -> set[tuple[str, float]]:
+    """The (operator, number) comparisons of a rule's expression."""
+    return {(op, float(n)) for op, n in re.findall(r"(>=|<=|==|!=|>|<)\s*(-?\d+(?:\.\d+)?)(?![\w.])", expr)}
+
+
+def wrong_thresholds(alert: str, text: str) -> list[str]:
+    """The comparisons quoted in backticks in `text`, and the percentages it gives `alert`, that its rule lacks."""
+    expr = str(_rules()[alert]["expr"])
+    wrong = []
+    for code in re.findall(r"`([^`]*)`", text):
+        m = COMPARISON.search(code)
+        if m is None:
+            continue
+        value = float(m.group(2)) * {None: 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}[m.group(3)]
+        if (m.group(1), value) not in _thresholds(expr):
+            wrong.append(f"{alert}: `{code}`, not in its rule")
+    numbers = {n for _, n in _thresholds(expr)}
+    for m in PERCENT.finditer(text):
+        if float(m.group(1)) / 100 not in numbers:
+            wrong.append(f"{alert}: {m.group(0)}, the rule compares with {sorted(numbers)}")
+    return wrong
+
+
+def test_the_threshold_reader_finds_a_changed_one() -> None:
+    assert wrong_thresholds("LlamaCppKVPoolSaturated", "`llamacpp_kv_pool_active_ratio > 0.9`, past 90 %") == []
+    assert len(wrong_thresholds("LlamaCppKVPoolSaturated", "`llamacpp_kv_pool_active_ratio > 0.8`, past 80 %")) == 2
+
+
+def test_thresholds_said_of_an_alert_are_the_rules() -> None:
+    """Each runbook section's severity paragraph quotes its rule's comparisons; a percentage a sentence gives
+    an alert (nearest before it, in the same clause) is one its rule compares with."""
+    rules = _rules()
+    wrong = []
+    runbook = (REPO / "alerts" / "runbook.md").read_text(encoding="utf-8")
+    for alert, body in re.findall(r"^## (LlamaCpp\w+)\n(.*?)(?=^## |\Z)", runbook, re.M | re.S):
+        line = re.search(r"\*\*Severity: (\w+)(.*?)(?:\n\s*\n|\Z)", body, re.S)
+        if alert in rules and line is not None:
+            wrong += [w for w in wrong_thresholds(alert, " ".join(line.group(0).split())) if "`" in w]
+    for page in PAGES:
+        for sentence in _sentences(page.read_text(encoding="utf-8")):
+            for m in PERCENT.finditer(sentence):
+                named = [a for a in ALERT.finditer(sentence) if a.end() <= m.start()]
+                if named and named[-1].group(0) in rules and ";" not in sentence[named[-1].end() : m.start()]:
+                    wrong += [f"{page.name}: {w}" for w in wrong_thresholds(named[-1].group(0), m.group(0))]
+    assert not wrong, wrong
+
+
 # --------------------------------------------------------------------------------- recording rules
 #: A recording rule's name, `level:metric:operations` (Prometheus' naming convention).
 RECORDING = re.compile(r"\b(?:instance|job|job_instance|server|model|cluster):llamacpp_\w+:\w+")

@@ -117,10 +117,10 @@ def test_a_log_problem_that_starts_while_running_is_said_once(tmp_path: Path) ->
         )
         log_file.unlink()
         log_file.mkdir()
-        wait_for(lambda: "is not a regular file" in exporter.output_file.read_text(), timeout=15, what="the warning")
+        wait_for(lambda: "is a directory, not a log" in exporter.output_file.read_text(), timeout=15, what="the warning")
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
         time.sleep(0.5)
-    assert exporter.output_file.read_text().count("is not a regular file") == 1
+    assert exporter.output_file.read_text().count("is a directory, not a log") == 1
 
 
 def test_start_up_replay_ends_on_a_file_that_always_looks_rewritten(tmp_path: Path) -> None:

@@ -117,7 +117,9 @@ def test_a_log_problem_that_starts_while_running_is_said_once(tmp_path: Path) ->
         )
         log_file.unlink()
         log_file.mkdir()
-        wait_for(lambda: "is a directory, not a log" in exporter.output_file.read_text(), timeout=15, what="the warning")
+        wait_for(
+            lambda: "is a directory, not a log" in exporter.output_file.read_text(), timeout=15, what="the warning"
+        )
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
         time.sleep(0.5)
     assert exporter.output_file.read_text().count("is a directory, not a log") == 1

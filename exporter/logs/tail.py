@@ -98,8 +98,8 @@ Encoding
     before lines are split; offsets, fingerprints and byte counts stay in the file's own bytes. The
     error record PowerShell 5.1 wraps around the first stderr line is taken off. Lines are decoded as
     UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an exception. A trailing
-    ``"\\r"`` (CRLF) is stripped. A content that is neither (NUL bytes in UTF-8 text) is read as it
-    is and said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
+    ``"\\r"`` (CRLF) is stripped. Binary data (``exporter.logs.recognize``) is not split into lines:
+    said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
 
 File missing at start, unreadable, not a regular file
     ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory,
@@ -119,6 +119,7 @@ import stat
 import time
 from dataclasses import dataclass
 
+from exporter.logs import recognize
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
 from exporter.logs.fileopen import open_log
 
@@ -349,7 +350,8 @@ class LogTailer:
             # stat first so a FIFO or device at the path is never opened (that can block or have effects).
             before = path.stat()
             if not stat.S_ISREG(before.st_mode):
-                self._error = f"log file {path} is not a regular file"
+                kind = "a directory" if stat.S_ISDIR(before.st_mode) else "not a regular file"
+                self._error = f"log file {path} is {kind}, not a log: not followed (waiting for a regular file)"
                 return False
             for i, r in enumerate(self._rotated):
                 if r.ident == (before.st_dev, before.st_ino):  # a rotated file moved back: go on where we were
@@ -507,6 +509,8 @@ class LogTailer:
             data = text
         if not f.sniffed or f.transcode is not None:
             data = self._to_utf8(f, data)
+        if f.unreadable is not None:  # binary data: not one line of it is parsed, until the file is rewritten
+            return
         if f.record is None:
             self._split(f, data, out)
             return
@@ -528,8 +532,8 @@ class LogTailer:
             data = data[encoding.bom :]
             if not encoding.is_utf8:
                 f.transcode = Transcoder(encoding)
-            elif b"\0" in data[:_HEAD_BYTES]:
-                f.unreadable = f"log file {self.path} is not text (NUL bytes in its first line): not read as a log"
+            elif recognize.binary_log(data[: recognize.SAMPLE_BYTES]):
+                f.unreadable = f"log file {self.path}: {recognize.BINARY}: not followed"
         if f.transcode is not None:
             data = f.transcode(data)
         return data

@@ -108,7 +108,7 @@ def test_html_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO)])}
     page = tmp_path / "page.html"
     out = _diagnose(*_history(tmp_path), "--html", str(page), env=env)
-    assert out.returncode == 2 and not page.exists()
+    assert out.returncode == 4 and not page.exists()  # the output cannot be made: not "not a log" (3)
     # The exact pip command for this installation (an editable install of this checkout), not a name
     # on a package index the project is not published to.
     assert out.stderr == (
@@ -121,13 +121,13 @@ def test_html_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
 def test_html_to_a_folder_or_over_a_log_is_refused(tmp_path: Path, target: str) -> None:
     logs = _history(tmp_path)
     out = _diagnose(*logs, "--html", logs[0] if target == "log" else target)
-    assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+    assert out.returncode == 4 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
     assert "not a folder" in out.stderr or "write over it" in out.stderr
 
 
 def test_html_to_a_folder_that_does_not_exist(tmp_path: Path) -> None:
     out = _diagnose(*_history(tmp_path), "--html", str(tmp_path / "no" / "page.html"))
-    assert out.returncode == 2 and out.stdout == ""
+    assert out.returncode == 4 and out.stdout == ""
     assert out.stderr.startswith("llamacpp-exporter diagnose: error: ") and "cannot write the page" in out.stderr
     assert len(out.stderr.splitlines()) == 1
 

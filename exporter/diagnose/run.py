@@ -26,6 +26,7 @@ from exporter.logs.parse import ANSI
 from exporter.logs.router_split import router_port
 from exporter.model.bounds import MIB
 from exporter.model.forecast import forecast
+from exporter.model.request_sizes import ExactValues
 from exporter.model.state import ServerState
 
 # Parsed locally because the events do not carry them (exporter.logs.events.DecodeFatal has only the
@@ -172,7 +173,7 @@ class Run:
         self.file = file
         self.first_line = first_line
         self.last_line = first_line
-        self.state = ServerState()
+        self.state = ServerState(request_values=ExactValues())
         self.started = False
         self.in_startup = False
         self.banner_seen: set[object] = set()  # `ev.banner_line` of the banner lines this start printed
@@ -405,6 +406,8 @@ class Run:
         s.victims += len(victims)
         s.overflow_is_failed_batch += bool(f.overflow_is_failed_batch)
         s.max_tokens_at_abort = max([s.max_tokens_at_abort, *(x.tokens for x in slots)])
+        if overflow is not None and total > s.max_held_together:  # a pool the aborted slots shared
+            s.max_held_together, s.max_held_failure, s.max_held_line, s.max_held_pool = total, f.number, f.line, pool
         if self.head_max is None or len(self.head) < self.head_max:
             self.head.append(f)
         else:

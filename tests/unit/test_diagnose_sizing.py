@@ -4,14 +4,18 @@ exact one over the log's own values (its release lines)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
 
 import pytest
+from big_log import later_start
+from paths import B11434
 
 from exporter.diagnose import analyze, render_text
-from exporter.diagnose.advice import history_advice
+from exporter.diagnose.advice import RULES, _memory_costs, _pool_advice, advise, history_advice, quantized
+from exporter.diagnose.report import Configuration, PoolSizing, Report
 from exporter.diagnose.sizing import size_pool
 from exporter.model.request_sizes import ExactValues, summarize
 
@@ -77,3 +81,90 @@ def test_a_pool_that_held_every_peak_is_enough_and_gets_no_advice() -> None:
     assert report.sizing is not None and report.sizing.verdict == "enough" and report.sizing.recommended is None
     assert "Pool: enough: nothing overflowed" in render_text(report)
     assert history_advice(report.history, report.requests, size_pool(report.history, report.requests)) == []
+
+
+# -- the advice table: each rule with and without its precondition, on the demo log's real configuration
+
+
+def _demo() -> tuple[Report, Configuration, PoolSizing]:
+    lines = (REPO / "exporter" / "data" / "demo-exhaust-long-lv4.log").read_text().splitlines(keepends=True)
+    report = analyze(lines)
+    assert report.sizing is not None
+    return report, report.runs[0].configuration, report.sizing
+
+
+def _advice(c: Configuration, z: PoolSizing) -> str:
+    (text,) = _pool_advice(z, c)
+    return text
+
+
+def test_the_docs_table_is_the_code_table() -> None:
+    doc = (REPO / "docs" / "diagnose.md").read_text()
+    rows = re.findall(r"^\| (.+?) \| (.+?) \| (.+?) \|$", doc.split("<!-- advice-rules:")[1].split("\n\n")[0], re.M)
+    assert rows[0] == ("advice", "given only when", "evidence in the log")
+    assert [tuple(r) for r in rows[1:]] == list(RULES)
+
+
+def test_raise_the_pool_only_when_it_was_too_small() -> None:
+    _, c, z = _demo()
+    assert _advice(c, z).startswith("Raise the pool to 32,772 cells (-c 32772)")
+    assert _pool_advice(dataclasses.replace(z, verdict="enough", recommended=None), c) == []
+
+
+def test_q8_0_only_when_the_cache_is_larger() -> None:
+    _, c, z = _demo()
+    assert (z.type_k, z.type_v) == ("f16", "f16") and "-ctk q8_0 -ctv q8_0" in _advice(c, z)
+    for small in ("q8_0", "q4_0"):
+        assert "q8_0 cache" not in _advice(c, dataclasses.replace(z, type_k=small, type_v=small))
+    # The run's own recommendations: a q8_0 alternative only beside a larger cache.
+    assert any(m.type_k == "q8_0" for m in _memory_costs(c, 4096))
+    quant = dataclasses.replace(c, type_k="q8_0", type_v="q8_0")
+    assert [m.type_k for m in _memory_costs(quant, 4096)] == ["q8_0"]
+    # And the crash advice.
+    assert quantized("q8_0", "q4_0") is True and quantized("f16", "q8_0") is False and quantized(None, "f16") is None
+
+
+def test_per_slot_windows_only_on_a_unified_pool_not_already_capped() -> None:
+    report, c, z = _demo()
+    assert "--kv-unified-per-slot 32768" in _advice(c, z)
+    assert "--kv-unified-per-slot" not in _advice(dataclasses.replace(c, per_slot_cap=8192), z)
+    assert "--kv-unified-per-slot" not in _advice(dataclasses.replace(c, kv_unified=False), z)
+    kinds = [r.kind for r in advise(c, report.runs[0].counts)[0]]
+    assert kinds == ["kv_unified_per_slot", "no_kv_unified"]
+    assert advise(dataclasses.replace(c, per_slot_cap=32768), report.runs[0].counts)[0] == []
+
+
+def test_drop_kvu_only_when_it_is_on() -> None:
+    report, c, _ = _demo()
+    assert "no_kv_unified" in [r.kind for r in advise(c, report.runs[0].counts)[0]]
+    assert advise(dataclasses.replace(c, kv_unified=False), report.runs[0].counts)[0] == []
+
+
+def test_fewer_slots_only_with_more_than_one() -> None:
+    report, c, z = _demo()
+    assert "serve fewer requests at once (now -np 4)" in _advice(c, z)
+    one = dataclasses.replace(c, n_slots=1)
+    assert "-np" not in _advice(one, z) and "--kv-unified-per-slot" not in _advice(one, z)
+    assert advise(one, report.runs[0].counts)[0] == []
+
+
+def test_crash_advice_names_q8_0_only_beside_a_larger_cache() -> None:
+    """Two runs killed mid-prompt with little memory left: the headroom advice offers a q8_0 cache only
+    where the crashed runs' size line says the cache is larger."""
+    clean = (B11434 / "exhaust-lv4" / "llama-server.log").read_text()
+    cut = "".join((B11434 / "exhaust-long-lv4" / "llama-server.log").read_text().splitlines(keepends=True)[:400])
+    little = re.sub(
+        r"projected to use \d+ MiB of host memory vs\. \d+ MiB of total host memory",
+        "projected to use 23668 MiB of device memory vs. 24080 MiB of free device memory",
+        cut,
+    )
+
+    def crash_advice(crashed: str) -> str:
+        runs = [clean, crashed, crashed, clean]
+        report = analyze("".join(later_start(r, k) for k, r in enumerate(runs)).splitlines(keepends=True))
+        (text,) = [a for a in report.history_advice if "crash" in a]
+        return text
+
+    assert "-ctk q8_0 -ctv q8_0" in crash_advice(little)
+    q8 = little.replace("K (f16):", "K (q8_0):").replace("V (f16):", "V (q8_0):")
+    assert q8 != little and "q8_0" not in crash_advice(q8)

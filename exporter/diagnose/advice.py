@@ -64,7 +64,7 @@ def _convert(bytes_per_cell: float, from_type: str | None, to_type: str) -> floa
     return bytes_per_cell / _TYPE_BYTES[from_type] * _TYPE_BYTES[to_type]
 
 
-def _memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
+def memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
     """KV memory of a pool of `pool_cells` at the current types and at q8_0, from the measured bytes per cell."""
     if c.k_bytes_per_cell is None or c.v_bytes_per_cell is None or c.type_k is None or c.type_v is None:
         return []
@@ -107,7 +107,7 @@ def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | Non
         flags=f"--kv-unified-per-slot {window}",
         pool_cells=guaranteed_pool,
         window_per_slot=window,
-        memory=_memory_costs(c, guaranteed_pool),
+        memory=memory_costs(c, guaranteed_pool),
         requests_over_window=0,
         supported_by_log=False,
         summary=(
@@ -122,7 +122,7 @@ def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | Non
         flags=f"-np {n_slots} -c {pool} --no-kv-unified",
         pool_cells=pool,
         window_per_slot=share,
-        memory=_memory_costs(c, pool)[:1],
+        memory=memory_costs(c, pool)[:1],
         requests_over_window=n.requests_over_equal_share,
         supported_by_log=False,
         summary=(
@@ -196,17 +196,17 @@ def _little(runs: Sequence[RunSummary]) -> bool | None:
 
 def history_advice(runs: Sequence[RunSummary], requests: object = None, sizing: PoolSizing | None = None) -> list[str]:
     """What the whole history points at: a pool too small for the requests it served, and crashes."""
-    return _pool_advice(sizing, config_of(runs, sizing)) + _crash_advice(runs)
+    return pool_advice(sizing, config_of(runs, sizing)) + _crash_advice(runs)
 
 
-def _pool_advice(sizing: PoolSizing | None, c: Configuration | None) -> list[str]:
+def pool_advice(sizing: PoolSizing | None, c: Configuration | None) -> list[str]:
     """What to change when the pool was too small: the recommended size first, then each other fix whose
     setting is not already in effect (RULES).
 
     >>> from exporter.diagnose.report import PoolSizing
     >>> z = PoolSizing("too_small", 131072, True, 131500, 1, 9, 428, 210000, 393216, 210000, "p99_x_p99",
     ...                "q8_0", "q8_0", 136.0, 28560000, 17825792)
-    >>> (text,) = _pool_advice(z, None)
+    >>> (text,) = pool_advice(z, None)
     >>> text
     'Raise the pool to 210,000 cells (-c 210000).'
     """

@@ -44,7 +44,8 @@ def json_chunks(report: Report) -> Iterator[str]:
     """`to_json` in pieces: the history (a line per run, tens of thousands in a long one) is written
     one run at a time, so that memory does not hold it twice more as dicts and as one string."""
     data: dict[str, Any] = dataclasses.asdict(dataclasses.replace(report, series={}, history=[]))
-    del data["series"]  # for --html only
+    # The series each run's chart plots (--html), by run index.
+    data["series"] = {str(i): s.as_json() for i, s in sorted(report.series.items())}
     data["exit_status"] = report.exit_status
     # Inside a JSON string a quote is escaped, so the key, written out, occurs only as the key.
     head, key, tail = json.dumps(data, indent=2).partition('"history": []')

@@ -297,6 +297,7 @@ def test_json_schema_is_stable() -> None:
         "requests",
         "sizing",
         "guard",
+        "series",
         "exit_status",
     ]
     run = data["runs"][0]

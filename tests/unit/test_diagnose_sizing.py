@@ -5,6 +5,7 @@ exact one over the log's own values (its release lines)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -12,9 +13,10 @@ from pathlib import Path
 import pytest
 from big_log import later_start
 from paths import B11434
+from sudden_overflow import sudden_overflow_lines
 
-from exporter.diagnose import analyze, render_text
-from exporter.diagnose.advice import RULES, _memory_costs, _pool_advice, advise, history_advice, quantized
+from exporter.diagnose import Diagnoser, analyze, render_text, to_json
+from exporter.diagnose.advice import RULES, advise, history_advice, memory_costs, pool_advice, quantized
 from exporter.diagnose.report import Configuration, PoolSizing, Report
 from exporter.diagnose.sizing import size_pool
 from exporter.model.request_sizes import ExactValues, summarize
@@ -25,6 +27,13 @@ LOGS = sorted(
     + sorted((REPO / "exporter" / "data").glob("*.log")),
 )
 _RELEASE = re.compile(r"stop processing: n_tokens = (\d+)")
+
+
+def diagnose_lines(lines: list[str], name: str, *, series: bool) -> Report:
+    d = Diagnoser(name, max_runs=0, max_failures=0, series=series)
+    for i, line in enumerate(lines, 1):
+        d.feed_line(line, i)
+    return d.finish()
 
 
 def _nearest_rank(values: list[int], q: float) -> int:
@@ -94,7 +103,7 @@ def _demo() -> tuple[Report, Configuration, PoolSizing]:
 
 
 def _advice(c: Configuration, z: PoolSizing) -> str:
-    (text,) = _pool_advice(z, c)
+    (text,) = pool_advice(z, c)
     return text
 
 
@@ -108,7 +117,7 @@ def test_the_docs_table_is_the_code_table() -> None:
 def test_raise_the_pool_only_when_it_was_too_small() -> None:
     _, c, z = _demo()
     assert _advice(c, z).startswith("Raise the pool to 32,772 cells (-c 32772)")
-    assert _pool_advice(dataclasses.replace(z, verdict="enough", recommended=None), c) == []
+    assert pool_advice(dataclasses.replace(z, verdict="enough", recommended=None), c) == []
 
 
 def test_q8_0_only_when_the_cache_is_larger() -> None:
@@ -117,9 +126,9 @@ def test_q8_0_only_when_the_cache_is_larger() -> None:
     for small in ("q8_0", "q4_0"):
         assert "q8_0 cache" not in _advice(c, dataclasses.replace(z, type_k=small, type_v=small))
     # The run's own recommendations: a q8_0 alternative only beside a larger cache.
-    assert any(m.type_k == "q8_0" for m in _memory_costs(c, 4096))
+    assert any(m.type_k == "q8_0" for m in memory_costs(c, 4096))
     quant = dataclasses.replace(c, type_k="q8_0", type_v="q8_0")
-    assert [m.type_k for m in _memory_costs(quant, 4096)] == ["q8_0"]
+    assert [m.type_k for m in memory_costs(quant, 4096)] == ["q8_0"]
     # And the crash advice.
     assert quantized("q8_0", "q4_0") is True and quantized("f16", "q8_0") is False and quantized(None, "f16") is None
 
@@ -168,3 +177,52 @@ def test_crash_advice_names_q8_0_only_beside_a_larger_cache() -> None:
     assert "-ctk q8_0 -ctv q8_0" in crash_advice(little)
     q8 = little.replace("K (f16):", "K (q8_0):").replace("V (f16):", "V (q8_0):")
     assert q8 != little and "q8_0" not in crash_advice(q8)
+
+
+# -- the chart's series (--json) against the text, at every failure of every capture that has one
+
+
+def _chart_cases() -> list[tuple[str, list[str]]]:
+    cases = [("sudden-overflow (three slots, no progress lines)", sudden_overflow_lines())]
+    for p in LOGS:
+        lines = p.read_text(errors="replace").splitlines(keepends=True)
+        if any("Context size has been exceeded" in line for line in lines):
+            cases.append((str(p.relative_to(REPO)), lines))
+    return cases
+
+
+@pytest.mark.parametrize("name, lines", _chart_cases(), ids=[c[0] for c in _chart_cases()])
+def test_the_chart_plots_what_the_text_counts(name: str, lines: list[str]) -> None:
+    report = diagnose_lines(lines, name, series=True)
+    data = json.loads(to_json(report))
+    assert report.failures_total
+    for run in report.runs:
+        if not run.failures:
+            continue
+        s = data["series"][str(run.index)]
+        by_line = s["x_unit"] == "line"
+        # One time origin: the failures' x are the text's (its line, or its seconds after the start).
+        assert s["failures"] == [f.line if by_line else f.elapsed_s for f in run.failures]
+        for f in run.failures:
+            at = max(i for i, x in enumerate(s["x"]) if x == (f.line if by_line else f.elapsed_s))
+            cells = [slot[at] for slot in s["slots"]]
+            # Every slot the text names is drawn, at the cells its release line says; the stack's top is
+            # the table's sum (no slot outside the table held cells then).
+            assert len(cells) > max(x.slot for x in f.slots)
+            assert {x.slot: cells[x.slot] for x in f.slots} == {x.slot: x.tokens for x in f.slots}
+            assert sum(cells) == f.tokens_sum
+            assert f"{f.tokens_sum:,}" in render_text(report)
+
+
+def test_the_sudden_overflow_reads_as_an_overflow() -> None:
+    report = analyze(sudden_overflow_lines())
+    text = render_text(report)
+    (f,) = report.runs[0].failures
+    assert [(x.slot, x.tokens) for x in f.slots] == [(0, 70_000), (1, 45_000), (2, 16_500)]
+    assert f.elapsed_s == pytest.approx(56.8) and "Failure 1 at line 42 (0:00:56.800 after start)" in text
+    assert f.tokens_sum == 131_500 and f.overflow == 428
+    assert "collateral victims: slot 2 16,500 tokens" in text  # its own cells, not the pool / slots 43,690
+    z = report.sizing
+    assert z is not None and (z.verdict, z.held_at_failure, z.overflow) == ("too_small", 131_500, 428)
+    assert report.requests is not None and (report.requests.tokens_p50, report.requests.concurrency_p99) == (16_500, 3)
+    assert z.recommended == 210_000 and z.p99_x_p99 == 70_000 * 3 and z.promised == 3 * 131_072

@@ -30,6 +30,7 @@ given the fuller slot.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,18 +162,58 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
     return out
 
 
-def match(slots: list[SlotView], running: list[Running]) -> dict[int, SlotView]:
-    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs."""
+def match(
+    slots: list[SlotView], running: list[Running], known: Mapping[int, tuple[int, int]] | None = None
+) -> dict[int, SlotView]:
+    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs.
+
+    `known` (request id → the slot and task it was matched to before) keeps a match for as long as the slot
+    runs that task. A slot still reading its prompt shows only the part read so far: it is matched by
+    elimination, when one request alone is left whose prompt is at least that part (the first request of a
+    burst, still reading its prompt when the others have theirs, is named too).
+
+    >>> a, b = SlotView(0, 3000, 3000, -1, task=7), SlotView(1, 8000, 8000, -1, task=8)
+    >>> sorted(match([a, b], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items())
+    [(1, SlotView(id=0, held=3000, prompt=3000, n_predict=-1, rate=0.0, remaining=None, window=None, task=7, \
+steady=False)), (2, SlotView(id=1, held=8000, prompt=8000, n_predict=-1, rate=0.0, remaining=None, window=None, \
+task=8, steady=False))]
+    >>> match([a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)])  # 3,000 read: either one
+    {}
+    """
     free = sorted(slots, key=lambda s: -s.held)
     out: dict[int, SlotView] = {}
+    by_id = {r.id: r for r in running}
+    for rid, (slot_id, task) in (known or {}).items():
+        s = next((x for x in free if x.id == slot_id and x.task == task and x.task is not None), None)
+        if s is not None and rid in by_id:
+            out[rid] = s
+            free.remove(s)
     for r in sorted(running, key=lambda r: r.admitted_at):
+        if r.id in out:
+            continue
         for s in free:
-            # A request without n_predict runs with the server's -n, which /slots shows: any value matches.
-            if s.prompt == r.prompt and (s.n_predict is None or r.n_predict < 0 or s.n_predict == r.n_predict):
+            if s.prompt == r.prompt and _predicts(s, r):
                 out[r.id] = s
                 free.remove(s)
                 break
+    # Slots still reading their prompt (nothing generated: held is the part read): by elimination.
+    progress = True
+    while progress:
+        progress = False
+        left = [r for r in running if r.id not in out]
+        for s in [x for x in free if x.prompt is not None and x.held <= x.prompt]:
+            fits = [r for r in left if s.prompt is not None and s.prompt < r.prompt and _predicts(s, r)]
+            if len(fits) == 1:
+                out[fits[0].id] = s
+                free.remove(s)
+                progress = True
+                break
     return out
+
+
+def _predicts(s: SlotView, r: Running) -> bool:
+    """A request without n_predict runs with the server's -n, which /slots shows: any value matches."""
+    return s.n_predict is None or r.n_predict < 0 or s.n_predict == r.n_predict
 
 
 def projected(slots: list[SlotView], horizon: float) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import random
@@ -255,3 +256,30 @@ def test_a_bound_admits_without_the_tokenizer_only_what_fits_anyway() -> None:
     # The exact size, known later, frees what the bound held: a waiting request gets in.
     a.offer(Ticket(5, prompt=350, budget=100), SHARED, 0)
     assert [t.id for t in a.resize(a.in_flight[1], 380, SHARED, 1)] == [5]
+
+
+@pytest.mark.parametrize("reading", [9_500, 8_500, 8_000], ids=["largest", "middle", "smallest"])
+@pytest.mark.parametrize("order", [(9_500, 8_000, 8_500), (8_000, 8_500, 9_500), (8_000, 9_500, 8_500)])
+def test_a_request_still_reading_its_prompt_is_matched_by_elimination(
+    reading: int, order: tuple[int, int, int]
+) -> None:
+    """Three prompts that overflow a pool together, admitted in every order; one is still being read (its slot
+    shows only the part read) while the others have theirs: every request is matched to its slot, and keeps
+    its slot once matched while that slot runs the same task."""
+    running = [preempt.Running(i, n, -1, admitted_at=float(i)) for i, n in enumerate(order)]
+    slots = [
+        preempt.SlotView(k, (3_000 if n == reading else n), (3_000 if n == reading else n), -1, task=20 + k)
+        for k, n in enumerate(order)
+    ]
+    matched = preempt.match(slots, running)
+    assert {rid: s.id for rid, s in matched.items()} == {0: 0, 1: 1, 2: 2}
+    # The next read: the others are done (generating), the reader still reads; two reading slots could
+    # each be either request, but the matches made before hold while their slots run the same tasks.
+    later = [dataclasses.replace(s, held=s.held + 100, prompt=s.prompt) for s in slots]
+    two_reading = [dataclasses.replace(s, held=2_000, prompt=2_000) for s in later]
+    assert preempt.match(two_reading, running) == {}
+    known = {rid: (s.id, s.task) for rid, s in matched.items() if s.task is not None}
+    assert {rid: s.id for rid, s in preempt.match(two_reading, running, known).items()} == {0: 0, 1: 1, 2: 2}
+    # A new task in a slot is not the old match.
+    moved = [dataclasses.replace(s, task=(s.task or 0) + 100) for s in two_reading]
+    assert preempt.match(moved, running, known) == {}

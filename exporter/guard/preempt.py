@@ -96,6 +96,9 @@ class SlotView:
     # Its task was generating at the last read too: `rate` is a generation speed. The first read after
     # the prompt divides a few tokens by a span spent mostly reading the prompt, far below the speed.
     steady: bool = False
+    # Its prompt is still being read: /slots counts a prompt as processed only once it is read whole
+    # (b11434: n_prompt_tokens_processed 0 while n_prompt_tokens grows), so `held` is the part read.
+    reading: bool = False
 
     def ahead(self, horizon: float) -> int:
         """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
@@ -157,6 +160,7 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
                 window if isinstance(window, int) and window > 0 else None,
                 task,
                 steady,
+                reading=processed == 0 and held > 0,
             )
         )
     return out
@@ -172,13 +176,14 @@ def match(
     elimination, when one request alone is left whose prompt is at least that part (the first request of a
     burst, still reading its prompt when the others have theirs, is named too).
 
-    >>> a, b = SlotView(0, 3000, 3000, -1, task=7), SlotView(1, 8000, 8000, -1, task=8)
-    >>> sorted(match([a, b], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items())
-    [(1, SlotView(id=0, held=3000, prompt=3000, n_predict=-1, rate=0.0, remaining=None, window=None, task=7, \
-steady=False)), (2, SlotView(id=1, held=8000, prompt=8000, n_predict=-1, rate=0.0, remaining=None, window=None, \
-task=8, steady=False))]
+    >>> a, b = SlotView(0, 3000, 0, -1, task=7, reading=True), SlotView(1, 8000, 8000, -1, task=8)
+    >>> sorted((r, x.id) for r, x in match([a, b], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items())
+    [(1, 0), (2, 1)]
     >>> match([a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)])  # 3,000 read: either one
     {}
+    >>> c = SlotView(1, 2000, 0, -1, task=9, reading=True)  # two prompts being read: by the order of their tasks
+    >>> {r: x.id for r, x in match([c, a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items()}
+    {1: 0, 2: 1}
     """
     free = sorted(slots, key=lambda s: -s.held)
     out: dict[int, SlotView] = {}
@@ -201,13 +206,22 @@ task=8, steady=False))]
     while progress:
         progress = False
         left = [r for r in running if r.id not in out]
-        for s in [x for x in free if x.prompt is not None and x.held <= x.prompt]:
-            fits = [r for r in left if s.prompt is not None and s.prompt < r.prompt and _predicts(s, r)]
+        for s in [x for x in free if x.reading]:
+            fits = [r for r in left if s.held <= r.prompt and _predicts(s, r)]
             if len(fits) == 1:
                 out[fits[0].id] = s
                 free.remove(s)
                 progress = True
                 break
+    # Still ambiguous (several prompts being read at once): llama-server numbers tasks in the order the
+    # requests reach it, which is the order the guard forwarded them; pair the oldest task with the
+    # request admitted first, where every pair is possible (each part read is less than its prompt).
+    left = sorted((r for r in running if r.id not in out), key=lambda r: r.admitted_at)
+    reading = sorted((x for x in free if x.reading and x.task is not None), key=lambda x: x.task or 0)
+    if left and len(left) == len(reading):
+        pairs = list(zip(left, reading, strict=True))
+        if all(s.held <= r.prompt and _predicts(s, r) for r, s in pairs):
+            out.update({r.id: s for r, s in pairs})
     return out
 
 

@@ -268,7 +268,9 @@ def test_a_request_still_reading_its_prompt_is_matched_by_elimination(
     its slot once matched while that slot runs the same task."""
     running = [preempt.Running(i, n, -1, admitted_at=float(i)) for i, n in enumerate(order)]
     slots = [
-        preempt.SlotView(k, (3_000 if n == reading else n), (3_000 if n == reading else n), -1, task=20 + k)
+        preempt.SlotView(k, 3_000, 0, -1, task=20 + k, reading=True)
+        if n == reading
+        else preempt.SlotView(k, n, n, -1, task=20 + k)
         for k, n in enumerate(order)
     ]
     matched = preempt.match(slots, running)
@@ -276,10 +278,27 @@ def test_a_request_still_reading_its_prompt_is_matched_by_elimination(
     # The next read: the others are done (generating), the reader still reads; two reading slots could
     # each be either request, but the matches made before hold while their slots run the same tasks.
     later = [dataclasses.replace(s, held=s.held + 100, prompt=s.prompt) for s in slots]
-    two_reading = [dataclasses.replace(s, held=2_000, prompt=2_000) for s in later]
-    assert preempt.match(two_reading, running) == {}
+    two_reading = [dataclasses.replace(s, held=2_000, prompt=0, reading=True) for s in later]
+    # Without what was known, all three being read are paired by the order of their tasks.
+    assert {rid: s.id for rid, s in preempt.match(two_reading, running).items()} == {0: 0, 1: 1, 2: 2}
+    # Not where a pair is impossible (a part read larger than the prompt it would be).
+    too_long = [dataclasses.replace(s, held=8_200, prompt=0, reading=True) for s in later]
+    assert len(preempt.match(too_long, running)) < 3
     known = {rid: (s.id, s.task) for rid, s in matched.items() if s.task is not None}
     assert {rid: s.id for rid, s in preempt.match(two_reading, running, known).items()} == {0: 0, 1: 1, 2: 2}
-    # A new task in a slot is not the old match.
-    moved = [dataclasses.replace(s, task=(s.task or 0) + 100) for s in two_reading]
-    assert preempt.match(moved, running, known) == {}
+    # A new task in a slot is not the old match: reversed task order, paired anew by that order.
+    moved = [dataclasses.replace(s, task=100 - (s.task or 0)) for s in two_reading]
+    assert {rid: s.id for rid, s in preempt.match(moved, running, known).items()} == {0: 2, 1: 1, 2: 0}
+
+
+def test_a_slot_reading_its_prompt_is_seen_as_reading() -> None:
+    """b11434's /slots while a 9,000-token prompt is read (as read from a real server): the part read is in
+    n_prompt_tokens, n_prompt_tokens_processed stays 0 until the whole prompt is read."""
+    body = [
+        {"id": 2, "is_processing": True, "id_task": 1, "n_prompt_tokens": 2048, "n_prompt_tokens_processed": 0,
+         "n_prompt_tokens_cache": 0},
+        {"id": 0, "is_processing": True, "id_task": 3, "n_prompt_tokens": 9010, "n_prompt_tokens_processed": 9001,
+         "n_prompt_tokens_cache": 0},
+    ]  # fmt: skip
+    reading, generating = preempt.slot_views(body, {}, now=1.0)
+    assert (reading.reading, reading.held, generating.reading, generating.prompt) == (True, 2048, False, 9001)

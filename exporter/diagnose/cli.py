@@ -111,7 +111,9 @@ def main(argv: Sequence[str]) -> int:
         paths, order = input_files(ns.logs)
         if ns.html is not None:
             _check_html(ns.html, paths)  # said before the logs are read, not after
-        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=ns.html is not None)
+        # The chart's series is in the JSON too (what --html plots).
+        series = ns.html is not None or ns.json
+        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=series)
         report.files_order = order
         if ns.guard_log:
             report.guard = join_guard_log(report, input_files(ns.guard_log)[0])

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from llamacpp_dashboard import glance, guard, kv_pool, memory, requests, server
+from llamacpp_dashboard import glance, gpu, guard, kv_pool, memory, requests, server
 from llamacpp_dashboard.layout import Layout
 from llamacpp_dashboard.panels import BLUE, ORANGE, RED
 from llamacpp_dashboard.query import DS, selectors
@@ -18,6 +18,7 @@ ROWS: tuple[Callable[[Layout], None], ...] = (
     kv_pool.kv_pool_forecast,
     kv_pool.kv_pool,
     memory.memory,
+    gpu.gpu,
     requests.requests,
     requests.request_sizes,
     server.server,

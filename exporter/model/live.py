@@ -36,6 +36,16 @@ class GpuReading:
     free_bytes: int
     # pid → bytes; None when the process list could not be read (e.g. not supported on this GPU).
     processes: dict[int, int | None] | None = field(default=None)
+    # The rest: None where this GPU's NVML does not give it (WDDM GeForce, MIG, old drivers, no permission).
+    utilization_ratio: float | None = None  # time a kernel ran over NVML's last sample period, 0-1
+    memory_utilization_ratio: float | None = None  # time device memory was read or written, 0-1
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None  # the enforced limit
+    sm_clock_hertz: float | None = None
+    clock_event_reasons: int | None = None  # NVML's bitmask of why the clocks are held down (throttling)
+    xid_errors: int | None = None  # Xid critical errors seen since the exporter started; None: no events
+    last_xid: int | None = None  # the code of the last one
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,15 @@ class FakeGpu:
     total: int
     used: int
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    utilization: tuple[int, int] = (97, 64)  # percent: kernels, memory
+    temperature: int = 61  # °C
+    power_mw: int = 452_000
+    power_limit_mw: int = 700_000
+    sm_clock_mhz: int = 1980
+    clock_reasons: int = 0x4  # software power cap
+    xids: list[int] = field(default_factory=list)  # Xid events waiting, oldest first
+    #: function name → the NVML error code this GPU answers it with, always (not supported, no permission …)
+    refuses: dict[str, int] = field(default_factory=dict)
 
 
 class FakeNvml:
@@ -45,7 +54,14 @@ class FakeNvml:
     @classmethod
     def from_json(cls, text: str) -> FakeNvml:
         """The GPUs ``pynvml_env`` wrote, initialised as a fresh library is."""
-        return cls([FakeGpu(**{**g, "processes": [tuple(p) for p in g["processes"]]}) for g in json.loads(text)])
+        return cls(
+            [
+                FakeGpu(
+                    **{**g, "processes": [tuple(p) for p in g["processes"]], "utilization": tuple(g["utilization"])}
+                )
+                for g in json.loads(text)
+            ]
+        )
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -54,6 +70,9 @@ class FakeNvml:
         self.shutdown_calls = 0
         self.fail: dict[str, int] = {}
         self.old_driver = False  # no *_v3 process API: the unversioned call raises NVMLLibraryMismatchError
+        self.calls: dict[str, int] = {}  # how often each optional function was called
+        self.event_sets: dict[int, int | None] = {}  # set id → the GPU registered in it
+        self.freed_sets = 0
 
     def _check(self, fn: str) -> None:
         code = self.fail.get(fn)
@@ -109,6 +128,68 @@ class FakeNvml:
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
         self._check("nvmlDeviceGetGraphicsRunningProcesses")
         return []
+
+    def _gpu(self, fn: str, handle: int) -> FakeGpu:
+        """GPU ``handle``, after the checks every call makes and the GPU's own refusal of ``fn``."""
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        self._check(fn)
+        g = self.gpus[handle]
+        if fn in g.refuses:
+            raise pynvml.NVMLError(g.refuses[fn])
+        return g
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        g = self._gpu("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=g.utilization[0], memory=g.utilization[1])
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._gpu("nvmlDeviceGetTemperature", handle).temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetPowerUsage", handle).power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetEnforcedPowerLimit", handle).power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        assert clock == pynvml.NVML_CLOCK_SM
+        return self._gpu("nvmlDeviceGetClockInfo", handle).sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        g = self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        if self.old_driver:  # a driver before the rename has only the throttle-reasons name
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return g.clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        return self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons", handle).clock_reasons
+
+    def nvmlEventSetCreate(self) -> int:
+        self.calls["nvmlEventSetCreate"] = self.calls.get("nvmlEventSetCreate", 0) + 1
+        self._check("nvmlEventSetCreate")
+        set_id = len(self.event_sets) + 1
+        self.event_sets[set_id] = None
+        return set_id
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: int) -> None:
+        self._gpu("nvmlDeviceRegisterEvents", handle)
+        assert types == pynvml.nvmlEventTypeXidCriticalError
+        self.event_sets[event_set] = handle
+
+    def nvmlEventSetWait_v2(self, event_set: int, timeout_ms: int) -> SimpleNamespace:
+        self._check("nvmlEventSetWait_v2")
+        handle = self.event_sets[event_set]
+        if handle is None or not self.gpus[handle].xids:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        xid = self.gpus[handle].xids.pop(0)
+        return SimpleNamespace(
+            device=handle, eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid, gpuInstanceId=0
+        )
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        self.freed_sets += 1
+        del self.event_sets[event_set]
 
 
 def h200(i: int, used_gib: int, processes: list[tuple[int, int | None]] | None = None) -> FakeGpu:

@@ -27,10 +27,8 @@ dashboard_generator = load_script(ROOT / "dashboards" / "generate_dashboard.py")
 
 #: Series that are one per host or per exporter target, never per llama-server: never filtered by the
 #: server and model variables (a GPU's free memory is the same whichever server is selected).
+#: One per host or target, not per server; with every `llamacpp_gpu_*` family (one per GPU, see `_per_host`).
 GLOBAL_METRICS = {
-    "llamacpp_gpu_memory_total_bytes",
-    "llamacpp_gpu_memory_used_bytes",
-    "llamacpp_gpu_memory_free_bytes",
     "llamacpp_host_memory_available_bytes",
     "llamacpp_host_memory_total_bytes",
     "llamacpp_exporter_build_info",
@@ -170,6 +168,10 @@ def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_que
                 assert window in ("$__rate_interval", "$__range"), f"{title}: fixed window [{window}]"
 
 
+def _per_host(name: str) -> bool:
+    return name in GLOBAL_METRICS or name.startswith("llamacpp_gpu_")
+
+
 def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     """A per-server series is filtered by the server and model variables, keeps both labels through every
     aggregation and shows them in its legend; a series that is one per host or target (GPU memory) is not
@@ -178,7 +180,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     per_server = False
     for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
         name = selector.split("{", 1)[0]
-        if name in GLOBAL_METRICS | GUARD_METRICS | CLIENT_METRICS:
+        if _per_host(name) or name in GUARD_METRICS | CLIENT_METRICS:
             assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
         elif name in ROUTER_METRICS:
             assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
@@ -191,7 +193,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
         kept = {label.strip() for label in grouping.split(",")}
         if name in ROUTER_METRICS:
             assert "server" in kept, f"{title}: by ({grouping}) ({name})"
-        elif name not in GLOBAL_METRICS | GUARD_METRICS | CLIENT_METRICS:
+        elif not _per_host(name) and name not in GUARD_METRICS | CLIENT_METRICS:
             assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
     if per_server:
         assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"

@@ -16,9 +16,9 @@ from expositions import SERVER_PID, nvml_live
 from fake_nvml import GIB, FakeNvml, h200
 from prometheus_client import CollectorRegistry
 
-from exporter.metrics.gpu import NvmlCollector
+from exporter.metrics.gpu import THROTTLE_REASONS, NvmlCollector
 from exporter.model.live import NvmlSnapshot
-from exporter.sources.nvml import NvmlReader
+from exporter.sources.nvml import MAX_EVENTS_PER_READ, NvmlReader
 
 
 def _registry(reader: NvmlReader, pid: int | None = SERVER_PID) -> tuple[CollectorRegistry, list[NvmlSnapshot]]:
@@ -189,3 +189,146 @@ def test_real_pynvml_without_a_driver(caplog: pytest.LogCaptureFixture) -> None:
     lines = [r.getMessage() for r in caplog.records if "nvml" in r.getMessage().lower()]
     assert lines == ["source nvml down: NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"]
     asyncio.run(live.close())
+
+
+# The figures beyond memory: each optional, each answered, refused or absent at the pynvml boundary.
+OPTIONAL_CALLS = {
+    "nvmlDeviceGetUtilizationRates": ["llamacpp_gpu_utilization_ratio", "llamacpp_gpu_memory_utilization_ratio"],
+    "nvmlDeviceGetTemperature": ["llamacpp_gpu_temperature_celsius"],
+    "nvmlDeviceGetPowerUsage": ["llamacpp_gpu_power_watts"],
+    "nvmlDeviceGetEnforcedPowerLimit": ["llamacpp_gpu_power_limit_watts"],
+    "nvmlDeviceGetClockInfo": ["llamacpp_gpu_sm_clock_hertz"],
+    "nvmlDeviceGetCurrentClocksEventReasons": ["llamacpp_gpu_throttle_reason"],
+    "nvmlDeviceRegisterEvents": ["llamacpp_gpu_xid_errors_total"],
+}
+
+
+def _families(reg: CollectorRegistry) -> dict[str, int]:
+    """Sample count per family name (counters by their _total sample)."""
+    out: dict[str, int] = {}
+    for m in reg.collect():
+        for s in m.samples:
+            if not s.name.endswith("_created"):
+                out[s.name] = out.get(s.name, 0) + 1
+    return out
+
+
+def test_load_heat_power_clock_and_throttle_in_base_units() -> None:
+    gpu = h200(0, 100, [(SERVER_PID, 90 * GIB)])
+    gpu.clock_reasons = 0x4 | 0x40 | 0x8000  # software power cap, hardware thermal slowdown, a bit not known
+    fake = FakeNvml([gpu])
+    reader = NvmlReader(fake)
+    reg, snaps = _registry(reader)
+    snaps.append(reader.read())
+    labels = _gpu_labels(0, fake)
+    assert reg.get_sample_value("llamacpp_gpu_utilization_ratio", labels) == 0.97
+    assert reg.get_sample_value("llamacpp_gpu_memory_utilization_ratio", labels) == 0.64
+    assert reg.get_sample_value("llamacpp_gpu_temperature_celsius", labels) == 61
+    assert reg.get_sample_value("llamacpp_gpu_power_watts", labels) == 452.0
+    assert reg.get_sample_value("llamacpp_gpu_power_limit_watts", labels) == 700.0
+    assert reg.get_sample_value("llamacpp_gpu_sm_clock_hertz", labels) == 1.98e9
+    active = {
+        reason
+        for reason in [r for _, r in THROTTLE_REASONS] + ["other"]
+        if reg.get_sample_value("llamacpp_gpu_throttle_reason", {**labels, "reason": reason}) == 1
+    }
+    assert active == {"sw_power_cap", "hw_thermal_slowdown", "other"}
+    assert reg.get_sample_value("llamacpp_gpu_xid_errors_total", labels) == 0
+    assert reg.get_sample_value("llamacpp_gpu_last_xid", labels) is None  # none yet
+    # The series per GPU: 3 memory, 1 llama-server's own, 6 gauges, 10 throttle reasons, the Xid counter.
+    assert sum(_families(reg).values()) == 21 == 3 + 1 + 6 + len(THROTTLE_REASONS) + 1 + 1
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION])
+@pytest.mark.parametrize("call", sorted(OPTIONAL_CALLS))
+def test_a_refused_call_leaves_its_series_out_says_so_once_and_is_not_tried_again(
+    call: str, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """WDDM GeForce cards, MIG instances and old drivers refuse some calls: those series are left out, said once
+    in the log, every other series stays, the source stays up (never a failed scrape)."""
+    gpu = h200(0, 10, [(SERVER_PID, 8 * GIB)])
+    gpu.refuses[call] = code
+    fake = FakeNvml([gpu, h200(1, 10)])
+    live, reg = nvml_live(NvmlReader(fake))
+    with caplog.at_level(logging.INFO, logger="exporter.sources.nvml"):
+        for _ in range(3):
+            asyncio.run(live.refresh())
+    assert reg.get_sample_value("llamacpp_exporter_source_up", {"source": "nvml"}) == 1
+    families = _families(reg)
+    for name in OPTIONAL_CALLS[call]:
+        per_gpu = len(THROTTLE_REASONS) + 1 if name == "llamacpp_gpu_throttle_reason" else 1
+        assert families[name] == per_gpu  # GPU 1 still gives it; GPU 0 does not
+        labels = {**_gpu_labels(0, fake), **({"reason": "gpu_idle"} if per_gpu > 1 else {})}
+        assert reg.get_sample_value(name, labels) is None
+    for other in {n for names in OPTIONAL_CALLS.values() for n in names} - set(OPTIONAL_CALLS[call]):
+        assert reg.get_sample_value(other, _gpu_labels(0, fake)) is not None or other == "llamacpp_gpu_throttle_reason"
+    assert reg.get_sample_value("llamacpp_gpu_memory_free_bytes", _gpu_labels(0, fake)) is not None
+    said = [r.getMessage() for r in caplog.records if r.name == "exporter.sources.nvml"]
+    assert len(said) == 1 and "GPU 0" in said[0] and "left out" in said[0], said
+    assert "NotSupported" in said[0] or "NoPermission" in said[0]
+    if call != "nvmlDeviceRegisterEvents":
+        assert fake.calls[call] == 3 + 1  # GPU 1 three times, GPU 0 once: a refusal is not asked again
+
+
+def test_an_old_driver_gives_throttle_reasons_under_their_old_name() -> None:
+    fake = FakeNvml([h200(0, 10)])
+    fake.old_driver = True
+    snap = NvmlReader(fake).read()
+    assert snap.ok and snap.gpus[0].clock_event_reasons == 0x4
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 1
+
+
+def test_a_library_without_the_newer_functions_leaves_their_series_out() -> None:
+    """An old nvidia-ml-py has no clocks-event name and no utilization call: absent attributes are figures left
+    out, like a refusal."""
+
+    class OldLibrary(FakeNvml):
+        nvmlDeviceGetCurrentClocksEventReasons = None  # type: ignore[assignment]
+        nvmlDeviceGetUtilizationRates = None  # type: ignore[assignment]
+
+    snap = NvmlReader(OldLibrary([h200(0, 10)])).read()
+    g = snap.gpus[0]
+    assert snap.ok and g.utilization_ratio is None and g.clock_event_reasons == 0x4 and g.temperature_celsius == 61
+
+
+def test_xid_errors_are_counted_across_reads_and_a_reinitialisation() -> None:
+    fake = FakeNvml([h200(0, 10), h200(1, 10)])
+    reader = NvmlReader(fake)
+    reg, snaps = _registry(reader)
+    snaps.append(reader.read())
+    labels = _gpu_labels(1, fake)
+    assert reg.get_sample_value("llamacpp_gpu_xid_errors_total", labels) == 0
+    fake.gpus[1].xids += [79, 48]  # fallen off the bus, a double-bit ECC error
+    snaps.append(reader.read())
+    assert reg.get_sample_value("llamacpp_gpu_xid_errors_total", labels) == 2
+    assert reg.get_sample_value("llamacpp_gpu_last_xid", labels) == 48
+    assert reg.get_sample_value("llamacpp_gpu_xid_errors_total", _gpu_labels(0, fake)) == 0
+    # The GPU is lost and NVML re-initialised: the event sets are made again, the count never goes back.
+    fake.fail["nvmlDeviceGetMemoryInfo:1"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    assert not reader.read().ok and fake.freed_sets == 2 and not fake.event_sets
+    del fake.fail["nvmlDeviceGetMemoryInfo:1"]
+    fake.gpus[1].xids.append(31)
+    snaps.append(reader.read())
+    assert reg.get_sample_value("llamacpp_gpu_xid_errors_total", labels) == 3
+    assert reg.get_sample_value("llamacpp_gpu_last_xid", labels) == 31
+    assert len(fake.event_sets) == 2
+
+
+def test_a_storm_of_xids_is_taken_a_bounded_number_per_read() -> None:
+    fake = FakeNvml([h200(0, 10)])
+    reader = NvmlReader(fake)
+    reader.read()
+    fake.gpus[0].xids += [13] * (MAX_EVENTS_PER_READ + 44)
+    assert reader.read().gpus[0].xid_errors == MAX_EVENTS_PER_READ
+    assert reader.read().gpus[0].xid_errors == MAX_EVENTS_PER_READ + 44
+
+
+def test_a_gpu_lost_while_its_events_are_read_is_a_failed_read_that_recovers() -> None:
+    fake = FakeNvml([h200(0, 10)])
+    reader = NvmlReader(fake)
+    assert reader.read().ok
+    fake.fail["nvmlEventSetWait_v2"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    snap = reader.read()
+    assert not snap.ok and snap.error == "GPU 0: NVMLError_GpuIsLost: GPU is lost" and not reader.initialized
+    del fake.fail["nvmlEventSetWait_v2"]
+    assert reader.read().gpus[0].xid_errors == 0

@@ -1,5 +1,5 @@
 # Developer entry points. CI (.ci/run) runs `make test`, then `make test-system`.
-.PHONY: bootstrap demo test test-fast test-portable test-system lint
+.PHONY: bootstrap demo test test-fast test-portable test-system lint regen
 
 # Everything: .venv, Python deps, test tools, the real llama-server (~5 min the first time).
 bootstrap:
@@ -36,3 +36,9 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+
+# Every generated file made again from its sources (rules, dashboard, Kubernetes manifests, docs tables:
+# scripts/regen.py lists them); the fast loop fails while one is stale.
+regen:
+	scripts/bootstrap.sh --python-only
+	.venv/bin/python scripts/regen.py

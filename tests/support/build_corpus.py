@@ -18,6 +18,9 @@ flag gets the nearest it has (the capture says which); a scenario the build cann
 
 Two kinds of server: a ``llama-server`` binary (``--binary``) and an in-process server (``--xllamacpp
 PYTHON``: xllamacpp's ``Server`` in a Python process whose stderr is the log, as in Xinference).
+
+``--docs`` rewrites docs/builds.md's tables from the captures (``--docs --check``: exit 1 if they differ);
+``--table`` prints them.
 """
 
 from __future__ import annotations
@@ -502,11 +505,15 @@ def record(
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv in (["--table"], ["--docs"]):
-        from build_corpus_tables import builds_table, support_table, write_docs
+    if argv in (["--table"], ["--docs"], ["--docs", "--check"]):
+        from build_corpus_tables import DOCS, builds_table, docs_text, support_table, write_docs
 
         if argv == ["--docs"]:
             write_docs()
+        elif argv == ["--docs", "--check"]:
+            if DOCS.read_text() != docs_text():
+                print(f"{DOCS} is not what the captures give: run tests/support/build_corpus.py --docs")
+                return 1
         else:
             print(builds_table() + "\n" + support_table(), end="")
         return 0

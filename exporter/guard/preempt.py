@@ -235,7 +235,7 @@ def match(
     keep(reading=True)
     eliminate()
     # Still ambiguous (several prompts being read at once): llama-server numbers tasks in the order the
-    # requests reach it, which is the order the guard forwarded them; pair the oldest task with the
+    # requests reach it, mostly the order the guard forwarded them; pair the oldest task with the
     # request admitted first, where every pair is possible (each part read is at most its prompt).
     left = [r for r in runs if r.id not in out]
     reading = sorted((x for x in free if x.reading and x.task is not None), key=lambda x: x.task or 0)

@@ -11,13 +11,17 @@ request by closing its upstream connection.
 **Which one: the request whose slot holds the most cells** (ties: the one admitted last). Its cells are
 what the others need: stopping it frees the most room with one stop, where stopping a small one might
 free too little and lead to a second stop. It also tends to be the one that grew past its budget.
+**Among the slots that generate**: a request still reading its prompt was admitted on its exact prompt
+and has generated nothing, so it is not what outgrows the pool, and it is not stopped.
 A stopped request that has had no byte of its answer is replayed when it fits (the client sees only
 latency), counted at its slot's whole window this time, since it has shown it generates past its budget.
 
 Requests are matched to slots by what `/slots` shows of each task: its prompt size (`n_prompt_tokens_processed`
 plus `n_prompt_tokens_cache`, the server's own count, which the guard measured with the same tokenizer) and its
 `n_predict`. Two requests alike in both are interchangeable for this purpose; the one admitted first is
-given the fuller slot.
+given the fuller slot. A slot still reading its prompt (`next_token.n_decoded` 0) shows only the part read
+(`n_prompt_tokens`; `n_prompt_tokens_processed` trails it by a batch): it is the one request left whose
+prompt is at least that part, or, several being read at once, the one forwarded in its task's turn.
 
     >>> slots = [SlotView(0, 300, 40, n_predict=-1, rate=20.0), SlotView(1, 200, 50, n_predict=-1, rate=20.0)]
     >>> running = [Running(1, prompt=40, n_predict=-1, admitted_at=0.0), Running(2, 50, n_predict=-1, admitted_at=1.0)]
@@ -96,8 +100,9 @@ class SlotView:
     # Its task was generating at the last read too: `rate` is a generation speed. The first read after
     # the prompt divides a few tokens by a span spent mostly reading the prompt, far below the speed.
     steady: bool = False
-    # Its prompt is still being read: /slots counts a prompt as processed only once it is read whole
-    # (b11434: n_prompt_tokens_processed 0 while n_prompt_tokens grows), so `held` is the part read.
+    # Its prompt is still being read (nothing generated yet: `next_token.n_decoded` 0): `held` is the part read,
+    # and `prompt` is None, since /slots gives no whole size then (b11434: n_prompt_tokens_processed trails
+    # n_prompt_tokens by a batch, 0 during the first).
     reading: bool = False
 
     def ahead(self, horizon: float) -> int:
@@ -135,7 +140,14 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
         if not isinstance(held, int):
             continue
         processed, cached = s.get("n_prompt_tokens_processed"), s.get("n_prompt_tokens_cache")
-        prompt = processed + cached if isinstance(processed, int) and isinstance(cached, int) else None
+        nxt = s.get("next_token")
+        first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
+        decoded = first.get("n_decoded") if isinstance(first, dict) else None
+        # Nothing generated yet: the prompt is still being read (a build without n_decoded: processed still 0).
+        reading = decoded == 0 if isinstance(decoded, int) else processed == 0 and held > 0
+        prompt = None
+        if isinstance(processed, int) and isinstance(cached, int) and not reading:
+            prompt = processed + cached
         params = s.get("params")
         n_predict = params.get("n_predict") if isinstance(params, dict) else None
         last = before.get(s["id"])
@@ -145,8 +157,6 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
         generating = task if prompt is not None and held > prompt else None
         steady = generating is not None and last is not None and last[2] == generating
         before[s["id"]] = (held, now, generating)
-        nxt = s.get("next_token")
-        first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
         remain = first.get("n_remain") if isinstance(first, dict) else None
         window = s.get("n_ctx")
         out.append(
@@ -160,7 +170,7 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
                 window if isinstance(window, int) and window > 0 else None,
                 task,
                 steady,
-                reading=processed == 0 and held > 0,
+                reading=reading,
             )
         )
     return out
@@ -169,60 +179,81 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
 def match(
     slots: list[SlotView], running: list[Running], known: Mapping[int, tuple[int, int]] | None = None
 ) -> dict[int, SlotView]:
-    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs.
+    """Request id → its slot, where what the slot shows says which request it runs.
 
-    `known` (request id → the slot and task it was matched to before) keeps a match for as long as the slot
-    runs that task. A slot still reading its prompt shows only the part read so far: it is matched by
-    elimination, when one request alone is left whose prompt is at least that part (the first request of a
-    burst, still reading its prompt when the others have theirs, is named too).
+    A slot whose prompt is read whole shows its size: the request of that size (and n_predict). A slot still
+    reading its prompt shows only the part read so far, at most its prompt: it is matched by elimination,
+    when one request alone is left whose prompt is at least that part (the first request of a burst, still
+    reading its prompt when the others have theirs, is named too). `known` (request id → the slot and task it
+    was matched to before) keeps a match while the slot runs that task and shows nothing against it; what a
+    slot shows always comes first, so an earlier guess is corrected as soon as a prompt is read whole.
 
-    >>> a, b = SlotView(0, 3000, 0, -1, task=7, reading=True), SlotView(1, 8000, 8000, -1, task=8)
+    >>> a, b = SlotView(0, 3000, None, -1, task=7, reading=True), SlotView(1, 8000, 8000, -1, task=8)
     >>> sorted((r, x.id) for r, x in match([a, b], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items())
     [(1, 0), (2, 1)]
     >>> match([a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)])  # 3,000 read: either one
     {}
-    >>> c = SlotView(1, 2000, 0, -1, task=9, reading=True)  # two prompts being read: by the order of their tasks
+    >>> c = SlotView(1, 2000, None, -1, task=9, reading=True)  # two prompts being read: by the order of their tasks
     >>> {r: x.id for r, x in match([c, a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items()}
     {1: 0, 2: 1}
     """
     free = sorted(slots, key=lambda s: -s.held)
     out: dict[int, SlotView] = {}
-    by_id = {r.id: r for r in running}
-    for rid, (slot_id, task) in (known or {}).items():
-        s = next((x for x in free if x.id == slot_id and x.task == task and x.task is not None), None)
-        if s is not None and rid in by_id:
-            out[rid] = s
-            free.remove(s)
-    for r in sorted(running, key=lambda r: r.admitted_at):
-        if r.id in out:
-            continue
-        for s in free:
-            if s.prompt == r.prompt and _predicts(s, r):
-                out[r.id] = s
-                free.remove(s)
-                break
-    # Slots still reading their prompt (nothing generated: held is the part read): by elimination.
-    progress = True
-    while progress:
-        progress = False
-        left = [r for r in running if r.id not in out]
-        for s in [x for x in free if x.reading]:
-            fits = [r for r in left if s.held <= r.prompt and _predicts(s, r)]
-            if len(fits) == 1:
-                out[fits[0].id] = s
-                free.remove(s)
-                progress = True
-                break
+    runs = sorted(running, key=lambda r: r.admitted_at)
+    was = dict(known or {})
+
+    def take(r: Running, s: SlotView) -> None:
+        out[r.id] = s
+        free.remove(s)
+
+    def keep(reading: bool) -> None:
+        """Known matches whose slot (reading or not) still runs the same task and shows nothing against them."""
+        for r in runs:
+            s = next((x for x in free if (x.id, x.task) == was.get(r.id) and x.reading == reading), None)
+            if r.id not in out and s is not None and s.task is not None and _fits(s, r):
+                take(r, s)
+
+    def eliminate() -> None:
+        """Slots still reading their prompt: the one request left whose prompt is at least the part read."""
+        progress = True
+        while progress:
+            progress = False
+            for s in [x for x in free if x.reading]:
+                fits = [r for r in runs if r.id not in out and _fits(s, r)]
+                if len(fits) == 1:
+                    take(fits[0], s)
+                    progress = True
+                    break
+
+    # Prompts read whole, where two requests alike keep the slots they had (else the first admitted, the fuller).
+    keep(reading=False)
+    for r in runs:
+        s = next((x for x in free if not x.reading and x.prompt == r.prompt and _predicts(x, r)), None)
+        if r.id not in out and s is not None:
+            take(r, s)
+    eliminate()
+    keep(reading=True)
+    eliminate()
     # Still ambiguous (several prompts being read at once): llama-server numbers tasks in the order the
-    # requests reach it, which is the order the guard forwarded them; pair the oldest task with the
-    # request admitted first, where every pair is possible (each part read is less than its prompt).
-    left = sorted((r for r in running if r.id not in out), key=lambda r: r.admitted_at)
+    # requests reach it, mostly the order the guard forwarded them; pair the oldest task with the
+    # request admitted first, where every pair is possible (each part read is at most its prompt).
+    left = [r for r in runs if r.id not in out]
     reading = sorted((x for x in free if x.reading and x.task is not None), key=lambda x: x.task or 0)
     if left and len(left) == len(reading):
         pairs = list(zip(left, reading, strict=True))
-        if all(s.held <= r.prompt and _predicts(s, r) for r, s in pairs):
+        if all(_fits(s, r) for r, s in pairs):
             out.update({r.id: s for r, s in pairs})
     return out
+
+
+def _fits(s: SlotView, r: Running) -> bool:
+    """Whether slot `s` may run request `r`, by what it shows: the part of a prompt read so far is at most the
+    prompt; a prompt read whole is its size (a slot that shows no size contradicts nothing)."""
+    if not _predicts(s, r):
+        return False
+    if s.reading:
+        return s.held <= r.prompt
+    return s.prompt is None or s.prompt == r.prompt
 
 
 def _predicts(s: SlotView, r: Running) -> bool:
@@ -240,7 +271,9 @@ def choose_victim(slots: list[SlotView], running: list[Running], limit: int, hor
     total = projected(slots, horizon)
     if total < limit or len(slots) < 2:
         return None  # a request alone never outgrows the pool: its slot's window is at most the pool
-    matched = match(slots, running)
+    # A request still reading its prompt is not stopped: its prompt was counted exactly when it was admitted,
+    # it has generated nothing, so it is not what outgrows the pool (a slot generating past its budget is).
+    matched = {rid: s for rid, s in match(slots, running).items() if not s.reading}
     if not matched:
         return None  # the slots that fill the pool are not the guard's requests: nothing it may stop
     admitted = {r.id: r.admitted_at for r in running}

@@ -292,13 +292,43 @@ def test_a_request_still_reading_its_prompt_is_matched_by_elimination(
 
 
 def test_a_slot_reading_its_prompt_is_seen_as_reading() -> None:
-    """b11434's /slots while a 9,000-token prompt is read (as read from a real server): the part read is in
-    n_prompt_tokens, n_prompt_tokens_processed stays 0 until the whole prompt is read."""
-    body = [
-        {"id": 2, "is_processing": True, "id_task": 1, "n_prompt_tokens": 2048, "n_prompt_tokens_processed": 0,
-         "n_prompt_tokens_cache": 0},
-        {"id": 0, "is_processing": True, "id_task": 3, "n_prompt_tokens": 9010, "n_prompt_tokens_processed": 9001,
-         "n_prompt_tokens_cache": 0},
-    ]  # fmt: skip
-    reading, generating = preempt.slot_views(body, {}, now=1.0)
-    assert (reading.reading, reading.held, generating.reading, generating.prompt) == (True, 2048, False, 9001)
+    """b11434's /slots while a 9,514-token prompt is read in 2,048-token batches (as read from a real server):
+    n_prompt_tokens is the part read, n_prompt_tokens_processed trails it by a batch (0 during the first, equal
+    to it when the slot waited a turn), next_token.n_decoded is 0 until the first token. A part read is never
+    taken for a whole prompt; once generating, processed is the prompt."""
+
+    def entry(held: int, processed: int, decoded: int) -> dict[str, object]:
+        return {"id": 2, "is_processing": True, "id_task": 1, "n_prompt_tokens": held,
+                "n_prompt_tokens_processed": processed, "n_prompt_tokens_cache": 0, "params": {"n_predict": 16},
+                "next_token": [{"has_next_token": True, "n_remain": 16 - decoded, "n_decoded": decoded}]}  # fmt: skip
+
+    reads = [(2048, 0, 0), (4096, 2048, 0), (4096, 4096, 0), (8192, 6144, 0), (9514, 8192, 0), (9516, 9514, 2)]
+    speeds: dict[int, preempt.LastRead] = {}
+    views = [preempt.slot_views([entry(*r)], speeds, now=float(i))[0] for i, r in enumerate(reads)]
+    assert [(v.reading, v.held, v.prompt) for v in views] == [
+        *((True, held, None) for held, _, _ in reads[:-1]),
+        (False, 9516, 9514),
+    ]
+    assert not any(v.steady for v in views)  # reading a prompt is no generation speed
+    # A build without n_decoded: a prompt is being read while nothing of it is counted processed.
+    old = [{"id": 0, "is_processing": True, "id_task": 3, "n_prompt_tokens": 2048, "n_prompt_tokens_processed": 0,
+            "n_prompt_tokens_cache": 0}]  # fmt: skip
+    [v] = preempt.slot_views(old, {}, now=1.0)
+    assert (v.reading, v.prompt) == (True, None)
+
+
+def test_a_request_still_reading_its_prompt_is_not_stopped() -> None:
+    """The projection reaches the pool while one slot generates past its budget and another, holding more, still
+    reads its prompt: the generating one is stopped (the reader was admitted on its exact prompt and has
+    generated nothing); with only readers matched, nothing is."""
+    reader = preempt.SlotView(0, 6_000, None, -1, rate=2_000.0, task=9, reading=True)
+    grower = preempt.SlotView(1, 3_000, 1_000, -1, rate=40.0, task=8, steady=True)
+    running = [preempt.Running(1, 1_000, -1, admitted_at=0.0), preempt.Running(2, 8_000, -1, admitted_at=1.0)]
+    assert {rid: s.id for rid, s in preempt.match([reader, grower], running).items()} == {1: 1, 2: 0}
+    victim = preempt.choose_victim([reader, grower], running, limit=9_000, horizon=2.0)
+    assert victim is not None and victim[0] == 1, victim
+    assert victim[1].startswith("slot 1 holds 3000 of the")
+    other = preempt.SlotView(1, 3_000, None, -1, rate=2_000.0, task=10, reading=True)
+    both = [preempt.Running(1, 4_000, -1, admitted_at=0.0), preempt.Running(2, 8_000, -1, admitted_at=1.0)]
+    assert len(preempt.match([reader, other], both)) == 2
+    assert preempt.choose_victim([reader, other], both, limit=9_000, horizon=2.0) is None

@@ -318,6 +318,31 @@ async def test_a_request_that_outgrows_its_budget_is_stopped_and_replayed_unseen
         assert not r.books.in_flight and not r.books.queue
 
 
+async def test_a_request_still_reading_its_prompt_is_not_the_one_stopped() -> None:
+    """The slots reach the pool while `a` generates past its budget and `b`, holding more, still reads its prompt
+    (b11434: n_decoded 0, n_prompt_tokens the part read, n_prompt_tokens_processed a batch behind): `b` is matched
+    to its slot all the same, and `a` is the one stopped."""
+    fast: dict[str, Any] = {"poll_interval": 0.02, "quiet": 0.05, "horizon": 0.5, "default_budget": 100}
+    async with rig(**fast) as r:
+        r.up.hold("a", "b")
+        a = r.post("/completion", {"prompt": prompt(200), "tag": "a"})
+        await r.up.arrived("a")
+        b = r.post("/completion", {"prompt": prompt(550), "tag": "b"})
+        await r.up.arrived("b")
+        assert len(r.books.in_flight) == 2  # 300 + 650 of 1000: both admitted
+        reading = {**_slot(1, 550, 512), "id_task": 9, "next_token": [{"has_next_token": True, "n_decoded": 0}]}
+        r.up.slots = [{**_slot(0, 450, 200), "id_task": 8}, reading]
+        await r.up.was_cancelled("a")
+        assert r.outcomes()["preempted"] == 1
+        placed = {rec.ticket.prompt: rec.slot for rec in r.guard.guard.accounting.records.values() if rec.ticket}
+        assert placed == {200: 0, 550: 1}
+        r.up.slots = []
+        r.up.release("a")
+        r.up.release("b")
+        assert (await b)[0] == 200 and (await a)[0] == 200
+        assert r.up.arrivals["b"] == 1 and r.up.arrivals["a"] == 2
+
+
 async def test_a_stream_that_has_begun_is_stopped_with_an_error_event_and_a_clean_end() -> None:
     fast: dict[str, Any] = {"poll_interval": 0.02, "quiet": 0.05, "horizon": 0.5, "default_budget": 100}
     async with rig(**fast) as r:

@@ -6,7 +6,7 @@ rules, the dashboard and the docs name.
   guard's books and its books by client), emits only catalogued families, each with the catalogue's type,
   help and labels, its bounded labels' values within their allowed sets, and the labels a scrape adds
   (`server`, `model`) only where its scope allows them; every catalogued family is emitted by some feeder.
-- Every metric name in the alert rules, the dashboard JSON, the README and the metrics pages is in the
+- Every metric name in the alert rules, the dashboard JSON, the README, the docs and the runbook is in the
   catalogue (recording rules, `instance:…:…`, are the rules' own), and every label value they give a
   bounded label is one it takes.
 - Every catalogued family is documented in the README's metric table, docs/metrics.md, docs/guard.md or
@@ -43,6 +43,10 @@ RULES = REPO / "alerts" / "llamacpp-rules.yml"
 DASHBOARD = REPO / "dashboards" / "llamacpp.json"
 #: Where a metric is documented: README's "Metrics" table, docs/metrics.md, the guard's and the router's pages.
 REFERENCE = [REPO / "README.md", *(REPO / "docs" / n for n in ("metrics.md", "guard.md", "many-servers.md"))]
+#: Every page that may name a metric: the README, the docs, the runbook.
+PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "alerts" / "runbook.md"])
+#: Names that look like metrics but are the generators' packages (alerts/llamacpp_rules/, dashboards/…).
+PACKAGES = {"llamacpp_rules", "llamacpp_dashboard"}
 #: A metric name, not a part of a recording rule's (`instance:llamacpp_x:sum`) nor of llama-server's own
 #: (`llamacpp:requests_deferred`).
 METRIC = re.compile(r"(?<![\w:])llamacpp_[a-z0-9_]*[a-z0-9](?![\w:*])")
@@ -215,9 +219,11 @@ def test_the_shorthand_is_expanded() -> None:
     )
 
 
-@pytest.mark.parametrize("page", REFERENCE, ids=lambda p: p.name)
-def test_every_metric_a_page_names_is_catalogued(page: Path) -> None:
-    assert sorted(unknown_names(page.read_text(encoding="utf-8"))) == []
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_metric_and_label_value_a_page_names_is_catalogued(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert sorted(unknown_names(text) - PACKAGES) == []
+    assert wrong_label_values(text) == []
 
 
 def undocumented(pages: list[str]) -> list[str]:

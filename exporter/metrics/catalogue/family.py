@@ -3,8 +3,9 @@ prometheus_client family it builds (`exporter.metrics.catalogue`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from prometheus_client.core import (
@@ -42,7 +43,7 @@ class Family:
     labels: tuple[str, ...] = ()
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # a bounded label → its values
 
-    @property
+    @cached_property
     def family(self) -> str:
         """The name prometheus_client's family takes (it adds `_total` to a counter's samples, `_info`
         to an info family's)."""
@@ -62,12 +63,12 @@ class Family:
             self.family, self.help, value=value, labels=None if value is not None else self.labels
         )
 
-    def counts(self, values: Mapping[str, int], always: Iterable[str] | None = None) -> CounterMetricFamily:
-        """A counter with one bounded label, sorted by value; its allowed values (or `always`) are exported at
-        0 so that rate() and alerts work."""
+    def counts(self, values: Mapping[str, int]) -> CounterMetricFamily:
+        """A counter with one bounded label, sorted by value; its allowed values are exported at 0 so that
+        rate() and alerts work."""
         (label,) = self.labels
         family = self.counter()
-        for key in sorted(set(self.values[label] if always is None else always) | set(values)):
+        for key in sorted(set(self.values[label]) | set(values)):
             family.add_metric([key], values.get(key, 0))
         return family
 

@@ -12,6 +12,8 @@ OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "retried",
 DROP_REASONS = ("queue_full", "write_error")
 
 
+# ----------------------------------------------------------------------- the guard (guard/books.py)
+
 GUARD_REQUESTS = Family(
     "llamacpp_guard_requests_total",
     "counter",
@@ -87,6 +89,9 @@ GUARD_POOL_LIMIT_TOKENS = Family(
     GUARD,
     "KV cells the guard admits requests against (the shared pool, else one slot's window).",
 )
+
+
+# ------------------------------------------ by client, and the access log (guard/client_metrics.py)
 
 GUARD_CLIENT_REQUESTS = Family(
     "llamacpp_guard_client_requests_total",

@@ -24,6 +24,47 @@ THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
 )
 
 
+# --------------------- the live sources' read health, where slot tokens came from (metrics/live.py)
+
+SLOT_TOKENS_SOURCE = Family(
+    "llamacpp_slot_tokens_source",
+    "gauge",
+    SERVER,
+    "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots n_prompt_tokens, log "
+    "= estimated from the log).",
+    labels=("source",),
+    values={"source": SLOT_TOKEN_SOURCES},
+)
+
+LOG_VERBOSITY = Family(
+    "llamacpp_log_verbosity",
+    "gauge",
+    SERVER,
+    "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint and prompt "
+    "cache lines are hidden (b9151+) and estimated.",
+)
+
+EXPORTER_SOURCE_READ_DURATION_SECONDS = Family(
+    "llamacpp_exporter_source_read_duration_seconds",
+    "gauge",
+    SERVER,
+    "Duration of the last read of the live source (seconds).",
+    labels=("source",),
+    values={"source": LIVE_SOURCES},
+)
+
+EXPORTER_SOURCE_READ_FAILURES = Family(
+    "llamacpp_exporter_source_read_failures_total",
+    "counter",
+    SERVER,
+    "Reads of the live source that failed (see the exporter's log for why).",
+    labels=("source",),
+    values={"source": LIVE_SOURCES},
+)
+
+
+# ------------------------------------------- the exporter's own health (metrics/exporter_health.py)
+
 EXPORTER_SOURCE_UP = Family(
     "llamacpp_exporter_source_up",
     "gauge",
@@ -84,76 +125,8 @@ EXPORTER_BUILD_INFO = Family(
     "llamacpp_exporter_build_info", "info", HOST, "Version of llamacpp-exporter.", labels=("version",)
 )
 
-SLOT_TOKENS_SOURCE = Family(
-    "llamacpp_slot_tokens_source",
-    "gauge",
-    SERVER,
-    "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots n_prompt_tokens, log "
-    "= estimated from the log).",
-    labels=("source",),
-    values={"source": SLOT_TOKEN_SOURCES},
-)
 
-LOG_VERBOSITY = Family(
-    "llamacpp_log_verbosity",
-    "gauge",
-    SERVER,
-    "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint and prompt "
-    "cache lines are hidden (b9151+) and estimated.",
-)
-
-ROUTER_CHILDREN = Family(
-    "llamacpp_router_children",
-    "gauge",
-    ROUTER,
-    "Router children (one per loaded model) running now, as the router's log says.",
-)
-
-ROUTER_CHILDREN_LIMIT = Family(
-    "llamacpp_router_children_limit",
-    "gauge",
-    ROUTER,
-    "Router children the exporter follows at most; a child past it is refused (not followed).",
-)
-
-ROUTER_CHILD_STARTS = Family(
-    "llamacpp_router_child_starts_total", "counter", ROUTER, "Router children started (spawn lines)."
-)
-
-ROUTER_CHILD_EXITS = Family(
-    "llamacpp_router_child_exits_total",
-    "counter",
-    ROUTER,
-    "Router children that ended, by outcome: unloaded (after the router's stop line: an unload or an eviction), "
-    "crashed (the child ended without being asked to).",
-    labels=("outcome",),
-    values={"outcome": EXIT_OUTCOMES},
-)
-
-ROUTER_CHILDREN_REFUSED = Family(
-    "llamacpp_router_children_refused_total",
-    "counter",
-    ROUTER,
-    "Router children not followed because the limit was reached (their lines are rejected as unfollowed).",
-)
-
-EXPORTER_SOURCE_READ_DURATION_SECONDS = Family(
-    "llamacpp_exporter_source_read_duration_seconds",
-    "gauge",
-    SERVER,
-    "Duration of the last read of the live source (seconds).",
-    labels=("source",),
-    values={"source": LIVE_SOURCES},
-)
-
-EXPORTER_SOURCE_READ_FAILURES = Family(
-    "llamacpp_exporter_source_read_failures_total",
-    "counter",
-    SERVER,
-    "Reads of the live source that failed (see the exporter's log for why).",
-    labels=("source",),
-    values={"source": LIVE_SOURCES},
-)
+# ---------------------------------- NVML (metrics/gpu.py; llamacpp_gpu_servers: metrics/servers.py)
 
 GPU_MEMORY_TOTAL_BYTES = Family(
     "llamacpp_gpu_memory_total_bytes", "gauge", HOST, "Total GPU memory (NVML).", labels=("gpu", "uuid", "name")
@@ -245,31 +218,8 @@ GPU_SERVERS = Family(
     labels=("gpu", "uuid", "name"),
 )
 
-UP = Family("llamacpp_up", "gauge", SERVER, "1 when llama-server answers /health with 200.")
 
-SERVER_LOADING = Family(
-    "llamacpp_server_loading", "gauge", SERVER, "1 while llama-server answers /health with 503 Loading model."
-)
-
-EXPORTER_HTTP_STATUS = Family(
-    "llamacpp_exporter_http_status",
-    "gauge",
-    SERVER,
-    "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, 501 = "
-    "endpoint disabled).",
-    labels=("endpoint",),
-    values={"endpoint": tuple(dict.fromkeys((*ENDPOINTS, *ROUTER_ENDPOINTS)))},
-)
-
-EXPORTER_HTTP_VALUES_REJECTED = Family(
-    "llamacpp_exporter_http_values_rejected_total",
-    "counter",
-    SERVER,
-    "Reads of llama-server's /metrics whose value was absent or not a count it can have written (NaN, negative, "
-    "fractional, text): the value is left out, the HTTP source stays up.",
-    labels=("endpoint", "metric"),
-    values={"endpoint": ("/metrics",)},
-)
+# ---------------------------------------------------- the process and the host (metrics/process.py)
 
 PROCESS_FOUND_BY = Family(
     "llamacpp_process_found_by",
@@ -303,4 +253,71 @@ HOST_MEMORY_AVAILABLE_BYTES = Family(
 
 HOST_MEMORY_TOTAL_BYTES = Family(
     "llamacpp_host_memory_total_bytes", "gauge", HOST, "Physical memory of the host (MemTotal)."
+)
+
+
+# ------------------------------------------- llama-server's HTTP endpoints (metrics/server_http.py)
+
+UP = Family("llamacpp_up", "gauge", SERVER, "1 when llama-server answers /health with 200.")
+
+SERVER_LOADING = Family(
+    "llamacpp_server_loading", "gauge", SERVER, "1 while llama-server answers /health with 503 Loading model."
+)
+
+EXPORTER_HTTP_STATUS = Family(
+    "llamacpp_exporter_http_status",
+    "gauge",
+    SERVER,
+    "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, 501 = "
+    "endpoint disabled).",
+    labels=("endpoint",),
+    values={"endpoint": tuple(dict.fromkeys((*ENDPOINTS, *ROUTER_ENDPOINTS)))},
+)
+
+EXPORTER_HTTP_VALUES_REJECTED = Family(
+    "llamacpp_exporter_http_values_rejected_total",
+    "counter",
+    SERVER,
+    "Reads of llama-server's /metrics whose value was absent or not a count it can have written (NaN, negative, "
+    "fractional, text): the value is left out, the HTTP source stays up.",
+    labels=("endpoint", "metric"),
+    values={"endpoint": ("/metrics",)},
+)
+
+
+# --------------------------------------------------------- a router's children (metrics/servers.py)
+
+ROUTER_CHILDREN = Family(
+    "llamacpp_router_children",
+    "gauge",
+    ROUTER,
+    "Router children (one per loaded model) running now, as the router's log says.",
+)
+
+ROUTER_CHILDREN_LIMIT = Family(
+    "llamacpp_router_children_limit",
+    "gauge",
+    ROUTER,
+    "Router children the exporter follows at most; a child past it is refused (not followed).",
+)
+
+ROUTER_CHILD_STARTS = Family(
+    "llamacpp_router_child_starts_total", "counter", ROUTER, "Router children started (spawn lines)."
+)
+
+ROUTER_CHILD_EXITS = Family(
+    "llamacpp_router_child_exits_total",
+    "counter",
+    ROUTER,
+    "Router children that ended, by outcome: unloaded (after the router's stop line: an unload or an eviction), "
+    "crashed (the child ended without being asked to).",
+    labels=("outcome",),
+    values={"outcome": EXIT_OUTCOMES},
+)
+
+ROUTER_CHILDREN_REFUSED = Family(
+    "llamacpp_router_children_refused_total",
+    "counter",
+    ROUTER,
+    "Router children not followed because the limit was reached (their lines are rejected as unfollowed).",
 )

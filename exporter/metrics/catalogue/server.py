@@ -20,6 +20,8 @@ REJECT_REASONS = ("malformed", "out_of_range", "format", "inconsistent", "unexpe
 CHECKPOINT_EVENT_KINDS = ("created", "restored", "invalidated", "evicted", "failed_restore")
 
 
+# ------------------------------- the log: slots, the pool, cascades, aborts (metrics/server_log.py)
+
 SERVER_INFO = Family(
     "llamacpp_server_info",
     "info",
@@ -161,6 +163,9 @@ EXPORTER_LOG_LINES_REJECTED = Family(
     values={"reason": REJECT_REASONS},
 )
 
+
+# -------------------------------------------------- where the pool is heading (metrics/forecast.py)
+
 KV_POOL_DEMAND_TOKENS = Family(
     "llamacpp_kv_pool_demand_tokens",
     "gauge",
@@ -208,6 +213,14 @@ KV_POOL_ACTIVE_WINDOW_SECONDS = Family(
     "(--kv-pool-active-window).",
 )
 
+KV_POOL_FULL_ETA_SECONDS = Family(
+    "llamacpp_kv_pool_full_eta_seconds",
+    "gauge",
+    SERVER,
+    "Seconds until the requests in flight fill the KV pool at their current speed (llama-server's own prompt and "
+    "generation speeds); absent when the pool is not filling or cannot fill.",
+)
+
 KV_POOL_FILL_RATE_TOKENS_PER_SECOND = Family(
     "llamacpp_kv_pool_fill_rate_tokens_per_second",
     "gauge",
@@ -243,6 +256,9 @@ SLOT_DEMAND_TOKENS = Family(
     labels=("slot", "horizon"),
     values={"horizon": ("prompt", "max")},
 )
+
+
+# ---------------------------------- checkpoints, the prompt cache, timings (metrics/checkpoints.py)
 
 CHECKPOINT_LINES_VISIBLE = Family(
     "llamacpp_checkpoint_lines_visible",
@@ -310,6 +326,9 @@ PROMPT_TOKENS = Family(
 
 GENERATED_TOKENS = Family("llamacpp_generated_tokens_total", "counter", SERVER, "Tokens generated ('eval time' lines).")
 
+
+# -------------------------------------------------------------- request sizes (metrics/requests.py)
+
 REQUEST_TOKENS = Family(
     "llamacpp_request_tokens",
     "histogram",
@@ -333,14 +352,6 @@ REQUEST_CONCURRENCY = Family(
 
 REQUESTS_IN_FLIGHT = Family(
     "llamacpp_requests_in_flight", "gauge", SERVER, "Requests llama-server is processing now (slots with a task)."
-)
-
-KV_POOL_FULL_ETA_SECONDS = Family(
-    "llamacpp_kv_pool_full_eta_seconds",
-    "gauge",
-    SERVER,
-    "Seconds until the requests in flight fill the KV pool at their current speed (llama-server's own prompt and "
-    "generation speeds); absent when the pool is not filling or cannot fill.",
 )
 
 REQUESTS_QUEUED = Family(

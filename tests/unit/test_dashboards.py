@@ -4,7 +4,9 @@ incident needs to be visible at a glance, and the provisioning files.
 
 That every query returns data from a real Prometheus scraping the real exporter is checked in
 test_prometheus_e2e.py; that every metric it names is emitted, in test_alerts_metric_names.py; its
-queries run by promtool on given series, in test_dashboards_promtool.py (all in tests/real_server).
+queries run by promtool on given series, in test_dashboards_promtool.py (all in tests/real_server); that
+every name and label value it gives is in the metric catalogue the collectors emit, in
+tests/unit/test_metric_catalogue.py.
 """
 
 from __future__ import annotations

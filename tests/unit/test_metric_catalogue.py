@@ -6,8 +6,8 @@ rules, the dashboard and the docs name.
   guard's books and its books by client), emits only catalogued families, each with the catalogue's type,
   help and labels, its bounded labels' values within their allowed sets, and the labels a scrape adds
   (`server`, `model`) only where its scope allows them; every catalogued family is emitted by some feeder.
-- Every metric name in the alert rules, the dashboard JSON, the README, the docs and the runbook is in the
-  catalogue (recording rules, `instance:…:…`, are the rules' own), and every label value they give a
+- Every metric name in the alert rules, the dashboard JSON, the README, the docs, the runbook and the
+  exporter's own messages and help is in the catalogue (recording rules, `instance:…:…`, are the rules' own), and every label value they give a
   bounded label is one it takes.
 - Every catalogued family is documented in the README's metric table, docs/metrics.md, docs/guard.md or
   docs/many-servers.md.
@@ -45,8 +45,9 @@ DASHBOARD = REPO / "dashboards" / "llamacpp.json"
 REFERENCE = [REPO / "README.md", *(REPO / "docs" / n for n in ("metrics.md", "guard.md", "many-servers.md"))]
 #: Every page that may name a metric: the README, the docs, the runbook.
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "alerts" / "runbook.md"])
-#: Names that look like metrics but are the generators' packages (alerts/llamacpp_rules/, dashboards/…).
-PACKAGES = {"llamacpp_rules", "llamacpp_dashboard"}
+#: Names that look like metrics but are not: the generators' packages (alerts/llamacpp_rules/, dashboards/…),
+#: and the exporter's distribution and logger.
+PACKAGES = {"llamacpp_rules", "llamacpp_dashboard", "llamacpp_exporter"}
 #: A metric name, not a part of a recording rule's (`instance:llamacpp_x:sum`) nor of llama-server's own
 #: (`llamacpp:requests_deferred`).
 METRIC = re.compile(r"(?<![\w:])llamacpp_[a-z0-9_]*[a-z0-9](?![\w:*])")
@@ -224,6 +225,16 @@ def test_every_metric_and_label_value_a_page_names_is_catalogued(page: Path) -> 
     text = page.read_text(encoding="utf-8")
     assert sorted(unknown_names(text) - PACKAGES) == []
     assert wrong_label_values(text) == []
+
+
+def test_every_metric_the_exporters_own_text_names_is_catalogued() -> None:
+    """Its log messages, its flags' help and its docstrings' sample output name only families it emits."""
+    named = {
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sorted((REPO / "exporter").rglob("*.py"))
+        for name in unknown_names(path.read_text(encoding="utf-8")) - PACKAGES
+    }
+    assert sorted(named) == []
 
 
 def undocumented(pages: list[str]) -> list[str]:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from exporter.metrics.families import counter, histogram, labelled_counter
+from exporter.metrics.catalogue import server as c
 from exporter.model.state import ServerState
 from exporter.model.view import ServerView
-
-CHECKPOINT_EVENTS = ("created", "restored", "invalidated", "evicted", "failed_restore")
 
 
 class CheckpointCacheCollector(Collector):
@@ -37,11 +35,7 @@ class CheckpointCacheCollector(Collector):
         st = self._view().state
         visible = st.run.checkpoint_lines_visible()
         if visible is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_checkpoint_lines_visible",
-                "1 when the log shows checkpoint and prompt-cache lines; 0 when its verbosity hides them (use -lv 4).",
-                value=1 if visible else 0,
-            )
+            yield c.CHECKPOINT_LINES_VISIBLE.gauge(1 if visible else 0)
         if visible is not False:
             yield from self._checkpoints(st)
             yield from self._prompt_cache(st)
@@ -51,61 +45,30 @@ class CheckpointCacheCollector(Collector):
     def _limits(self, st: ServerState) -> Iterator[Metric]:
         """Configuration, from start-up lines or the command line: true whatever the verbosity."""
         if st.run.checkpoint_limit is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_checkpoint_limit",
-                "Maximum context checkpoints per slot (--ctx-checkpoints; 0 = disabled).",
-                value=st.run.checkpoint_limit,
-            )
+            yield c.CHECKPOINT_LIMIT.gauge(st.run.checkpoint_limit)
         if st.run.prompt_cache_limit_bytes is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_prompt_cache_limit_bytes",
-                "Prompt cache size limit (--cache-ram); +Inf = no limit, 0 = disabled.",
-                value=st.run.prompt_cache_limit_bytes,
-            )
+            yield c.PROMPT_CACHE_LIMIT_BYTES.gauge(st.run.prompt_cache_limit_bytes)
 
     def _checkpoints(self, st: ServerState) -> Iterator[Metric]:
         count = st.run.slot_count
         if count is not None:
-            n = GaugeMetricFamily("llamacpp_checkpoints", "Live context checkpoints of the slot.", labels=["slot"])
-            size = GaugeMetricFamily(
-                "llamacpp_checkpoint_bytes", "Host RAM held by the slot's live context checkpoints.", labels=["slot"]
-            )
+            n, size = c.CHECKPOINTS.gauge(), c.CHECKPOINT_BYTES.gauge()
             for i in range(count):
                 s = st.run.slots.get(i)
                 n.add_metric([str(i)], len(s.checkpoints) if s else 0)
                 size.add_metric([str(i)], s.checkpoint_bytes if s else 0.0)
             yield n
             yield size
-        yield labelled_counter(
-            "llamacpp_checkpoint_events",
-            "Context checkpoint events: created, restored, invalidated, evicted, failed_restore.",
-            "event",
-            st.checkpoint_events,
-            CHECKPOINT_EVENTS,
-        )
-        yield counter(
-            "llamacpp_full_reprocess",
-            "'forcing full prompt re-processing': no usable checkpoint or cache, the prompt ran from scratch.",
-            st.full_reprocess,
-        )
+        yield c.CHECKPOINT_EVENTS.counts(st.checkpoint_events)
+        yield c.FULL_REPROCESS.counter(st.full_reprocess)
 
     def _prompt_cache(self, st: ServerState) -> Iterator[Metric]:
         if st.run.prompt_cache_bytes is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_prompt_cache_bytes",
-                "Host RAM used by the prompt cache (last 'cache state' line).",
-                value=st.run.prompt_cache_bytes,
-            )
+            yield c.PROMPT_CACHE_BYTES.gauge(st.run.prompt_cache_bytes)
         if st.run.prompt_cache_prompts is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_prompt_cache_prompts", "Prompts held in the prompt cache.", value=st.run.prompt_cache_prompts
-            )
+            yield c.PROMPT_CACHE_PROMPTS.gauge(st.run.prompt_cache_prompts)
 
     def _timings(self, st: ServerState) -> Iterator[Metric]:
-        yield histogram(
-            "llamacpp_prompt_eval_seconds",
-            "Prompt evaluation time per finished request ('prompt eval time' lines; cached tokens excluded).",
-            st.prompt_eval_seconds,
-        )
-        yield counter("llamacpp_prompt_tokens", "Prompt tokens evaluated (cached tokens excluded).", st.prompt_tokens)
-        yield counter("llamacpp_generated_tokens", "Tokens generated ('eval time' lines).", st.generated_tokens)
+        yield c.PROMPT_EVAL_SECONDS.histogram(st.prompt_eval_seconds)
+        yield c.PROMPT_TOKENS.counter(st.prompt_tokens)
+        yield c.GENERATED_TOKENS.counter(st.generated_tokens)

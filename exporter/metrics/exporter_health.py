@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client.core import (
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from exporter import __version__
-from exporter.metrics.families import counter
+from exporter.metrics.catalogue import live as c
 
 
 class LogSourceStatus(Protocol):
@@ -63,44 +59,15 @@ class ExporterCollector(Collector):
         """Yield the exporter's self-metrics."""
         yield source_up_family(self._log.up, self._sources() if self._sources is not None else {})
         log = self._log
-        yield counter(
-            "llamacpp_exporter_log_lines",
-            "Log lines read while running (not counting the start-up replay).",
-            log.lines,
-        )
-        yield GaugeMetricFamily(
-            "llamacpp_exporter_log_replayed_lines",
-            "Lines of the existing log replayed at start to rebuild gauges (not counted as events).",
-            value=log.replayed_lines,
-        )
-        yield counter(
-            "llamacpp_exporter_log_truncations",
-            "Times the log file shrank or was rewritten in place.",
-            log.truncations,
-        )
-        yield counter(
-            "llamacpp_exporter_log_rotations",
-            "Times the log path named a new file (rotation, re-creation).",
-            log.rotations,
-        )
-        yield counter(
-            "llamacpp_exporter_log_lost_bytes",
-            "Bytes known to be lost, e.g. written just before a copytruncate.",
-            log.lost_bytes,
-        )
+        yield c.EXPORTER_LOG_LINES.counter(log.lines)
+        yield c.EXPORTER_LOG_REPLAYED_LINES.gauge(log.replayed_lines)
+        yield c.EXPORTER_LOG_TRUNCATIONS.counter(log.truncations)
+        yield c.EXPORTER_LOG_ROTATIONS.counter(log.rotations)
+        yield c.EXPORTER_LOG_LOST_BYTES.counter(log.lost_bytes)
         if log.understood is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_exporter_log_understood",
-                "1 once a line that only llama-server writes was read; 0 when its first lines held none "
-                "(not llama-server's log, or its format is not known) or it is binary data.",
-                value=1 if log.understood else 0,
-            )
-        yield counter(
-            "llamacpp_exporter_log_long_lines",
-            "Lines cut because they exceeded the maximum line length.",
-            log.long_lines,
-        )
-        info = InfoMetricFamily("llamacpp_exporter_build", "Version of llamacpp-exporter.")
+            yield c.EXPORTER_LOG_UNDERSTOOD.gauge(1 if log.understood else 0)
+        yield c.EXPORTER_LOG_LONG_LINES.counter(log.long_lines)
+        info = c.EXPORTER_BUILD_INFO.info()
         info.add_metric([], {"version": __version__})
         yield info
 
@@ -108,9 +75,7 @@ class ExporterCollector(Collector):
 def source_up_family(log_up: bool | None, sources: Mapping[str, SourceHealth]) -> GaugeMetricFamily:
     """`llamacpp_exporter_source_up{source}`: the log's (unless None: a router child shares its router's log)
     and each live source's."""
-    up = GaugeMetricFamily(
-        "llamacpp_exporter_source_up", "1 when the last read of the source worked.", labels=["source"]
-    )
+    up = c.EXPORTER_SOURCE_UP.gauge()
     if log_up is not None:
         up.add_metric(["log"], 1 if log_up else 0)
     for name, health in sorted(sources.items()):

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import (
-    GaugeMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.metrics.catalogue import server as c
 from exporter.model.forecast import HORIZONS, forecast
 from exporter.model.view import ServerView
 
@@ -56,64 +54,26 @@ class KVForecastCollector(Collector):
         if count is None:
             return
         f = forecast(st, view.measured)
-        sources = "prompt sizes from 'new prompt' lines (-lv 4) or progress lines (X / progress), else the cells held"
-        demand = GaugeMetricFamily(
-            "llamacpp_kv_pool_demand_tokens",
-            'KV cells the requests in flight will hold: horizon="prompt" once their prompts are processed, '
-            'horizon="max" at most (plus the generation budget left, from /slots; unknown = the slot\'s whole '
-            'window), horizon="limits" as max but a request without a known budget counts its prompt; idle '
-            f"slots excluded ({sources}).",
-            labels=["horizon"],
-        )
+        demand = c.KV_POOL_DEMAND_TOKENS.gauge()
         for h in HORIZONS:
             demand.add_metric([h], f.demand(h))
         yield demand
         if f.capacity:
-            ratio = GaugeMetricFamily(
-                "llamacpp_kv_pool_demand_ratio",
-                "llamacpp_kv_pool_demand_tokens / llamacpp_kv_pool_capacity_tokens; above 1 the pool overflows "
-                "(and llama-server aborts every request in flight) unless a request ends first.",
-                labels=["horizon"],
-            )
+            ratio = c.KV_POOL_DEMAND_RATIO.gauge()
             for h in HORIZONS:
                 ratio.add_metric([h], f.demand(h) / f.capacity)
             yield ratio
         yield from _active(view, f.capacity)
         eta = f.eta_seconds
         if eta is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_kv_pool_full_eta_seconds",
-                "Seconds until the requests in flight fill the KV pool at their current speed (llama-server's "
-                "own prompt and generation speeds); absent when the pool is not filling or cannot fill.",
-                value=eta,
-            )
-        yield GaugeMetricFamily(
-            "llamacpp_kv_pool_fill_rate_tokens_per_second",
-            "Tokens per second the requests in flight add to the KV pool (latest prompt-processing and "
-            "generation speeds in the log).",
-            value=f.fill_rate,
-        )
-        by_source = GaugeMetricFamily(
-            "llamacpp_kv_pool_demand_slots",
-            "Processing slots by how their prompt size is known: new_prompt (-lv 4 line), progress (progress "
-            "lines, default verbosity), held (not known yet: counts the cells it holds).",
-            labels=["source"],
-        )
+            yield c.KV_POOL_FULL_ETA_SECONDS.gauge(eta)
+        yield c.KV_POOL_FILL_RATE_TOKENS_PER_SECOND.gauge(f.fill_rate)
+        by_source = c.KV_POOL_DEMAND_SLOTS.gauge()
         for name, n in f.sources().items():
             by_source.add_metric([name], n)
         yield by_source
-        yield GaugeMetricFamily(
-            "llamacpp_kv_pool_demand_unknown_budget_slots",
-            "Processing slots whose generation budget is unknown or unlimited (counted at their whole window "
-            "in the max horizon); /slots (--server-url) gives it.",
-            value=f.unknown_budgets,
-        )
-        per_slot = GaugeMetricFamily(
-            "llamacpp_slot_demand_tokens",
-            "KV cells the slot's request will hold once its prompt is processed (horizon=prompt) and at most "
-            "(horizon=max); 0 while the slot is idle.",
-            labels=["slot", "horizon"],
-        )
+        yield c.KV_POOL_DEMAND_UNKNOWN_BUDGET_SLOTS.gauge(f.unknown_budgets)
+        per_slot = c.SLOT_DEMAND_TOKENS.gauge()
         by_slot = {d.slot: d for d in f.slots}
         for i in range(count):
             d = by_slot.get(i)
@@ -126,23 +86,7 @@ def _active(view: ServerView, capacity: int | None) -> Iterator[Metric]:
     """The cells of the conversations in flight or coming back (`exporter.model.activity`), and their share."""
     if view.active_tokens is None or view.active_window is None:
         return
-    yield GaugeMetricFamily(
-        "llamacpp_kv_pool_active_tokens",
-        "KV cells of the conversations in flight or coming back: slots processing now, and idle slots whose "
-        "last turn ended within llamacpp_kv_pool_active_window_seconds (an agent running its tools; the most "
-        "the slot held in that turn, also if another task's start cleared it).",
-        value=view.active_tokens,
-    )
+    yield c.KV_POOL_ACTIVE_TOKENS.gauge(view.active_tokens)
     if capacity:
-        yield GaugeMetricFamily(
-            "llamacpp_kv_pool_active_ratio",
-            "llamacpp_kv_pool_active_tokens / llamacpp_kv_pool_capacity_tokens: above 0.9 the conversations "
-            "coming back leave no room (LlamaCppKVPoolSaturated).",
-            value=view.active_tokens / capacity,
-        )
-    yield GaugeMetricFamily(
-        "llamacpp_kv_pool_active_window_seconds",
-        "How long after its last turn an idle slot's conversation counts in llamacpp_kv_pool_active_tokens "
-        "(--kv-pool-active-window).",
-        value=view.active_window,
-    )
+        yield c.KV_POOL_ACTIVE_RATIO.gauge(view.active_tokens / capacity)
+    yield c.KV_POOL_ACTIVE_WINDOW_SECONDS.gauge(view.active_window)

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.metrics.catalogue import live as c
+from exporter.metrics.catalogue.live import THROTTLE_REASONS
 from exporter.model.live import GpuReading, NvmlSnapshot
 
 log = logging.getLogger(__name__)
+#: The throttle reason bits that have a `reason` of their own; any other is `other`.
+_KNOWN_REASON_BITS = sum(bit for bit, _ in THROTTLE_REASONS)
 
 
 class NvmlCollector(Collector):
@@ -37,18 +40,11 @@ class NvmlCollector(Collector):
         if snap is None or not snap.gpus:
             return
         families = {
-            kind: GaugeMetricFamily(
-                f"llamacpp_gpu_memory_{kind}_bytes",
-                f"{kind.capitalize()} GPU memory (NVML).",
-                labels=["gpu", "uuid", "name"],
-            )
-            for kind in ("total", "used", "free")
+            "total": c.GPU_MEMORY_TOTAL_BYTES.gauge(),
+            "used": c.GPU_MEMORY_USED_BYTES.gauge(),
+            "free": c.GPU_MEMORY_FREE_BYTES.gauge(),
         }
-        proc = GaugeMetricFamily(
-            "llamacpp_process_gpu_memory_bytes",
-            "GPU memory used by llama-server on this GPU (NVML process list, matched by pid).",
-            labels=["gpu", "uuid"],
-        )
+        proc = c.PROCESS_GPU_MEMORY_BYTES.gauge()
         pid = self._pid()
         # NVML lists host pids. If llama-server's pid is on no GPU's list at all, it may run in another pid
         # namespace (a container): leave the series out rather than claim 0 everywhere.
@@ -78,45 +74,15 @@ class NvmlCollector(Collector):
         yield from _load_families(snap)
 
 
-#: NVML's clock event (throttle) reason bits and their `reason` label; a bit not listed is `other`.
-THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
-    (0x001, "gpu_idle"),
-    (0x002, "applications_clocks_setting"),
-    (0x004, "sw_power_cap"),
-    (0x008, "hw_slowdown"),
-    (0x010, "sync_boost"),
-    (0x020, "sw_thermal_slowdown"),
-    (0x040, "hw_thermal_slowdown"),
-    (0x080, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-_KNOWN_REASON_BITS = sum(bit for bit, _ in THROTTLE_REASONS)
-
-
-class _Gauge(NamedTuple):
-    """One optional gauge per GPU: its name, help, and the reading's field (left out where that is None)."""
-
-    name: str
-    help: str
-    field: str
-
-
+#: One optional gauge per GPU and the reading's field that gives it (left out where that is None).
 _GAUGES = (
-    _Gauge(
-        "llamacpp_gpu_utilization_ratio",
-        "Share of NVML's last sample period in which a kernel ran.",
-        "utilization_ratio",
-    ),
-    _Gauge(
-        "llamacpp_gpu_memory_utilization_ratio",
-        "Share of NVML's last sample period in which device memory was read or written.",
-        "memory_utilization_ratio",
-    ),
-    _Gauge("llamacpp_gpu_temperature_celsius", "GPU core temperature (NVML).", "temperature_celsius"),
-    _Gauge("llamacpp_gpu_power_watts", "Power drawn by the board (NVML).", "power_watts"),
-    _Gauge("llamacpp_gpu_power_limit_watts", "The power limit NVML enforces.", "power_limit_watts"),
-    _Gauge("llamacpp_gpu_sm_clock_hertz", "Streaming multiprocessor clock (NVML).", "sm_clock_hertz"),
-    _Gauge("llamacpp_gpu_last_xid", "Code of the last Xid critical error NVML reported for this GPU.", "last_xid"),
+    (c.GPU_UTILIZATION_RATIO, "utilization_ratio"),
+    (c.GPU_MEMORY_UTILIZATION_RATIO, "memory_utilization_ratio"),
+    (c.GPU_TEMPERATURE_CELSIUS, "temperature_celsius"),
+    (c.GPU_POWER_WATTS, "power_watts"),
+    (c.GPU_POWER_LIMIT_WATTS, "power_limit_watts"),
+    (c.GPU_SM_CLOCK_HERTZ, "sm_clock_hertz"),
+    (c.GPU_LAST_XID, "last_xid"),
 )
 
 
@@ -133,29 +99,19 @@ def _load_families(snap: NvmlSnapshot) -> Iterator[Metric]:
     # TYPE llamacpp_gpu_xid_errors_total counter
     llamacpp_gpu_xid_errors_total{gpu="0",name="NVIDIA H200",uuid="GPU-5f3c…"} 0.0
     """
-    labels = ["gpu", "uuid", "name"]
 
     def ids(g: GpuReading) -> list[str]:
         return [str(g.index), g.uuid, g.name]
 
-    for gauge in _GAUGES:
-        family = GaugeMetricFamily(gauge.name, gauge.help, labels=labels)
+    for gauge, attr in _GAUGES:
+        family = gauge.gauge()
         for g in snap.gpus:
-            value = getattr(g, gauge.field)
+            value = getattr(g, attr)
             if value is not None:
                 family.add_metric(ids(g), value)
         if family.samples:
             yield family
-    reasons = GaugeMetricFamily(
-        "llamacpp_gpu_throttle_reason",
-        "Why the GPU's clocks are held down now (NVML's clock event reasons), 1 or 0.",
-        labels=[*labels, "reason"],
-    )
-    xids = CounterMetricFamily(
-        "llamacpp_gpu_xid_errors",
-        "Xid critical errors NVML reported for this GPU since the exporter started.",
-        labels=labels,
-    )
+    reasons, xids = c.GPU_THROTTLE_REASON.gauge(), c.GPU_XID_ERRORS.counter()
     for g in snap.gpus:
         if g.clock_event_reasons is not None:
             bits = g.clock_event_reasons

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.metrics.catalogue import live as c
 from exporter.metrics.gpu import NvmlCollector
 from exporter.metrics.process import ProcCollector
 from exporter.metrics.server_http import ServerHttpCollector
@@ -40,33 +41,14 @@ class LiveCollector(Collector):
         view = self._view()
         if view.state.run.slot_count is not None or (view.http is not None and view.http.slots):
             used = view.slot_tokens_source
-            source = GaugeMetricFamily(
-                "llamacpp_slot_tokens_source",
-                "Where llamacpp_slot_tokens comes from: 1 for the source in use (slots_endpoint = /slots "
-                "n_prompt_tokens, log = estimated from the log).",
-                labels=["source"],
-            )
+            source = c.SLOT_TOKENS_SOURCE.gauge()
             for name in SLOT_TOKEN_SOURCES:
                 source.add_metric([name], 1 if name == used else 0)
             yield source
         level = view.verbosity
         if level is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_log_verbosity",
-                "llama-server's log verbosity (-lv); below 4 the KV pool size, new prompt, clearing, checkpoint "
-                "and prompt cache lines are hidden (b9151+) and estimated.",
-                value=level,
-            )
-        duration = GaugeMetricFamily(
-            "llamacpp_exporter_source_read_duration_seconds",
-            "Duration of the last read of the live source (seconds).",
-            labels=["source"],
-        )
-        failures = CounterMetricFamily(
-            "llamacpp_exporter_source_read_failures",
-            "Reads of the live source that failed (see the exporter's log for why).",
-            labels=["source"],
-        )
+            yield c.LOG_VERBOSITY.gauge(level)
+        duration, failures = c.EXPORTER_SOURCE_READ_DURATION_SECONDS.gauge(), c.EXPORTER_SOURCE_READ_FAILURES.counter()
         for name, st in sorted(view.sources.items()):
             if st.duration_seconds is not None:
                 duration.add_metric([name], st.duration_seconds)

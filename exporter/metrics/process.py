@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.metrics.catalogue import live as c
 from exporter.model.live import ProcSnapshot
 
 
@@ -32,36 +33,14 @@ class ProcCollector(Collector):
             return
         p = snap.process
         if p is not None:
-            found = GaugeMetricFamily(
-                "llamacpp_process_found_by",
-                "1 for how the llama-server process was found: pid, pid_file, log_file (it, or the wrapper that "
-                "started it, names or writes the log), router (a router's child), unit (it runs in the journal "
-                "unit's cgroup), or name (a guess: the only llama-server whose "
-                "log cannot be told).",
-                labels=["how"],
-            )
+            found = c.PROCESS_FOUND_BY.gauge()
             found.add_metric([p.found_by], 1)
             yield found
-            yield GaugeMetricFamily(
-                "llamacpp_process_resident_memory_bytes",
-                "Resident memory (RSS) of the llama-server process.",
-                value=p.rss_bytes,
-            )
+            yield c.PROCESS_RESIDENT_MEMORY_BYTES.gauge(p.rss_bytes)
             if p.start_time_seconds is not None:
-                yield GaugeMetricFamily(
-                    "llamacpp_process_start_time_seconds",
-                    "Start time of the llama-server process since the Unix epoch.",
-                    value=p.start_time_seconds,
-                )
+                yield c.PROCESS_START_TIME_SECONDS.gauge(p.start_time_seconds)
         h = snap.host
         if h is not None and h.available_bytes is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_host_memory_available_bytes",
-                "MemAvailable of the host (/proc/meminfo; available physical memory on Windows and macOS): memory "
-                "that can be used without swapping.",
-                value=h.available_bytes,
-            )
+            yield c.HOST_MEMORY_AVAILABLE_BYTES.gauge(h.available_bytes)
         if h is not None and h.total_bytes is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_host_memory_total_bytes", "Physical memory of the host (MemTotal).", value=h.total_bytes
-            )
+            yield c.HOST_MEMORY_TOTAL_BYTES.gauge(h.total_bytes)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from exporter.metrics.families import histogram
+from exporter.metrics.catalogue import server as c
 from exporter.model.view import ServerView
 
 
@@ -40,30 +40,9 @@ class RequestSizeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         view = self._view()
         st = view.state
-        yield histogram(
-            "llamacpp_request_tokens",
-            "KV cells each request held when it ended (its 'stop processing' line; aborted requests included).",
-            st.request_tokens,
-        )
-        yield histogram(
-            "llamacpp_request_prompt_tokens",
-            "Prompt tokens of each request, where the log gives them ('new prompt' at -lv 4, or progress lines).",
-            st.request_prompt_tokens,
-        )
-        yield histogram(
-            "llamacpp_request_concurrency",
-            "Requests in flight together, sampled at each request's start (itself included).",
-            st.request_concurrency,
-        )
-        yield GaugeMetricFamily(
-            "llamacpp_requests_in_flight",
-            "Requests llama-server is processing now (slots with a task).",
-            value=sum(1 for s in st.run.slots.values() if s.processing),
-        )
+        yield c.REQUEST_TOKENS.histogram(st.request_tokens)
+        yield c.REQUEST_PROMPT_TOKENS.histogram(st.request_prompt_tokens)
+        yield c.REQUEST_CONCURRENCY.histogram(st.request_concurrency)
+        yield c.REQUESTS_IN_FLIGHT.gauge(sum(1 for s in st.run.slots.values() if s.processing))
         if view.requests_deferred is not None or view.requests_guard_queued is not None:
-            yield GaugeMetricFamily(
-                "llamacpp_requests_queued",
-                "Requests waiting: for a slot in llama-server (its own /metrics: requests_deferred; needs its "
-                "--metrics) and in the guard's queue for room in the KV pool.",
-                value=(view.requests_deferred or 0) + (view.requests_guard_queued or 0),
-            )
+            yield c.REQUESTS_QUEUED.gauge((view.requests_deferred or 0) + (view.requests_guard_queued or 0))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from exporter.metrics.catalogue import live as c
 from exporter.model.live import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot
 
 
@@ -36,29 +37,15 @@ class ServerHttpCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield up, loading and the per-endpoint status."""
         snap = self._snapshot() or HttpSnapshot()
-        yield GaugeMetricFamily("llamacpp_up", "1 when llama-server answers /health with 200.", value=int(snap.up))
-        yield GaugeMetricFamily(
-            "llamacpp_server_loading",
-            "1 while llama-server answers /health with 503 Loading model.",
-            value=int(snap.loading),
-        )
-        status = GaugeMetricFamily(
-            "llamacpp_exporter_http_status",
-            "Last HTTP status of each llama-server endpoint (0 = no answer; 401 = API key missing or wrong, "
-            "501 = endpoint disabled).",
-            labels=["endpoint"],
-        )
+        yield c.UP.gauge(int(snap.up))
+        yield c.SERVER_LOADING.gauge(int(snap.loading))
+        status = c.EXPORTER_HTTP_STATUS.gauge()
         for ep in ROUTER_ENDPOINTS if "/models" in snap.status else ENDPOINTS:
             status.add_metric([ep], snap.status.get(ep, 0))
         yield status
         rejected = self._rejected()
         if rejected and "/models" not in snap.status:  # a router's own endpoints have no /metrics read
-            family = CounterMetricFamily(
-                "llamacpp_exporter_http_values_rejected",
-                "Reads of llama-server's /metrics whose value was absent or not a count it can have written "
-                "(NaN, negative, fractional, text): the value is left out, the HTTP source stays up.",
-                labels=["endpoint", "metric"],
-            )
+            family = c.EXPORTER_HTTP_VALUES_REJECTED.counter()
             for name, n in rejected.items():
                 family.add_metric(["/metrics", name], n)
             yield family

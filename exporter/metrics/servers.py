@@ -23,30 +23,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from exporter.metrics.catalogue import CATALOGUE
+from exporter.metrics.catalogue import live as c
+from exporter.metrics.catalogue.family import HOST
 from exporter.metrics.checkpoints import CheckpointCacheCollector
-from exporter.metrics.families import labelled_counter
 from exporter.metrics.forecast import KVForecastCollector
 from exporter.metrics.requests import RequestSizeCollector
 from exporter.metrics.server_log import ServerLogCollector, rejected_lines_family, server_starts_family
 from exporter.model.live import NvmlSnapshot
-from exporter.model.router import EXIT_OUTCOMES
 from exporter.model.view import ServerView
 
 #: Families about the host or the exporter, not a server: exported once, without server labels.
-GLOBAL_FAMILIES = frozenset(
-    {
-        "llamacpp_gpu_memory_total_bytes",
-        "llamacpp_gpu_memory_used_bytes",
-        "llamacpp_gpu_memory_free_bytes",
-        "llamacpp_host_memory_available_bytes",
-        "llamacpp_host_memory_total_bytes",
-        "llamacpp_exporter_build",
-    }
-)
+GLOBAL_FAMILIES = frozenset(f.family for f in CATALOGUE if f.scope == HOST)
 
 Unit = tuple[Mapping[str, str], list[Collector]]
 
@@ -102,32 +94,11 @@ class RouterCollector(Collector):
         r, main = view.router, view.state
         if r is None:
             return
-        yield GaugeMetricFamily(
-            "llamacpp_router_children",
-            "Router children (one per loaded model) running now, as the router's log says.",
-            value=len(r.children),
-        )
-        yield GaugeMetricFamily(
-            "llamacpp_router_children_limit",
-            "Router children the exporter follows at most; a child past it is refused (not followed).",
-            value=r.limit,
-        )
-        yield CounterMetricFamily(
-            "llamacpp_router_child_starts", "Router children started (spawn lines).", value=r.starts
-        )
-        yield labelled_counter(
-            "llamacpp_router_child_exits",
-            "Router children that ended, by outcome: unloaded (after the router's stop line: an unload or an "
-            "eviction), crashed (the child ended without being asked to).",
-            "outcome",
-            r.exits,
-            EXIT_OUTCOMES,
-        )
-        yield CounterMetricFamily(
-            "llamacpp_router_children_refused",
-            "Router children not followed because the limit was reached (their lines are rejected as unfollowed).",
-            value=r.refused,
-        )
+        yield c.ROUTER_CHILDREN.gauge(len(r.children))
+        yield c.ROUTER_CHILDREN_LIMIT.gauge(r.limit)
+        yield c.ROUTER_CHILD_STARTS.counter(r.starts)
+        yield c.ROUTER_CHILD_EXITS.counts(r.exits)
+        yield c.ROUTER_CHILDREN_REFUSED.counter(r.refused)
         yield server_starts_family(main)  # the router's own
         yield rejected_lines_family(main)
 
@@ -193,12 +164,7 @@ class ServersCollector(Collector):
         if snap is None or not snap.gpus:
             return
         pids = [pid for s in self.servers for pid in s.pids()]
-        family = GaugeMetricFamily(
-            "llamacpp_gpu_servers",
-            "Followed servers (router children included) on the GPU's process list (NVML); above 1 they share "
-            "its free memory (llamacpp_process_gpu_memory_bytes says how much each holds).",
-            labels=["gpu", "uuid", "name"],
-        )
+        family = c.GPU_SERVERS.gauge()
         for g in snap.gpus:
             held = sum(1 for pid in pids if g.processes is not None and pid in g.processes)
             family.add_metric([str(g.index), g.uuid, g.name], held)

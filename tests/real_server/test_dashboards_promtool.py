@@ -12,7 +12,7 @@ from dashboard_json import guard_row_json, panels_json, rows_json
 from expositions import guard_collector
 from prom_harness import collector_samples
 
-from exporter.guard.books import OUTCOMES
+from exporter.metrics.catalogue.guard import OUTCOMES
 
 
 @pytest.mark.promtool

@@ -4,7 +4,9 @@ incident needs to be visible at a glance, and the provisioning files.
 
 That every query returns data from a real Prometheus scraping the real exporter is checked in
 test_prometheus_e2e.py; that every metric it names is emitted, in test_alerts_metric_names.py; its
-queries run by promtool on given series, in test_dashboards_promtool.py (all in tests/real_server).
+queries run by promtool on given series, in test_dashboards_promtool.py (all in tests/real_server); that
+every name and label value it gives is in the metric catalogue the collectors emit, in
+tests/unit/test_metric_catalogue.py.
 """
 
 from __future__ import annotations
@@ -21,34 +23,31 @@ from expositions import guard_collector
 from paths import REPO
 from prom_harness import collector_samples, dashboard_queries, load_script, metric_names_in
 
+from exporter.metrics.catalogue import CATALOGUE
+from exporter.metrics.catalogue.family import CLIENT, GPU, GUARD, HOST, ROUTER
+
 ROOT = REPO
 PROVISIONING = ROOT / "dashboards" / "provisioning"
 dashboard_generator = load_script(ROOT / "dashboards" / "generate_dashboard.py")
 
-#: Series that are one per host or per exporter target, never per llama-server: never filtered by the
-#: server and model variables (a GPU's free memory is the same whichever server is selected).
-#: One per host or target, not per server; with every `llamacpp_gpu_*` family (one per GPU, see `_per_host`).
-GLOBAL_METRICS = {
-    "llamacpp_host_memory_available_bytes",
-    "llamacpp_host_memory_total_bytes",
-    "llamacpp_exporter_build_info",
-    "up",
-    "scrape_duration_seconds",
-}
+
+def _scoped(*scopes: str) -> set[str]:
+    """The sample names of the catalogue's families of `scopes` (exporter.metrics.catalogue)."""
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+    return {f.name + s for f in CATALOGUE if f.scope in scopes for s in ("", *suffixes.get(f.type, ()))}
+
+
+#: Series that are one per host, GPU or exporter target, never per llama-server: never filtered by the server
+#: and model variables (a GPU's free memory is the same whichever server is selected); Prometheus' own too.
+PER_HOST = _scoped(HOST, GPU) | {"up", "scrape_duration_seconds"}
 SERVER_FILTER = 'server=~"$server"'
 MODEL_FILTER = 'model=~"$model"'
 #: The router's own families: labelled `server` (when several), never `model`.
-ROUTER_METRICS = {
-    "llamacpp_router_children",
-    "llamacpp_router_children_limit",
-    "llamacpp_router_child_starts_total",
-    "llamacpp_router_child_exits_total",
-    "llamacpp_router_children_refused_total",
-}
-#: The guard's families (exporter/guard/books.py): it fronts one llama-server, so they are one per exporter
+ROUTER_METRICS = _scoped(ROUTER)
+#: The guard's families and its books by client: it fronts one llama-server, so they are one per exporter
 #: target, never labelled server or model, and filtered by job and instance only.
-#: The guard's series by client (one per exporter target, like the guard's own): the "Who holds the pool" panel.
-CLIENT_METRICS = {"llamacpp_guard_client_pool_tokens", "llamacpp_guard_pool_limit_tokens"}
+PER_GUARD = _scoped(GUARD, CLIENT)
+#: What the guard's row plots (exporter/guard/books.py).
 GUARD_METRICS = {
     "llamacpp_guard_requests_total",
     "llamacpp_guard_queue_requests",
@@ -169,7 +168,7 @@ def test_every_panel_has_units_a_description_naming_its_metrics_and_filtered_que
 
 
 def _per_host(name: str) -> bool:
-    return name in GLOBAL_METRICS or name.startswith("llamacpp_gpu_")
+    return name in PER_HOST
 
 
 def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
@@ -180,7 +179,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
     per_server = False
     for selector in re.findall(r"[a-zA-Z_:][\w:]*\{[^}]*\}", expr):
         name = selector.split("{", 1)[0]
-        if _per_host(name) or name in GUARD_METRICS | CLIENT_METRICS:
+        if _per_host(name) or name in PER_GUARD:
             assert SERVER_FILTER not in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
         elif name in ROUTER_METRICS:
             assert SERVER_FILTER in selector and MODEL_FILTER not in selector, f"{title}: {selector}"
@@ -193,7 +192,7 @@ def _check_server_and_model(title: str, target: dict[str, Any]) -> None:
         kept = {label.strip() for label in grouping.split(",")}
         if name in ROUTER_METRICS:
             assert "server" in kept, f"{title}: by ({grouping}) ({name})"
-        elif not _per_host(name) and name not in GUARD_METRICS | CLIENT_METRICS:
+        elif not _per_host(name) and name not in PER_GUARD:
             assert {"server", "model"} <= kept, f"{title}: by ({grouping}) ({name})"
     if per_server:
         assert legend == "" or ("{{server}}" in legend and "{{model}}" in legend), f"{title}: legend {legend!r}"

@@ -1,12 +1,13 @@
 """Docs that cannot drift: what the prose says about the alerts, the recording rules and the metrics is read
-from the facts beside it (alerts/llamacpp-rules.yml, the exporter's collectors), never written in the test.
+from the facts beside it (alerts/llamacpp-rules.yml), never written in the test.
 
 - A sentence that gives an alert a duration (`for 5 min`, `after 30 s`, `kept 15 min`) or a severity
   (`(critical)`) says what the rule's `for:`, `keep_firing_for:` and `severity` say; an alert with no
   `for:` is said to fire at once, not "for 30 s". The runbook's `**Severity: …**` line of each alert too.
 - Every recording rule a page or a config names (`instance:…:…`) is in the rules.
-- Every metric family the exporter and the guard expose is in the metrics reference (README's Metrics,
-  docs/metrics.md, docs/guard.md), and every family named there exists.
+
+The metrics the pages name, and that each family is documented, are held to the metric catalogue by
+tests/unit/test_metric_catalogue.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from paths import FIXTURES, REPO
+from paths import REPO
 
 RULES_FILE = REPO / "alerts" / "llamacpp-rules.yml"
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "alerts" / "runbook.md"])
@@ -268,71 +269,3 @@ def test_the_recording_rule_reader_finds_names() -> None:
         "job_instance:llamacpp_exporter_target:known"
     ]
     assert "instance:llamacpp_slots_processing:sum" in _records()
-
-
-# --------------------------------------------------------------------------------- metrics
-#: Where a metric is documented: README's "Metrics" table, docs/metrics.md, the guard's and the router's pages.
-REFERENCE = [REPO / "README.md", *(REPO / "docs" / n for n in ("metrics.md", "guard.md", "many-servers.md"))]
-METRIC = re.compile(r"\bllamacpp_[a-z0-9_]+")
-#: The suffixes a family's samples carry beyond its name.
-SUFFIXES = ("", "_total", "_info", "_bucket", "_sum", "_count", "_created")
-
-
-def exposed_families() -> set[str]:
-    """Every metric family the exporter and the guard can expose: each name their collectors give
-    (`llamacpp_gpu_memory_{kind}_bytes` expanded), read from the code, not listed here."""
-    names: set[str] = set()
-    for path in (REPO / "exporter").rglob("*.py"):
-        text = path.read_text(encoding="utf-8")
-        for call in re.finditer(r"\b(?!getLogger)\w+\(\s*f?\"(llamacpp_[^\"]+)\"", text):
-            name = call.group(1)
-            if "{kind}" in name:
-                kinds = re.search(r"for kind[^\n]*in \(([^)]*)\)", text)
-                assert kinds is not None, path
-                names |= {name.replace("{kind}", k) for k in re.findall(r"\"(\w+)\"", kinds.group(1))}
-            else:
-                names.add(name)
-    return names
-
-
-def documented_names(text: str) -> set[str]:
-    """Metric names in `text`, with the README's shorthand expanded: "`a_total_bytes` / `_used_bytes`"
-    names `a_used_bytes` (the shorthand replaces some of the name's last words: each reading is taken)."""
-    names: set[str] = set()
-    for m in re.finditer(r"`(llamacpp_[a-z0-9_]+)[^`]*`((?:\s*/\s*`_[a-z0-9_]+[^`]*`)+)", text):
-        words = m.group(1).split("_")
-        for short in re.findall(r"`(_[a-z0-9_]+)", m.group(2)):
-            names |= {"_".join(words[:keep]) + short for keep in range(2, len(words))}
-    return names | set(METRIC.findall(text))
-
-
-def _reference_names() -> set[str]:
-    return set().union(*(documented_names(p.read_text(encoding="utf-8")) for p in REFERENCE))
-
-
-def test_every_exposed_metric_is_documented() -> None:
-    documented = _reference_names()
-    exposed = exposed_families()
-    assert len(exposed) >= 90, sorted(exposed)  # the reader found the collectors
-    missing = sorted(n for n in exposed if not any(n + s in documented for s in SUFFIXES))
-    assert not missing, f"exposed but documented nowhere in {[p.name for p in REFERENCE]}: {missing}"
-
-
-def test_the_family_reader_sees_what_a_real_exposition_holds() -> None:
-    """Every family in the recorded expositions (tests/fixtures/golden) is one the reader found in the code."""
-    exposed = exposed_families()
-    in_goldens = {
-        m.group(1)
-        for path in (FIXTURES / "golden").rglob("*.prom")
-        for m in re.finditer(r"^# TYPE (\S+) ", path.read_text(encoding="utf-8"), re.M)
-    }
-    assert in_goldens and not {
-        n for n in in_goldens if not {n, n.removesuffix("_total"), n.removesuffix("_info")} & exposed
-    }
-
-
-def test_the_shorthand_is_expanded() -> None:
-    text = "| `llamacpp_gpu_memory_total_bytes` / `_used_bytes` / `_free_bytes{gpu}` | `llamacpp_x_lost_bytes_total` / `_long_lines_total` |"
-    assert {"llamacpp_gpu_memory_used_bytes", "llamacpp_gpu_memory_free_bytes", "llamacpp_x_long_lines_total"} <= (
-        documented_names(text)
-    )

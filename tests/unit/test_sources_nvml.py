@@ -16,7 +16,8 @@ from expositions import SERVER_PID, nvml_live
 from fake_nvml import GIB, FakeNvml, h200
 from prometheus_client import CollectorRegistry
 
-from exporter.metrics.gpu import THROTTLE_REASONS, NvmlCollector
+from exporter.metrics.catalogue.live import THROTTLE_REASONS
+from exporter.metrics.gpu import NvmlCollector
 from exporter.model.live import NvmlSnapshot
 from exporter.sources.nvml import MAX_EVENTS_PER_READ, NvmlReader
 

@@ -10,6 +10,7 @@ when every failure promtool lists is one of the probes; the table is what they g
     table = measure(sim, rules_file, promtool, tmp_path, horizon_s=86_400)
     table.rows        # one per abort: when, the page (name, lead in seconds), the incident it belongs to
     table.pages       # pages per incident, and pages outside any incident (last)
+    table.false_pages # pages outside any incident that no abort followed (times in s)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Table:
     pages: list[int] = field(default_factory=list)  # per incident, then the pages after the last one
     capacity_warning_at: float | None = None  # when LlamaCppKVPoolUndersized started firing (s)
     first_abort: int | None = None
+    false_pages: list[int] = field(default_factory=list)  # pages (s) that no abort followed within the gap
 
     @property
     def capacity_lead_s(self) -> float | None:
@@ -63,7 +65,10 @@ class Table:
         for r in self.rows:
             page = ", ".join(f"{name} lead {lead:+.0f}s" for name, lead in r.pages) or "NO PAGE"
             lines.append(f"  abort at {_hms(r.at)} ({r.requests} requests) incident {r.incident}: {page}")
-        lines.append(f"  pages per incident: {self.pages[:-1]}, pages outside incidents: {self.pages[-1]}")
+        lines.append(
+            f"  pages per incident: {self.pages[:-1]}, pages outside incidents: {self.pages[-1]} "
+            f"(false: {len(self.false_pages)}{''.join(f', at {_hms(t)}' for t in self.false_pages)})"
+        )
         lead = self.capacity_lead_s
         lines.append(
             f"  capacity warning lead over the first abort: {'none' if lead is None else f'{lead / 60:.1f} min'}"
@@ -182,6 +187,13 @@ def measure(
         counted.update(mine)
         table.pages.append(sum(onsets[k][1] for k in mine))
     table.pages.append(sum(n for k, (_, n) in enumerate(onsets) if k not in counted))
+    # A page outside the table's incidents is one ahead of an incident the table leaves out (its aborts in
+    # the span's last incident gap) or a false page: no abort of the whole simulation follows it in time.
+    table.false_pages = [
+        at
+        for k, (at, _) in enumerate(onsets)
+        if k not in counted and not any(at <= t <= at + incident_gap_s for t, _ in sim.aborts)
+    ]
     if aborts:
         cap = got.get((CAPACITY_FIRING, seen_at(aborts[0][0])), [])
         if cap:

@@ -104,6 +104,7 @@ class ServerUnit:
             router=self._router,
             active_tokens=active if state.run.slot_count is not None else None,
             active_window=window,
+            incidents=self.state.incidents.all(),
         )
 
     def refreshed(self) -> None:

@@ -170,8 +170,9 @@ class LogPipeline:
 
     def report_incidents(self, now: float | None = None, wall: float | None = None) -> list[str]:
         """Stamp the incidents recorded since the last call with the time (`wall`, seconds since the epoch), and
-        log one WARNING line per settled incident, at most one per kind and server every INCIDENT_LOG_INTERVAL
-        seconds (`now`, monotonic; the next line says how many were left out). Returns the lines logged."""
+        log one WARNING line per settled incident (a clean restart: INFO), at most one per kind and server every
+        INCIDENT_LOG_INTERVAL seconds (`now`, monotonic; the next line says how many were left out). Returns the
+        lines logged."""
         now = time.monotonic() if now is None else now
         wall = time.time() if wall is None else wall
         out: list[str] = []
@@ -186,7 +187,8 @@ class LogPipeline:
                 done = inc.seq
                 line = self._incident_line(name, inc, now)
                 if line is not None:
-                    log.warning("%s", line)
+                    # A clean restart is routine (a deploy): said, not warned of; a crash loop warns per crash.
+                    log.log(logging.INFO if inc.kind == "restart" else logging.WARNING, "%s", line)
                     out.append(line)
             self._incidents_logged[name] = done
         return out

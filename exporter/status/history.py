@@ -52,6 +52,11 @@ class History:
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the ring's arrays hold (`RING_BYTES` at the default size)."""
+        return sum(len(a) * a.itemsize for a in (self._t, *self._values))
+
     def snapshot(self) -> HistorySnapshot:
         """The points, oldest first."""
         n, size = self._count, len(self._t)

@@ -4,7 +4,9 @@ scrape makes (`exporter.unit`), and the last hour of each unit sampled into its 
 `/` and `/api/status` call `StatusSource.document()`: the same refresh as a scrape (`refresh_all`: the log up to
 now, the live sources), then one document from each unit's view of it. The ring is sampled every
 `history.STEP_SECONDS` from the log's state and the live sources' last reads (no read of its own, so a scrape
-costs nothing more for it), and forgets a unit that is gone (a router child unloaded).
+costs nothing more for it), and forgets a unit that is gone (a router child unloaded). A point's pool fill is
+the fill then, or where the pool overflowed since the previous point, what the overflow's slots held of it:
+the peak an incident's shape needs, at no cost on the log's hot path.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class StatusSource:
         self.guard = guard
         self.clock = clock
         self.histories: dict[str, History] = {}
+        self.step = STEP_SECONDS
 
     def units(self) -> Iterator[tuple[Mapping[str, str], ServerUnit, FollowedServer]]:
         """(labels, unit, its followed server) of every unit now."""
@@ -76,16 +79,25 @@ class StatusSource:
             state = merge_view(unit.state, unit.live.http)
             pid = unit.live.proc.process.pid if unit.live.proc is not None and unit.live.proc.process else None
             aborted = sum(unit.state.requests_aborted.values())
-            history.add(now, pool_ratio(state), gpu_free(unit.nvml_owner.nvml, pid), aborted)
+            fill = pool_ratio(state)
+            # An overflow between two points is the step's peak: the cells its slots held, of the pool.
+            peaks = [
+                i.held / i.pool
+                for i in unit.state.incidents.all()
+                if i.kind == "overflow" and i.pool and i.time is not None and now - self.step < i.time <= now
+            ]
+            if peaks:
+                fill = max([fill or 0.0, *peaks])
+            history.add(now, fill, gpu_free(unit.nvml_owner.nvml, pid), aborted)
         for name in set(self.histories) - seen:
             del self.histories[name]
 
-    async def run(self, stop: asyncio.Event, step: float = STEP_SECONDS) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Sample every `step` seconds until `stop` is set."""
         while not stop.is_set():
             self.sample()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=step)
+                await asyncio.wait_for(stop.wait(), timeout=self.step)
 
     def statuses(self) -> list[UnitStatus]:
         """Every unit's status from its view of this scrape."""

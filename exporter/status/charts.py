@@ -7,7 +7,7 @@ attribute, so the page's Content-Security-Policy allows no inline style but its 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 BAR_W, BAR_H = 600, 26
 CHART_W, CHART_H = 280, 70
@@ -71,17 +71,25 @@ def _points(t: Sequence[float], values: Sequence[float | None], top: float) -> l
 
 
 def line_chart(
-    t: Sequence[float], values: Sequence[float | None], *, top: float | None, limit: float | None, label: str
+    t: Sequence[float],
+    values: Sequence[float | None],
+    *,
+    top: float | None,
+    limit: float | None,
+    label: str,
+    fmt: Callable[[float], str] = lambda v: f"{v:.4g}",
 ) -> str:
-    """A line over the ring's points, from 0 to `top` (None: the largest value); a red line at `limit`."""
+    """A line over the ring's points, from 0 to `top` (None: the largest value); a red line at `limit`; the last
+    value written in its corner (`fmt`)."""
     known = [v for v in values if v is not None]
     if not t or not known:
-        return f'<p class="mute">{html.escape(label)}: no value yet.</p>'
+        return f'<p class="mute">{html.escape(label)}: not known in this hour.</p>'
     scale_top = top if top is not None else (max(known) * 1.1 or 1.0)
     out = [
         f'<svg viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" height="{CHART_H}" role="img">',
-        f"<title>{html.escape(label)}: last {known[-1]:.4g}</title>",
+        f"<title>{html.escape(label)}: last {html.escape(fmt(known[-1]))}</title>",
         f'<line class="axis" x1="0" y1="{CHART_H - 0.5}" x2="{CHART_W}" y2="{CHART_H - 0.5}"/>',
+        f'<text x="{CHART_W - 2}" y="{CHART_H - 4}" text-anchor="end">{html.escape(fmt(known[-1]))}</text>',
     ]
     if limit is not None:
         y = _f(CHART_H - 1 - limit / scale_top * (CHART_H - 2))
@@ -97,7 +105,7 @@ def line_chart(
 def bar_chart(t: Sequence[float], cumulative: Sequence[float | None], *, label: str) -> str:
     """Bars of the increase of a counter between points (requests aborted in each step)."""
     if not t:
-        return f'<p class="mute">{html.escape(label)}: no value yet.</p>'
+        return f'<p class="mute">{html.escape(label)}: not known in this hour.</p>'
     deltas: list[float] = []
     prev: float | None = None
     for v in cumulative:

@@ -278,8 +278,8 @@ def _history(s: dict[str, object]) -> str:
     t = h["t"]
     step = h["step_seconds"]
     figures = [
-        ("pool fill", line_chart(t, h["pool_usage_ratio"], top=1.0, limit=0.9, label="pool fill")),
-        ("free VRAM", line_chart(t, h["gpu_free_bytes"], top=None, limit=None, label="free VRAM")),
+        ("pool fill", line_chart(t, h["pool_usage_ratio"], top=1.0, limit=0.9, label="pool fill", fmt=pct)),
+        ("free VRAM", line_chart(t, h["gpu_free_bytes"], top=None, limit=None, label="free VRAM", fmt=size)),
         ("requests aborted", bar_chart(t, h["requests_aborted"], label="requests aborted")),
     ]
     span = f"the last {len(t) * step / 60:.0f} min, a point every {step:.0f} s"

@@ -67,6 +67,7 @@ class LogPipeline:
         # per kind when the last line was written and how many were left out since.
         self._incidents_logged: dict[str | None, int] = {}
         self._incident_last: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self._incidents_seen: dict[str | None, int] = {}  # the record's `changes` when last looked at
         # A file is rewritten at every server start (llama-server truncates it), so a new format can only
         # begin in a new file; the journal and standard input have no files: any start banner may.
         state.provenance.banners_reformat = tailer is None
@@ -179,7 +180,11 @@ class LogPipeline:
         states: list[tuple[str | None, ServerState]] = [(None, self.state)]
         states += [(c.name, c.state) for c in self.log.router.children.values()]
         for name, state in states:
-            state.incidents.stamp(wall)
+            record = state.incidents
+            if self._incidents_seen.get(name) == record.changes:
+                continue  # nothing new since the last batch (the common case: one comparison per batch)
+            self._incidents_seen[name] = record.changes
+            record.stamp(wall)
             done = self._incidents_logged.get(name, 0)
             for inc in state.incidents.all():
                 if inc.seq <= done or inc.open:

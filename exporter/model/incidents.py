@@ -94,6 +94,7 @@ class Incidents:
     def __init__(self, limit: int = MAX_INCIDENTS) -> None:
         self._items: deque[Incident] = deque(maxlen=limit)
         self.seq = 0  # incidents recorded so far (also those dropped)
+        self.changes = 0  # changes to the record so far: a reader that saw this many has nothing new to read
         self._unstamped = 0  # the newest this many have no time yet
         self._cascade_retries = 0
 
@@ -127,6 +128,7 @@ class Incidents:
             self.overflow(reason, {}, pool)
             last = self._items[-1]
         self._items[-1] = dataclasses.replace(last, aborted=last.aborted + 1)
+        self.changes += 1
 
     def released(self, slot: int, cells: int) -> None:
         """An aborted request's slot released `cells` (its release line)."""
@@ -135,6 +137,7 @@ class Incidents:
             return
         slots = tuple(sorted((dict(inc.slots) | {slot: cells}).items()))
         self._items[-1] = dataclasses.replace(inc, slots=slots)
+        self.changes += 1
 
     def crash(self, cause: str, pool: int | None) -> None:
         """A run ended without its exit line, with the cause its log named."""
@@ -176,6 +179,7 @@ class Incidents:
     def _add(self, kind: str, **figures: object) -> None:
         self.seq += 1
         self._items.append(Incident(self.seq, kind, **figures))  # type: ignore[arg-type]
+        self.changes += 1
         self._unstamped = min(self._unstamped + 1, len(self._items))
 
     def _last_open(self, kind: str) -> Incident | None:
@@ -185,3 +189,4 @@ class Incidents:
     def _close_open(self) -> None:
         if self._items and self._items[-1].open:
             self._items[-1] = dataclasses.replace(self._items[-1], open=False)
+            self.changes += 1

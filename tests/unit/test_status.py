@@ -200,3 +200,22 @@ def test_the_routes_and_their_headers() -> None:
             assert resp.headers["X-Content-Type-Options"] == "nosniff"
 
     asyncio.run(main())
+
+
+def test_several_servers_one_section_each_the_worst_first() -> None:
+    lines = DEMO.read_text(encoding="utf-8").splitlines()
+    calm = ServerState()
+    ServerLog(calm).apply(split_parse(lines[:200]))  # up, the pool filling, nothing went wrong yet
+    overflowed = ServerState()
+    end = next(i for i, line in enumerate(lines) if "send_error" in line)  # mid-abort: the incident still open
+    ServerLog(overflowed).apply(split_parse(lines[: end + 1]))
+    units = [
+        UnitStatus({"server": "a-calm"}, ServerView(calm, incidents=calm.incidents.all())),
+        UnitStatus({"server": "b-overflowing"}, ServerView(overflowed, incidents=overflowed.incidents.all())),
+    ]
+    doc = document(units, version="t", time=0.0)
+    assert [s["state"] for s in doc["servers"]] == ["up", "up"]  # type: ignore[index]
+    assert [s["name"] for s in doc["servers"]] == ["server b-overflowing", "server a-calm"]  # type: ignore[index]
+    html = page(doc)
+    assert html.count('<section class="server">') == 2
+    assert html.index("server b-overflowing") < html.index("server a-calm") and "(still settling)" in html

@@ -214,8 +214,10 @@ def test_several_servers_one_section_each_the_worst_first() -> None:
         UnitStatus({"server": "b-overflowing"}, ServerView(overflowed, incidents=overflowed.incidents.all())),
     ]
     doc = document(units, version="t", time=0.0)
-    assert [s["state"] for s in doc["servers"]] == ["up", "up"]  # type: ignore[index]
-    assert [s["name"] for s in doc["servers"]] == ["server b-overflowing", "server a-calm"]  # type: ignore[index]
+    servers = doc["servers"]
+    assert isinstance(servers, list)
+    assert [s["state"] for s in servers] == ["up", "up"]
+    assert [s["name"] for s in servers] == ["server b-overflowing", "server a-calm"]
     html = page(doc)
     assert html.count('<section class="server">') == 2
     assert html.index("server b-overflowing") < html.index("server a-calm") and "(still settling)" in html

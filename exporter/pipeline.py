@@ -183,12 +183,10 @@ class LogPipeline:
             record = state.incidents
             if self._incidents_seen.get(name) == record.changes:
                 continue  # nothing new since the last batch (the common case: one comparison per batch)
-            self._incidents_seen[name] = record.changes
             record.stamp(wall)
+            self._incidents_seen[name] = record.changes
             done = self._incidents_logged.get(name, 0)
-            for inc in state.incidents.all():
-                if inc.seq <= done or inc.open:
-                    continue
+            for inc in record.settled_after(done):
                 done = inc.seq
                 line = self._incident_line(name, inc, now)
                 if line is not None:

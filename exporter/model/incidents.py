@@ -19,7 +19,6 @@ idle, or new work starts). Bounded: the last `MAX_INCIDENTS`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -88,15 +87,55 @@ class Incident:
         return words + (": " + "; ".join(parts) if parts else "")
 
 
+class _Entry:
+    """An incident while the record holds it: mutable, so a line that adds to it costs an attribute's update."""
+
+    __slots__ = ("aborted", "kind", "open", "pool", "reason", "retries", "seq", "slots", "time", "used")
+
+    def __init__(
+        self,
+        seq: int,
+        kind: str,
+        *,
+        open: bool = False,
+        reason: str | None = None,
+        retries: int = 0,
+        slots: dict[int, int] | None = None,
+        pool: int | None = None,
+        used: int | None = None,
+    ) -> None:
+        self.seq, self.kind, self.open, self.reason, self.retries = seq, kind, open, reason, retries
+        self.slots: dict[int, int] = slots or {}
+        self.pool, self.used = pool, used
+        self.time: float | None = None
+        self.aborted = 0
+
+    def frozen(self) -> Incident:
+        slots = tuple(sorted(self.slots.items()))
+        return Incident(
+            self.seq,
+            self.kind,
+            self.time,
+            self.open,
+            self.aborted,
+            self.reason,
+            self.retries,
+            slots,
+            self.pool,
+            self.used,
+        )
+
+
 class Incidents:
     """The last incidents of one server (bounded), the newest last."""
 
     def __init__(self, limit: int = MAX_INCIDENTS) -> None:
-        self._items: deque[Incident] = deque(maxlen=limit)
+        self._items: deque[_Entry] = deque(maxlen=limit)
         self.seq = 0  # incidents recorded so far (also those dropped)
         self.changes = 0  # changes to the record so far: a reader that saw this many has nothing new to read
         self._unstamped = 0  # the newest this many have no time yet
         self._cascade_retries = 0
+        self._frozen: tuple[int, tuple[Incident, ...]] = (0, ())  # `all()` at `changes`
 
     # -- what the handlers tell ---------------------------------------------------------------
     def retry(self) -> None:
@@ -106,14 +145,13 @@ class Incidents:
     def cascade_recovered(self, slots: Mapping[int, int], pool: int | None) -> None:
         """A cascade ended with work going on: the slots' cells (`slot → cells`) when it ended."""
         self._close_open()
-        held = tuple(sorted((s, n) for s, n in slots.items() if n > 0))
+        held = {s: n for s, n in slots.items() if n > 0}
         self._add("cascade_recovered", retries=self._cascade_retries, slots=held, pool=pool, used=sum(slots.values()))
         self._cascade_retries = 0
 
     def overflow(self, reason: str, slots: Mapping[int, int], pool: int | None) -> None:
         """A fatal decode error: every request in flight is aborted (their send_error and release lines follow)."""
-        last = self._last_open("overflow")
-        if last is not None:  # b9752+ says it twice (`decode: …`, then `decode() failed: …`): one incident
+        if self._last_open("overflow") is not None:  # b9752+ says it twice (`decode: …`, `decode() failed: …`)
             return
         self._close_open()
         self._add(
@@ -127,17 +165,15 @@ class Incidents:
         if last is None:
             self.overflow(reason, {}, pool)
             last = self._items[-1]
-        self._items[-1] = dataclasses.replace(last, aborted=last.aborted + 1)
+        last.aborted += 1
         self.changes += 1
 
     def released(self, slot: int, cells: int) -> None:
         """An aborted request's slot released `cells` (its release line)."""
-        inc = self._last_open("overflow")
-        if inc is None:
-            return
-        slots = tuple(sorted((dict(inc.slots) | {slot: cells}).items()))
-        self._items[-1] = dataclasses.replace(inc, slots=slots)
-        self.changes += 1
+        last = self._last_open("overflow")
+        if last is not None:
+            last.slots[slot] = cells
+            self.changes += 1
 
     def crash(self, cause: str, pool: int | None) -> None:
         """A run ended without its exit line, with the cause its log named."""
@@ -157,36 +193,63 @@ class Incidents:
             self._close_open()
 
     # -- what readers see ---------------------------------------------------------------------
-    def stamp(self, now: float) -> list[Incident]:
-        """Give the incidents recorded since the last call the time `now`; returns those."""
-        n = self._unstamped
-        if not n:
-            return []
-        self._unstamped = 0
-        items = self._items
-        for i in range(max(len(items) - n, 0), len(items)):
-            items[i] = dataclasses.replace(items[i], time=now)
-        return list(items)[max(len(items) - n, 0) :]
+    def stamp(self, now: float) -> int:
+        """Give the incidents recorded since the last call the time `now`; returns how many."""
+        n = min(self._unstamped, len(self._items))
+        if n:
+            self._unstamped = 0
+            for k in range(1, n + 1):
+                self._items[-k].time = now
+            self.changes += 1
+        return n
+
+    def settled_after(self, seq: int) -> list[Incident]:
+        """The settled incidents after the one numbered `seq`, up to the first still open, oldest first."""
+        out: list[Incident] = []
+        for e in reversed(self._items):
+            if e.seq <= seq:
+                break
+            if e.open:
+                out.clear()  # a later one waits for this one: in order
+                continue
+            out.append(e.frozen())
+        out.reverse()
+        return out
 
     def all(self) -> tuple[Incident, ...]:
-        """The incidents kept, oldest first."""
-        return tuple(self._items)
+        """The incidents kept, oldest first (made once per change to the record)."""
+        at, out = self._frozen
+        if at != self.changes or len(out) != len(self._items):
+            out = tuple(e.frozen() for e in self._items)
+            self._frozen = (self.changes, out)
+        return out
 
     def __len__(self) -> int:
         return len(self._items)
 
     # -- inside -------------------------------------------------------------------------------
-    def _add(self, kind: str, **figures: object) -> None:
+    def _add(
+        self,
+        kind: str,
+        *,
+        open: bool = False,
+        reason: str | None = None,
+        retries: int = 0,
+        slots: dict[int, int] | None = None,
+        pool: int | None = None,
+        used: int | None = None,
+    ) -> None:
         self.seq += 1
-        self._items.append(Incident(self.seq, kind, **figures))  # type: ignore[arg-type]
+        entry = _Entry(self.seq, kind, open=open, reason=reason, retries=retries, slots=slots, pool=pool, used=used)
+        self._items.append(entry)
         self.changes += 1
-        self._unstamped = min(self._unstamped + 1, len(self._items))
+        self._unstamped += 1
 
-    def _last_open(self, kind: str) -> Incident | None:
+    def _last_open(self, kind: str) -> _Entry | None:
         last = self._items[-1] if self._items else None
         return last if last is not None and last.open and last.kind == kind else None
 
     def _close_open(self) -> None:
         if self._items and self._items[-1].open:
-            self._items[-1] = dataclasses.replace(self._items[-1], open=False)
+            self._items[-1].open = False
             self.changes += 1

@@ -102,6 +102,11 @@ def size(n: object) -> str:
     return f"{v:.1f} TiB"
 
 
+def plural(n: object, one: str, many: str) -> str:
+    """`1 crash`, `3 crashes`."""
+    return f"{n} {one if n == 1 else many}"
+
+
 def cells(n: object) -> str:
     return f"{n:,}" if isinstance(n, int) else "unknown"
 
@@ -214,11 +219,14 @@ def _incidents(s: dict[str, object], now: float) -> str:
     assert isinstance(incidents, list)
     counters = s["counters"]
     assert isinstance(counters, dict)
-    total = (
-        f'<p class="mute">since the exporter started: {counters["requests_aborted"]} requests aborted, '
-        f"{counters['kv_retries']} retries, {counters['server_crashes']} crashes, "
-        f"{counters['server_starts']} starts</p>"
+    figures = (
+        plural(counters["requests_aborted"], "request", "requests") + " aborted",
+        plural(counters["kv_retries"], "retry", "retries"),
+        plural(counters["server_crashes"], "crash", "crashes"),
+        plural(counters["server_starts"], "start", "starts"),
     )
+    total = f'<p class="mute">since the exporter started: {", ".join(figures)}</p>'
+
     if not incidents:
         return "<h3>Last incidents</h3><p>None since the exporter started.</p>" + total
     items = []

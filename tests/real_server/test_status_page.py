@@ -6,7 +6,11 @@ fill on the page lies within 1 % of `/metrics` scraped just before and just afte
 the demo's first run has aborted its 4 requests, the page shows the overflow with each slot's released cells;
 both states are saved as screenshots (the overflow's is docs/status-page.png when UPDATE_SCREENSHOT=1). A log
 whose model and path carry `<script>` is shown as text: no script element, the title unchanged, the CSP
-header present.
+header present. A real llama-server (b11434, `-c 512 -np 4 -kvu`) through an overflow and a kill -9: the
+incident's cells per slot are the release lines', the page says down, then up, and shows the crash.
+
+Driven by the `chromium` binary itself, not selenium: Debian's chromium-driver is not among the tools the
+project's scripts unpack.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from exporter_process import ExporterProcess
+from llama_harness import LlamaServer, run_concurrent_completions, wait_for
 from llama_requests import http_request
 from paths import B11434, REPO
 from PIL import Image
@@ -155,3 +161,60 @@ def test_hostile_names_are_text_and_no_script_runs(tmp_path: Path, chromium_bin:
         assert "<title>llamacpp-exporter</title>" in dom  # no script changed the title
         assert html.escape(HOSTILE, quote=False) in dom  # the model's name, as text
         assert "<svg onload" not in dom and "&lt;svg onload=" in dom  # the log's path, as text
+
+
+SEED_ARGS = ["-c", "512", "-np", "4", "-kvu", "-lv", "4", "--metrics", "-t", "2"]
+
+
+def _status(exporter: ExporterProcess) -> dict[str, object]:
+    status, body = http_request(exporter.url + "/api/status")
+    assert status == 200
+    server: dict[str, object] = json.loads(body)["servers"][0]
+    return server
+
+
+@pytest.mark.llama_server
+def test_a_real_server_through_an_overflow_and_a_restart(
+    llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path, chromium_bin: Path
+) -> None:
+    """b11434 `-c 512 -np 4 -kvu`: four requests overflow the pool; the page's incident holds the cells of the
+    release lines; kill -9 and a restart: the page says down, then up again, and the crash is an incident."""
+    log = tmp_path / "llama-server.log"
+    server = LlamaServer(llama_server_bin, tiny_llama_model, SEED_ARGS, log_file=log)
+    with server, ExporterProcess(log, ["--server-url", server.url, "--nvml", "off"]) as exporter:
+        assert _status(exporter)["state"] == "up" and _status(exporter)["state_source"] == "http"
+        results = run_concurrent_completions(server.url, n=4)
+        assert [status for status, _ in results] == [500] * 4, results
+
+        def settled() -> bool:
+            incidents = _status(exporter)["incidents"]
+            assert isinstance(incidents, list)
+            return any(i["kind"] == "overflow" and i["aborted"] == 4 and len(i["slots"]) == 4 for i in incidents)
+
+        wait_for(settled, timeout=15, what="the overflow with its 4 slots on /api/status")
+        released = {}
+        aborted = {m[1] for line in server.log_lines("send_error") if (m := re.search(r"task id = (\d+)", line))}
+        for line in server.log_lines("stop processing"):
+            m = re.search(r"id\s+(\d+) \| task (\d+) \| stop processing: n_tokens = (\d+)", line)
+            if m and m[2] in aborted:
+                released[int(m[1])] = int(m[3])
+        incident = next(i for i in _status(exporter)["incidents"] if i["kind"] == "overflow")  # type: ignore[attr-defined]
+        assert {s["slot"]: s["cells"] for s in incident["slots"]} == released and len(released) == 4
+
+        server.kill9()
+        wait_for(lambda: _status(exporter)["state"] == "down", timeout=15, what="down on /api/status")
+        dom = _dom(chromium_bin, exporter.url + "/", tmp_path)
+        assert 'class="badge down"' in dom
+        server.start()
+        wait_for(lambda: _status(exporter)["state"] == "up", timeout=30, what="up again on /api/status")
+        wait_for(
+            lambda: any(i["kind"] == "crash" for i in _status(exporter)["incidents"]),  # type: ignore[attr-defined]
+            timeout=15,
+            what="the crash as an incident",
+        )
+        dom = _dom(chromium_bin, exporter.url + "/", tmp_path)
+        text = html.unescape(re.sub(r"<[^>]+>", "", dom))
+        assert (
+            'class="badge up"' in dom and "crash: cause unknown" in text and "pool overflow: 4 requests aborted" in text
+        )
+        _screenshot(chromium_bin, exporter.url + "/", tmp_path, tmp_path / "restarted.png")

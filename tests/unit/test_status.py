@@ -221,3 +221,20 @@ def test_several_servers_one_section_each_the_worst_first() -> None:
     html = page(doc)
     assert html.count('<section class="server">') == 2
     assert html.index("server b-overflowing") < html.index("server a-calm") and "(still settling)" in html
+
+
+def test_the_guard_section_from_a_real_guard() -> None:
+    from exporter.guard.admission import Pool
+    from exporter.guard.proxy import Guard, GuardSettings
+    from exporter.serve import guard_figures
+    from exporter.settings import GuardArea
+
+    guard = Guard(GuardSettings.of(GuardArea(), "http://127.0.0.1:9"), lambda: Pool(1000, 600, True))
+    guard.books.outcomes["refused"] += 2
+    figures = guard_figures(guard)()
+    assert figures["in_flight"] == 0 and figures["queued"] == 0 and figures["refused"] == 2
+    state = _demo_state()
+    unit = UnitStatus({}, ServerView(state, incidents=state.incidents.all()), None, None, {"guard": figures})
+    doc = document([unit], version="t", time=0.0)
+    assert doc["servers"][0]["guard"]["refused"] == 2  # type: ignore[index]
+    assert "<h3>Guard</h3>" in page(doc) and "refused: 2" in page(doc)

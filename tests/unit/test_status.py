@@ -238,3 +238,18 @@ def test_the_guard_section_from_a_real_guard() -> None:
     doc = document([unit], version="t", time=0.0)
     assert doc["servers"][0]["guard"]["refused"] == 2  # type: ignore[index]
     assert "<h3>Guard</h3>" in page(doc) and "refused: 2" in page(doc)
+
+
+def test_up_loading_down_from_health_else_from_the_log() -> None:
+    from exporter.model.live import HttpSnapshot
+    from exporter.status.document import server_state
+
+    state = ServerState()
+    ServerLog(state).apply(split_parse(DEMO.read_text(encoding="utf-8").splitlines()[:200]))
+    assert server_state(ServerView(state)) == ("up", "log")
+    assert server_state(ServerView(state, http=HttpSnapshot(up=True, status={"/health": 200}))) == ("up", "http")
+    loading = HttpSnapshot(loading=True, status={"/health": 503})
+    assert server_state(ServerView(state, http=loading)) == ("loading", "http")
+    assert server_state(ServerView(state, http=HttpSnapshot(status={"/health": 0}))) == ("down", "http")
+    state.run.exiting = True
+    assert server_state(ServerView(state)) == ("down", "log")

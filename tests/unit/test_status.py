@@ -75,6 +75,8 @@ def _sum(samples: Samples, name: str) -> float:
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.id)
 def test_status_and_metrics_agree_on_every_shared_figure(capture: Capture, tmp_path: Path) -> None:
     exposition, doc = _scrape_and_document(capture, tmp_path)
+    json.dumps(doc, allow_nan=False)  # what /api/status sends: no NaN nor infinity on any capture
+    assert "<script" not in page(doc)
     by_unit = _samples(exposition)
     servers = doc["servers"]
     assert isinstance(servers, list) and servers

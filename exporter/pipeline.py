@@ -20,12 +20,22 @@ from exporter.logs.follow import CatchUp, follow
 from exporter.logs.router_split import split_parse
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
+from exporter.model.incidents import Incident
 from exporter.model.router import ServerLog
 from exporter.model.state import ServerState
 
 log = logging.getLogger(__name__)
 #: Rejected log lines are reported at most this often (seconds) per reason: a flood is one line, not a flood.
 REJECT_LOG_INTERVAL = 600
+#: Incidents of one kind are logged at most this often (seconds) per server: a restart loop is a line a minute.
+INCIDENT_LOG_INTERVAL = 60
+#: What each kind of incident is counted in, for the reader of the exporter's log.
+_INCIDENT_METRIC = {
+    "overflow": "llamacpp_requests_aborted_total",
+    "cascade_recovered": "llamacpp_kv_cascades_total",
+    "crash": "llamacpp_server_crashes_total",
+    "restart": "llamacpp_server_starts_total",
+}
 
 
 class LogPipeline:
@@ -53,6 +63,11 @@ class LogPipeline:
         self._warned_unrecognized = False
         self._file_starts = 0  # opens, rotations and truncations of the log file so far
         self._catch_up = CatchUp()
+        # Incidents logged: per server (None: the main one; a router child's name), the last seq logged, and
+        # per kind when the last line was written and how many were left out since.
+        self._incidents_logged: dict[str | None, int] = {}
+        self._incident_last: dict[tuple[str | None, str], tuple[float, int]] = {}
+        self._incidents_seen: dict[str | None, int] = {}  # the record's `changes` when last looked at
         # A file is rewritten at every server start (llama-server truncates it), so a new format can only
         # begin in a new file; the journal and standard input have no files: any start banner may.
         state.provenance.banners_reformat = tailer is None
@@ -118,6 +133,7 @@ class LogPipeline:
         batch = lines if isinstance(lines, Sequence) else list(lines)
         self._apply(batch)
         self.lines += len(batch)
+        self.report_incidents()
         self._report_hidden_lines()
         if self.state.rejected:
             self.report_rejected()
@@ -152,6 +168,45 @@ class LogPipeline:
                     REJECT_LOG_INTERVAL,
                 )
                 self._rejected_reported[reason] = (count, now)
+
+    def report_incidents(self, now: float | None = None, wall: float | None = None) -> list[str]:
+        """Stamp the incidents recorded since the last call with the time (`wall`, seconds since the epoch), and
+        log one WARNING line per settled incident (a clean restart: INFO), at most one per kind and server every
+        INCIDENT_LOG_INTERVAL seconds (`now`, monotonic; the next line says how many were left out). Returns the
+        lines logged."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        out: list[str] = []
+        states: list[tuple[str | None, ServerState]] = [(None, self.state)]
+        states += [(c.name, c.state) for c in self.log.router.children.values()]
+        for name, state in states:
+            record = state.incidents
+            if self._incidents_seen.get(name) == record.changes:
+                continue  # nothing new since the last batch (the common case: one comparison per batch)
+            record.stamp(wall)
+            self._incidents_seen[name] = record.changes
+            done = self._incidents_logged.get(name, 0)
+            for inc in record.settled_after(done):
+                done = inc.seq
+                line = self._incident_line(name, inc, now)
+                if line is not None:
+                    # A clean restart is routine (a deploy): said, not warned of; a crash loop warns per crash.
+                    log.log(logging.INFO if inc.kind == "restart" else logging.WARNING, "%s", line)
+                    out.append(line)
+            self._incidents_logged[name] = done
+        return out
+
+    def _incident_line(self, name: str | None, inc: Incident, now: float) -> str | None:
+        """The incident's line, or None when one of its kind was logged less than the interval ago."""
+        key = (name, inc.kind)
+        last, left_out = self._incident_last.get(key, (-INCIDENT_LOG_INTERVAL, 0))
+        if now - last < INCIDENT_LOG_INTERVAL:
+            self._incident_last[key] = (last, left_out + 1)
+            return None
+        self._incident_last[key] = (now, 0)
+        where = self.description + (f", model {name}" if name is not None else "")
+        more = f"; {left_out} more of this kind since the last report" if left_out else ""
+        return f"{where}: {inc.summary()}{more} ({_INCIDENT_METRIC.get(inc.kind, 'the status page')})"
 
     def replay_existing(self) -> int:
         """Read the log as it is now, rebuilding gauges without counting events. Returns lines read."""

@@ -25,8 +25,10 @@ from exporter import __version__
 from exporter.build import FollowedLog, build_logs, build_server, servers_registry
 from exporter.config import Config
 from exporter.metrics.servers import ServersCollector
+from exporter.status.page import CSP, page
+from exporter.statuses import StatusSource
 from exporter.unit import FollowedServer, GuardHooks, refresh_all
-from exporter.web.server import BindError, host_port, make_app, start_server
+from exporter.web.server import BindError, StatusPages, host_port, make_app, start_server
 
 if TYPE_CHECKING:
     from exporter.guard import Guard
@@ -123,6 +125,9 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
     def health() -> dict[str, object]:
         return servers_health(servers, log_description)
 
+    status = StatusSource(servers, demo=config.logs.demo, guard=guard_figures(guard) if guard is not None else None)
+    start_task(stack, stop, status.run(stop), "status history")
+
     app = make_app(
         registry,
         log_description=log_description,
@@ -130,6 +135,7 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
         before_scrape=lambda: refresh_all(servers),
         security=security,
         demo=config.logs.demo,
+        status=StatusPages(status.document, page, CSP),
     )
     await start_web(config, app, security, stack)
     if security is not None:
@@ -222,6 +228,22 @@ def build_guard(config: Config, log: FollowedLog) -> Guard:
         lambda: {c.name: c.state for c in server_log.router.children.values()} if server_log.router.active else None,
     )
     return Guard(settings, pools, guard_accounting(config))
+
+
+def guard_figures(guard: Guard) -> Callable[[], dict[str, object]]:
+    """The guard's figures on the status page: its queue and requests in flight now, its counts, who holds the pool."""
+
+    def figures() -> dict[str, object]:
+        admissions = list(guard.admissions.values())
+        books = guard.books.outcomes
+        return {
+            "in_flight": sum(len(a.in_flight) for a in admissions),
+            "queued": sum(len(a.queue) for a in admissions),
+            **{outcome: books[outcome] for outcome in ("admitted", "refused", "retried", "preempted", "failed")},
+            "pool_by_client": guard.accounting.pool_tokens(),
+        }
+
+    return figures
 
 
 def guard_hooks(guard: Guard) -> GuardHooks:

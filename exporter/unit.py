@@ -104,6 +104,7 @@ class ServerUnit:
             router=self._router,
             active_tokens=active if state.run.slot_count is not None else None,
             active_window=window,
+            incidents=self.state.incidents.all(),
         )
 
     def refreshed(self) -> None:
@@ -202,6 +203,16 @@ class FollowedServer:
             c = self._children.get(port)
             if c is not None and c.child is child:
                 yield {**self.labels, "model": child.name}, c.collectors
+
+    def server_units(self) -> Iterator[tuple[dict[str, str], ServerUnit]]:
+        """(labels, unit) of the server, or of the router and each child it runs (as `units()`)."""
+        yield self.labels, self.unit
+        if not self.is_router:
+            return
+        for port, child in self.pipeline.log.router.children.items():
+            c = self._children.get(port)
+            if c is not None and c.child is child:
+                yield {**self.labels, "model": child.name}, c.unit
 
     def scraped(self) -> None:
         """The scrape is rendered: every unit makes a new view for the next."""

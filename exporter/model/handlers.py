@@ -30,6 +30,13 @@ def _end_cascade(st: ServerState, outcome: str) -> None:
         run.in_cascade = False
         if st.counting:
             st.cascades[outcome] += 1
+            if outcome == "recovered":
+                st.incidents.cascade_recovered(_held(run), st.pool_capacity()[0])
+
+
+def _held(run: ServerRun) -> dict[int, int]:
+    """Cells each slot holds now."""
+    return {i: s.tokens for i, s in run.slots.items()}
 
 
 def _progress(st: ServerState) -> None:
@@ -115,6 +122,8 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
     s.new_task()
     aborted = e.task in run.aborted_tasks
     run.aborted_tasks.discard(e.task)
+    if aborted and st.counting:  # the cells the aborted request held: the overflow's figures
+        st.incidents.released(e.slot, e.n_tokens)
     if aborted and (run.build is None or run.build >= _CLEARS_ABORTED_SLOTS_SINCE):
         s.clear()
     else:
@@ -145,6 +154,7 @@ def _request_started(st: ServerState, s: SlotState, task: int) -> None:
 def _on_task_started(st: ServerState, e: ev.TaskStarted) -> None:
     run = st.run
     _progress(st)
+    st.incidents.settle()
     s = run.slot(e.slot)
     s.new_task()
     _request_started(st, s, e.task)
@@ -159,6 +169,7 @@ def _on_task_started(st: ServerState, e: ev.TaskStarted) -> None:
 def _on_new_prompt(st: ServerState, e: ev.NewPrompt) -> None:
     run = st.run
     _progress(st)
+    st.incidents.settle()
     s = run.slot(e.slot)
     if s.task != e.task:
         s.new_task()
@@ -177,6 +188,7 @@ def _on_kv_retry(st: ServerState, e: ev.KVRetry) -> None:
     st.run.in_cascade = True
     if st.counting:
         st.kv_retries += 1
+        st.incidents.retry()
 
 
 def _on_memory_slot_failure(st: ServerState, e: ev.MemorySlotFailure) -> None:
@@ -190,6 +202,7 @@ def _on_decode_fatal(st: ServerState, e: ev.DecodeFatal) -> None:
         st.decode_failures[e.reason] += 1
         if e.reason == "context_exceeded":
             st.context_exceeded += 1
+        st.incidents.overflow(e.reason, _held(st.run), st.pool_capacity()[0])
     st.run.in_cascade = True
     _end_cascade(st, "failed")
 
@@ -198,6 +211,8 @@ def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
     run = st.run
     if st.counting:
         st.requests_aborted[e.reason] += 1
+        if e.reason in ev.FATAL_REASONS:
+            st.incidents.aborted(e.reason, st.pool_capacity()[0])
     if e.reason in ev.FATAL_REASONS:
         if len(run.aborted_tasks) >= 4 * MAX_SLOTS:  # forged errors for tasks that never end
             run.aborted_tasks.clear()
@@ -206,6 +221,7 @@ def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
 
 def _on_decode_failed(st: ServerState, e: ev.DecodeFailed) -> None:
     # b9752+: every in-flight slot was aborted; nothing is processing any more.
+    st.incidents.settle()
     for s in st.run.slots.values():
         s.processing = False
         s.new_task()
@@ -213,6 +229,7 @@ def _on_decode_failed(st: ServerState, e: ev.DecodeFailed) -> None:
 
 def _on_all_slots_idle(st: ServerState, e: ev.AllSlotsIdle) -> None:
     _progress(st)
+    st.incidents.settle()
     for s in st.run.slots.values():
         s.processing, s.task = False, -1
         if s.phase is not None:  # (`new_task` has nothing to forget otherwise: the common idle case)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from exporter.logs import events as ev
 from exporter.model.handlers import DISPATCH
 from exporter.model.histogram import Histogram
+from exporter.model.incidents import Incidents
 from exporter.model.provenance import NotOwnLine, Provenance
 from exporter.model.request_sizes import (
     CONCURRENCY_BUCKETS,
@@ -69,6 +70,8 @@ class ServerState:
     request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))
     # The same values exactly, where the reader keeps them (diagnose; None in the exporter: unbounded).
     request_values: ExactValues | None = None
+    # The last incidents (overflows, recovered cascades, crashes, restarts), recorded while counting.
+    incidents: Incidents = field(default_factory=Incidents)
 
     # The operator's word on the pool's size (--kv-pool-capacity), given at construction: a fallback of
     # `pool_capacity` where neither the log nor the command line states it.
@@ -146,8 +149,9 @@ class ServerState:
             run.banners_seen.add(banner)
             return
         if self.counting:
-            self._count_log_start()
-            self._count_crash()
+            counted = self._count_log_start()
+            if not self._count_crash() and counted and self._had_started():
+                self.incidents.restart()  # a clean one (a crash is its own incident)
         self.run = ServerRun(in_startup=True, banners_seen={banner} if banner is not None else set())
         self.provenance.start()
 
@@ -226,7 +230,8 @@ class ServerState:
         if self.counting:
             self.server_starts += 1
             self._unmatched_process_starts += 1
-            self._count_crash()
+            if not self._count_crash() and self._had_started():
+                self.incidents.restart()
         # The new process has empty slots; its banner (when it comes) resets again and matches this start.
         counting, self.counting = self.counting, False
         self.run.in_startup = False
@@ -237,19 +242,29 @@ class ServerState:
             self.counting = counting
             self.run.in_startup = False
 
-    def _count_crash(self) -> None:
+    def _count_crash(self) -> bool:
         """A new server replaces the running one: if that one had started and never said it exits, it
-        crashed (or was killed, or failed to start), by the cause its log named last (`unknown`: none)."""
+        crashed (or was killed, or failed to start), by the cause its log named last (`unknown`: none).
+        Returns whether it counted a crash."""
         run = self.run
-        if run.exiting or not (run.banners_seen or run.ready or run.n_slots is not None):
-            return
-        self.server_crashes[run.crash_cause.cause if run.crash_cause is not None else "unknown"] += 1
+        if run.exiting or not self._had_started():
+            return False
+        cause = run.crash_cause.cause if run.crash_cause is not None else "unknown"
+        self.server_crashes[cause] += 1
+        self.incidents.crash(cause, self.pool_capacity()[0])
+        return True
 
-    def _count_log_start(self) -> None:
-        """A start banner in the log: count it unless a new process already counted this start."""
+    def _had_started(self) -> bool:
+        """The running server had started (a banner, its slots, or ready): a new one replaces it."""
+        run = self.run
+        return bool(run.banners_seen or run.ready or run.n_slots is not None)
+
+    def _count_log_start(self) -> bool:
+        """A start banner in the log: count it unless a new process already counted this start (False)."""
         if self._unmatched_process_starts:
             self._unmatched_process_starts -= 1
-            return
+            return False
         self.server_starts += 1
         if self._process is not None:
             self._unmatched_log_starts += 1
+        return True

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from exporter.model.bounds import MIB
 from exporter.model.forecast import Measured
+from exporter.model.incidents import Incident
 from exporter.model.live import HttpSnapshot, NvmlSnapshot, ProcSnapshot
 from exporter.model.router import RouterLog
 from exporter.model.slot import SlotState
@@ -53,6 +54,8 @@ class ServerView:
     # Cells of the conversations in flight or coming back (`exporter.model.activity`), and its window in seconds.
     active_tokens: int | None = None
     active_window: float | None = None
+    # The last incidents at this scrape (the state's record changes as lines come: a copy), oldest first.
+    incidents: tuple[Incident, ...] = ()
 
     @property
     def pid(self) -> int | None:

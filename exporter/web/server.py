@@ -37,6 +37,20 @@ if TYPE_CHECKING:
     from exporter.web.webconfig import WebConfigWatcher
 
 BeforeScrape = Callable[[], Awaitable[None]]
+#: The status document of now (`exporter.statuses.StatusSource.document`); its argument: whether the caller
+#: may see paths and error texts (basic auth passed, or none configured).
+StatusDocument = Callable[[bool], Awaitable[dict[str, object]]]
+
+
+@dataclass(frozen=True)
+class StatusPages:
+    """`/` and `/api/status`: the document, the page made of it, and the page's Content-Security-Policy."""
+
+    document: StatusDocument
+    render: Callable[[dict[str, object]], str]
+    csp: str
+
+
 log = logging.getLogger(__name__)
 
 _LANDING = """<!doctype html>
@@ -69,8 +83,10 @@ def make_app(
     before_scrape: BeforeScrape | None = None,
     security: WebConfigWatcher | None = None,
     demo: bool = False,
+    status: StatusPages | None = None,
 ) -> web.Application:
-    """Build the application. `before_scrape` runs live reads (HTTP, NVML) before the registry is rendered.
+    """Build the application. `before_scrape` runs live reads (HTTP, NVML) before the registry is rendered;
+    `status` makes `/` the status page and adds `/api/status` (else `/` is a page of links).
 
     `health()` gives {"status": "ok"|…, "summary": words without paths or secrets, …details}; a caller
     without credentials (where basic auth is configured) gets status and summary only.
@@ -92,6 +108,25 @@ def make_app(
         page = _LANDING.format(version=html.escape(__version__), mode=mode)
         return web.Response(text=page, content_type="text/html")
 
+    async def status_page(request: web.Request) -> web.Response:
+        assert status is not None
+        doc = await status.document(request.get(_AUTHORIZED, True))
+        resp = web.Response(text=status.render(doc), content_type="text/html")
+        resp.headers["Content-Security-Policy"] = status.csp
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
+    async def status_json(request: web.Request) -> web.Response:
+        assert status is not None
+        doc = await status.document(request.get(_AUTHORIZED, True))
+        resp = web.Response(text=json.dumps(doc, allow_nan=False), content_type="application/json")
+        resp.headers["Content-Security-Policy"] = "default-src 'none'; frame-ancestors 'none'"
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Cache-Control"] = "no-store"
+        return resp
+
     async def healthz(request: web.Request) -> web.Response:
         body = health()
         status = 200 if body.get("status") == "ok" else 503
@@ -100,7 +135,11 @@ def make_app(
         return web.Response(text=json.dumps(body), content_type="application/json", status=status)
 
     app = web.Application(middlewares=[_security_middleware(security)] if security is not None else [])
-    app.router.add_get("/", landing)
+    if status is not None:
+        app.router.add_get("/", status_page)
+        app.router.add_get("/api/status", status_json)
+    else:
+        app.router.add_get("/", landing)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     return app

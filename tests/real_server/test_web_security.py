@@ -179,6 +179,13 @@ def test_tls_basic_auth_headers_and_plain_http_refused(pki: Path, tmp_path: Path
         assert exp.get("/metrics", ("prometheus", "wrong"))[0] == 401
         assert exp.get("/metrics", ("someone", PASSWORD))[0] == 401
         assert exp.get("/", ("prometheus", "wrong"))[0] == 401
+        # The status page and its JSON: the same TLS and basic auth as /metrics, and the page's CSP over both.
+        assert exp.get("/")[0] == 401 and exp.get("/api/status")[0] == 401
+        status, headers, body = exp.get("/", ("prometheus", PASSWORD))
+        assert status == 200 and b"512 cells" in body and headers["Content-Security-Policy"].startswith("default-src")
+        assert headers["X-Frame-Options"] == "deny"  # the configured headers too
+        status, _, body = exp.get("/api/status", ("prometheus", PASSWORD))
+        assert status == 200 and yaml.safe_load(body)["servers"][0]["pool"]["capacity"] == 512
         # /healthz answers without credentials, in words that name no path and no address.
         status, _, body = exp.get("/healthz")
         short = yaml.safe_load(body)
@@ -192,8 +199,8 @@ def test_tls_basic_auth_headers_and_plain_http_refused(pki: Path, tmp_path: Path
             conn.request("GET", "/metrics")
             assert conn.getresponse().status != 200
         # The password in --server-url: on no page, in no header, in no log line.
-        pages = [exp.get(path, ("prometheus", PASSWORD)) for path in ("/", "/metrics", "/healthz")]
-        pages += [exp.get(path) for path in ("/", "/metrics", "/healthz")]
+        pages = [exp.get(path, ("prometheus", PASSWORD)) for path in ("/", "/metrics", "/healthz", "/api/status")]
+        pages += [exp.get(path) for path in ("/", "/metrics", "/healthz", "/api/status")]
         for _status, headers, body in pages:
             assert SECRET_IN_URL not in body.decode() + str(headers)
         assert b"admin:***@" in pages[2][2]  # the URL is there, redacted

@@ -46,6 +46,7 @@ IMPURE_CALLS = frozenset({"open", "print", "input"})
 # The parts that claim to be pure in their docstrings.
 PURE = (
     "exporter.model",
+    "exporter.status",
     "exporter.logs.events",
     "exporter.logs.parse",
     "exporter.logs.rules",
@@ -120,6 +121,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "web": frozenset({"web"}),
     "guard": frozenset({"guard", "model", "metrics.catalogue", "web"}),
     "diagnose": frozenset({"diagnose", "logs", "model"}),
+    "status": frozenset({"status", "model"}),
 }
 ARCHITECTURE_PAGE = ROOT / "docs" / "architecture.md"
 

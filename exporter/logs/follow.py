@@ -30,9 +30,12 @@ A writer closing the file (a server exiting) ends a batch wait at once: a restar
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
 backends (macOS, BSD, Windows) report none, and polling (``--fs-events false``) sees none either.
-There the follower looks at the file's size every ``PROBE_INTERVAL`` (50 ms, one fstat) while it
-waits: new bytes after a quiet spell are read at once, a writer that stops ends a batch wait, and what
-a truncation takes before it could be read is counted in ``lost_bytes`` (see `_Probe`).
+There the follower looks at the file while it waits (one fstat; see `_Probe`), every ``PROBE_INTERVAL``
+(50 ms) when idle and every ``PROBE_INTERVAL_BUSY`` (5 ms) during a batch wait: new bytes after a quiet
+spell are read at once, a writer that stops ends a batch wait, a file found shrunk or rewritten ends it
+at once, and what a truncation takes before it could be read is counted in ``lost_bytes``: what the
+looks saw of the old content beyond the last read, and every run replaced in turn before a read.
+Only what a server wrote after the last look before the next one truncated the log is not known.
 The figures (bench/run.py, follow at 2,000 lines/s) are in docs/performance.md.
 """
 
@@ -61,9 +64,11 @@ BATCH_START = 0.025
 CATCH_UP_MAX_BYTES = 512 * 1024
 #: ...and never longer than this.
 CATCH_UP_TIMEOUT = 0.1
-#: Without close events, how often follow() looks at the file's size while it waits (see `_Probe`): well
-#: within the time a wrapper takes to restart llama-server (a new process, then its log truncated).
+#: Without close events, how often follow() looks at the file's size while it waits idle (see `_Probe`),
+#: and how long a writer is quiet before a batch wait ends.
 PROBE_INTERVAL = 0.05
+#: ...and during a batch wait: within the few milliseconds a wrapper takes to start llama-server again.
+PROBE_INTERVAL_BUSY = 0.005
 
 
 def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
@@ -159,37 +164,54 @@ class CatchUp:
 
 
 class _Probe:
-    """Where no writer's close is seen (polling, or a watch without close events): a look at the file's
-    size every `PROBE_INTERVAL` while follow() waits, one fstat, no read.
+    """Where no writer's close is seen (polling, or a watch without close events): a look at the file
+    while follow() waits, one fstat (and two small preads when it changed), no read.
 
     A restarted llama-server truncates its log as it starts, and whatever the old one wrote after the
-    last read is gone. The probe narrows that window and counts what it cannot close: while idle, new
-    bytes end the wait (they are read at once, as an event would have them); during a batch wait, a
-    writer that went quiet (no growth since the previous probe) ends it, since a server that stops
-    writing may be exiting; and every size seen is remembered, so that a truncation before the next
-    read counts the bytes no read took in ``lost_bytes`` (see `LogTailer.probe`).
+    last read is gone. The probe narrows that window and counts what it cannot close. Every look is
+    remembered by the tailer (`LogTailer.probe`): the size of the content read so far, so that a
+    truncation before the next read counts in ``lost_bytes`` the bytes no read took; or, when the
+    content was replaced, the new content's size, so that a run replaced in turn unread is counted too.
+    The wait ends at once when a look finds the content replaced (the new run is read from its start,
+    and the old one's loss counted), and when idle on any new byte (read at once, as an event would
+    have it). During a batch wait the looks come every `PROBE_INTERVAL_BUSY`, so that the old server's
+    last size is seen even when the next one starts a few milliseconds after its last line; a writer
+    quiet for `PROBE_INTERVAL` ends the wait, since a server that stops writing may be exiting.
     """
 
-    def __init__(self, tailer: LogTailer, idle: bool) -> None:
+    def __init__(self, tailer: LogTailer, idle: bool, now: float) -> None:
         self._tailer, self._idle = tailer, idle
+        self._pending, self._changed_at = -1, now
+
+    @property
+    def interval(self) -> float:
+        """The time between two looks."""
+        return PROBE_INTERVAL if self._idle else PROBE_INTERVAL_BUSY
+
+    def step(self, now: float) -> bool:
+        """One look at `now` (the loop's clock); True: the wait is to end."""
+        pending = self._tailer.probe()
+        if self._tailer.replaced or (pending and self._idle):
+            return True
+        if pending != self._pending:
+            self._pending, self._changed_at = pending, now
+            return False
+        return pending > 0 and now - self._changed_at >= PROBE_INTERVAL
 
     async def wait(self, waker: Waker, timeout: float) -> None:
-        """`waker.wait(timeout)`, ended early (the waker set) by what a probe sees. A probe is one timer
-        callback, not a wake-up of follow(): an idle follower costs a few microseconds per probe."""
+        """`waker.wait(timeout)`, ended early (the waker set) by what a look sees. A look is one timer
+        callback, not a wake-up of follow(): an idle follower costs a few microseconds per look."""
         loop = asyncio.get_running_loop()
-        last = -1
         handle: asyncio.TimerHandle | None = None
 
         def probe() -> None:
-            nonlocal last, handle
-            pending = self._tailer.probe()
-            if pending and (self._idle or pending == last):
+            nonlocal handle
+            if self.step(loop.time()):
                 waker.set()
                 return
-            last = pending
-            handle = loop.call_later(PROBE_INTERVAL, probe)
+            handle = loop.call_later(self.interval, probe)
 
-        handle = loop.call_later(PROBE_INTERVAL, probe)
+        handle = loop.call_later(self.interval, probe)
         try:
             await waker.wait(timeout)
         finally:
@@ -249,7 +271,7 @@ async def follow(
                 break
             sees_closes = watch is not None and watch.sees_closes
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, idle=False))
+                await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, False, loop.time()))
                 # Without close events a restart's last lines are read only at the end of the wait
                 # (before the new server truncates the log, or never): then no longer than a poll.
                 wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
@@ -260,7 +282,7 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval, None if sees_closes else _Probe(tailer, idle=True))
+            await catch._wait(wake, wake.any, poll_interval, None if sees_closes else _Probe(tailer, True, loop.time()))
     finally:
         catch._progress()
         catch._tailer = None

@@ -37,12 +37,11 @@ Rename-and-create rotation (logrotate's default, ``mv log log.1 && touch log``)
 Truncation (same inode, ``st_size < offset``)
     This is *normal* for llama-server: it opens ``--log-file`` with ``fopen(path, "w")`` (O_TRUNC)
     on every start. We emit the pending partial line, seek to 0 and count ``stats.truncations``.
-    If some earlier ``fstat`` (a previous poll, or ``has_pending``) showed the file larger than our
-    offset, the difference is bytes we provably never read: added to ``stats.lost_bytes`` (``probe``
-    takes such sizes between reads, checking the fingerprints first, so that a new content's size is
-    never taken for the old one's). What a restarted server's predecessor wrote after our last read
-    and no ``fstat`` showed is gone without a trace (``follow`` reads as the old server closes the
-    file where closes are seen, and elsewhere probes the size every 50 ms, which narrows that window).
+    If some earlier ``fstat`` (a previous poll, ``has_pending`` or ``probe``) showed the file larger
+    than our offset, the difference is bytes we provably never read: added to ``stats.lost_bytes``.
+    A look that finds the content replaced keeps the new content's size apart (``exporter.logs.replaced``):
+    a run replaced in turn before we read it counts its truncation and its bytes. What a server wrote
+    after the last look is estimated from its rate, if the looks saw it still writing (``Growth``).
 
 In-place rewrite (same inode, already grown past our offset)
     If the server restarted and wrote more than we had read before we polled again, the size check
@@ -60,10 +59,9 @@ Delete (path gone, fd still open)
     ``rm``-ed keeps writing into it, and we keep following). ``stat(path)`` fails, we keep waiting.
     When the path reappears as a different file we switch to it from offset 0 and count a rotation;
     the deleted file is kept as a rotated file, like a renamed one.
-    Inode numbers are often reused right after a delete (tmpfs, ext4); that hazard hits tailers that
-    close the file or checkpoint ``(inode, offset)``. Because we hold the old inode open, the new
-    file cannot get its number; and the head/tail fingerprints would catch a reuse anyway. A path
-    that disappears and comes back as the *same* inode (``mv log x && mv x log``) is not a rotation.
+    Inode numbers are often reused right after a delete (tmpfs, ext4); as we hold the old inode open,
+    the new file cannot get its number (and the fingerprints would catch a reuse). A path that comes
+    back as the *same* inode (``mv log x && mv x log``) is not a rotation.
 
 copytruncate (``cp log log.1 && truncate -s0 log``)
     Lossy by nature: whatever was appended after our last read and before the truncate is only in
@@ -80,15 +78,13 @@ copytruncate (``cp log log.1 && truncate -s0 log``)
 
 Partial lines
     Bytes after the last ``"\\n"`` are buffered until the rest arrives, so a line written in pieces
-    (split anywhere, including inside a multi-byte UTF-8 character, because decoding happens per
-    complete line) is returned once. On rotation or truncation a buffered partial line is emitted
-    as a line: the file it belonged to will never complete it.
+    (even inside a UTF-8 character: lines are decoded whole) is returned once. On rotation or
+    truncation a buffered partial line is a line: the file it belonged to will never complete it.
 
 Very long lines
-    A line longer than ``max_line_bytes`` (counting a trailing ``"\\r"``, excluding ``"\\n"``) is
-    returned as soon as the limit is reached, cut to ``max_line_bytes`` (backed off to a UTF-8
-    character boundary), ``stats.long_lines += 1``; the rest up to the next ``"\\n"`` is read and
-    discarded. Memory is bounded by ``max_line_bytes + chunk_bytes``.
+    A line longer than ``max_line_bytes`` (with a trailing ``"\\r"``, without ``"\\n"``) is returned
+    cut there (at a UTF-8 character boundary), ``stats.long_lines += 1``; the rest up to the next
+    ``"\\n"`` is dropped. Memory is bounded by ``max_line_bytes + chunk_bytes``.
 
 Encoding
     Files are read in binary (``exporter.logs.fileopen``: on Windows a text-mode descriptor would
@@ -102,10 +98,9 @@ Encoding
     is and said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
 
 File missing at start, unreadable, not a regular file
-    ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory,
-    FIFO or device at the path is refused without opening it (opening a FIFO could block or wake
-    its writer). Symlinks are followed: identity is the target's, so re-pointing the link counts
-    as a rotation.
+    ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory, FIFO
+    or device is refused unopened (opening a FIFO could block or wake its writer). Symlinks are
+    followed: identity is the target's, so re-pointing the link is a rotation.
 
 Following the file as it changes (filesystem events, a timer, batching) is ``exporter.logs.follow``.
 """
@@ -117,15 +112,17 @@ import os
 import pathlib
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
 from exporter.logs.fileopen import open_log
+from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements
+from exporter.logs.replaced import pread as _pread
 
 __all__ = ["LogTailer", "TailerStats"]
 
-_HEAD_BYTES = 64
-_TAIL_BYTES = 64
+_HEAD_BYTES = _TAIL_BYTES = FINGERPRINT_BYTES
 
 
 @dataclass
@@ -138,14 +135,7 @@ class TailerStats:
     rotations: int = 0  # path now names a different file (inode/device changed, or recreated after delete)
     opens: int = 0
     long_lines: int = 0  # lines cut at max_line_bytes
-    lost_bytes: int = 0  # bytes known to be lost (e.g. unread tail seen by stat before a truncation)
-
-
-def _pread(fd: int, size: int, offset: int) -> bytes:
-    if hasattr(os, "pread"):
-        return os.pread(fd, size, offset)  # one system call; a follower makes several per wake-up
-    os.lseek(fd, offset, os.SEEK_SET)  # Windows has no pread
-    return os.read(fd, size)
+    lost_bytes: int = 0  # bytes lost: seen by a look and never read, or estimated (see `replaced.Growth`)
 
 
 def _decode(line: bytes | bytearray) -> str:
@@ -170,6 +160,8 @@ class _File:
         self.truncated_at: int | None = None  # our offset when the content was last truncated
         self.lost_counted = 0  # of the bytes lost at that truncation, those already counted
         self.grown_at = 0.0  # when a read last found new bytes (time.monotonic; 0: never)
+        self.replaced = Replacements()  # what probes saw replace the content since it was last read
+        self.growth = Growth()  # its sizes at the last looks
         self._new_content()
 
     def _new_content(self) -> None:
@@ -185,6 +177,7 @@ class _File:
         self.head = self.tail = b""
         self.seen_size = 0
         self.skip_nul = True
+        self.growth = Growth()
         self._new_content()
 
 
@@ -203,6 +196,7 @@ class LogTailer:
         chunk_bytes: int = 1 << 15,
         rotate_wait: float = 60.0,
         max_rotated: int = 4,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_line_bytes < 1 or chunk_bytes < 1:
             raise ValueError("max_line_bytes and chunk_bytes must be positive")
@@ -212,6 +206,7 @@ class LogTailer:
         self._chunk = chunk_bytes
         self._rotate_wait = rotate_wait
         self._max_rotated = max(0, max_rotated)
+        self._clock = clock
         self._file: _File | None = None
         self._rotated: list[_File] = []  # files the path named before, oldest first: still read to their end
         self._error: str | None = None
@@ -303,19 +298,31 @@ class LogTailer:
                 return 0
             return max(1, st.st_size) if stat.S_ISREG(st.st_mode) else 0
         with contextlib.suppress(OSError):
-            self._note_size(f, os.fstat(f.fd).st_size)
+            self._note_size(f, size := os.fstat(f.fd).st_size)
+            if not f.replaced:  # the probes' looks, evenly spaced, tell whether the writer is still at it
+                f.growth.look(self._clock(), size)
         return self.pending_bytes()
 
+    @property
+    def replaced(self) -> bool:
+        """A probe or `has_pending` saw the current file's content replaced (shrunk, or its fingerprints
+        changed) since the last read: the next read handles a truncation."""
+        return self._file is not None and bool(self._file.replaced)
+
     def _note_size(self, f: _File, size: int) -> None:
-        """Remember `size` as seen for the current content, unless the content was replaced meanwhile
-        (a size from a restarted server's new content would count its bytes as lost)."""
-        if size <= f.seen_size or size < f.offset:
-            return
+        """Remember `size` as seen for the current content; if the content was replaced meanwhile, what
+        replaced it instead (a size from a restarted server's new content would count its bytes as lost)."""
+        same = not f.replaced and size >= max(f.offset, f.seen_size)
+        if same and (size == f.seen_size or self._same_content(f)):
+            f.seen_size = size
+        else:
+            f.replaced.note(f.fd, size, self._clock())
+
+    def _same_content(self, f: _File) -> bool:
+        """The file still starts with what was read, and holds it up to our offset (two preads)."""
         if f.head and _pread(f.fd, len(f.head), 0) != f.head:
-            return
-        if f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail:
-            return
-        f.seen_size = size
+            return False
+        return not (f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail)
 
     @property
     def unreadable(self) -> str | None:
@@ -421,7 +428,7 @@ class LogTailer:
         if not self._rotated:
             return 0, True
         used, all_eof = 0, True
-        now = time.monotonic()
+        now = self._clock()
         current_grown = self._file.grown_at if self._file is not None else 0.0
         for r in list(self._rotated):
             try:
@@ -445,21 +452,21 @@ class LogTailer:
         return used, all_eof
 
     def _check_rewritten(self, f: _File, out: list[str]) -> None:
-        """Handle truncation or an in-place rewrite of the current file, counting what is known lost."""
+        """Handle truncation or an in-place rewrite of the current file, counting what is known lost:
+        what a look showed beyond our offset, and the contents probes saw replaced before this read."""
         fd, offset = f.fd, f.offset
         size = os.fstat(fd).st_size
-        rewritten = size < offset
-        if not rewritten and f.head:
-            rewritten = _pread(fd, len(f.head), 0) != f.head
-        if not rewritten and f.tail and offset > len(f.head):
-            rewritten = _pread(fd, len(f.tail), offset - len(f.tail)) != f.tail
+        rewritten = bool(f.replaced) or size < offset or not self._same_content(f)
+        now = self._clock()
         if rewritten:
-            lost = max(0, f.seen_size - offset)
-            self.stats.lost_bytes += lost
+            # What no look saw (written after the last one), estimated as of the first look that found it gone.
+            lost = max(0, f.seen_size - offset) + f.growth.unseen(f.replaced.found_at or now)
+            missed, gone = f.replaced.settle(fd, size)
+            self.stats.lost_bytes += lost + gone
             self._flush_partial(f, out)
             f.reset()
             f.truncated_at, f.lost_counted = offset, lost
-            self.stats.truncations += 1
+            self.stats.truncations += 1 + missed
         f.seen_size = max(f.seen_size, size)
 
     def _path_replaced(self, f: _File) -> bool:
@@ -480,7 +487,7 @@ class LogTailer:
             if data:
                 self._consume(f, data, out)
                 total += len(data)
-                f.grown_at = time.monotonic()
+                f.grown_at = self._clock()
             if len(data) < want:  # a short read on a regular file means EOF (for now)
                 return total, True
         return total, False

@@ -151,25 +151,69 @@ async def test_a_wrapper_restarting_the_server_loses_nothing_uncounted(
         assert tailer.stats.lost_bytes > 0
 
 
-def test_a_truncation_counts_what_a_probe_saw_and_no_read_took(tmp_path: Path) -> None:
+class Clock:
+    """The tailer's clock, moved by the test: the looks' times are what the test says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_truncation_counts_what_a_probe_saw_and_estimates_what_none_did(tmp_path: Path) -> None:
     """The counting itself, step by step: a probe between reads remembers the size; the restart's truncation
-    counts the difference; a probe that comes after the restart counts nothing of the new run."""
+    counts the difference, and, since the last look saw the server still writing, what it wrote after that
+    look at the rate the looks saw; a probe that comes after the restart counts nothing of the new run."""
+    from exporter.logs.replaced import QUIET
+
     log = tmp_path / "llama-server.stderr"
     first = RUNS[0].read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(first[:100]))
-    tailer = LogTailer(log)
+    clock = Clock()
+    tailer = LogTailer(log, clock=clock)
     assert len(tailer.poll(max_bytes=1 << 30)) == 100
+    tailer.probe()  # the probes' looks, evenly spaced, measure the rate
     with log.open("ab") as f:
         f.write(b"".join(first[100:150]))
-    assert tailer.probe() == len(b"".join(first[100:150]))  # seen, not read
+    clock.now = QUIET / 5
+    seen = len(b"".join(first[100:150]))
+    assert tailer.probe() == seen  # seen, not read
     with log.open("ab") as f:
-        f.write(b"".join(first[150:160]))  # written after the probe: no trace of it
+        f.write(b"".join(first[150:160]))  # written after the probe: no size shows it
     second = RUNS[1].read_bytes()
     log.write_bytes(second)  # the restart: truncated, rewritten (larger than what was read)
+    clock.now = 2 * QUIET / 5
     tailer.probe()  # the new content's size is not the old one's: the fingerprints differ
+    assert tailer.replaced
+    clock.now = QUIET  # the read comes later: the estimate stops at the look that found the restart
     tailer.poll(max_bytes=1 << 30)
     assert tailer.stats.truncations == 1
-    assert tailer.stats.lost_bytes == len(b"".join(first[100:150]))
+    unseen = seen  # the same span again, at the rate the two looks saw
+    assert tailer.stats.lost_bytes == seen + unseen >= seen + len(b"".join(first[150:160]))
+
+
+def test_a_writer_seen_quiet_before_the_restart_counts_no_estimate(tmp_path: Path) -> None:
+    """A look QUIET after the old server's last growth saw no more: it had stopped, nothing is estimated;
+    what that look saw and no read took is counted to the byte."""
+    from exporter.logs.replaced import QUIET
+
+    log = tmp_path / "llama-server.stderr"
+    first = RUNS[0].read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(first[:100]))
+    clock = Clock()
+    tailer = LogTailer(log, clock=clock)
+    tailer.poll(max_bytes=1 << 30)
+    with log.open("ab") as f:
+        f.write(b"".join(first[100:150]))
+    clock.now = 0.01
+    tailer.probe()
+    clock.now = 0.01 + QUIET
+    tailer.probe()  # no growth since: the writer stopped
+    log.write_bytes(RUNS[1].read_bytes())
+    clock.now = 1.0
+    tailer.poll(max_bytes=1 << 30)
+    assert (tailer.stats.truncations, tailer.stats.lost_bytes) == (1, len(b"".join(first[100:150])))
 
 
 async def test_without_close_events_a_writer_that_stops_is_read_before_the_batch_wait_ends(tmp_path: Path) -> None:
@@ -195,3 +239,90 @@ async def test_without_close_events_a_writer_that_stops_is_read_before_the_batch
     stop.set()
     await asyncio.wait_for(task, 5)
     assert seqs(seen.lines) == list(range(401))
+
+
+def test_a_run_replaced_in_turn_before_any_read_counts_its_truncation_and_bytes(tmp_path: Path) -> None:
+    """Driven, step by step: a probe finds the followed run replaced (the wait is to end), the new run grows,
+    and is replaced again before a read: the read counts both truncations, what the probes saw of the
+    first run beyond the read, and the whole second run; the third is read from its start."""
+    log = tmp_path / "llama-server.stderr"
+    first, second, third = (r.read_bytes().splitlines(keepends=True) for r in RUNS[:3])
+    log.write_bytes(b"".join(first[:100]))
+    clock = Clock()
+    tailer = LogTailer(log, clock=clock)
+    tailer.poll(max_bytes=1 << 30)
+    with log.open("ab") as f:
+        f.write(b"".join(first[100:120]))
+    for clock.now in (0.01, 0.1):  # the second look sees the writer stopped: no estimate
+        tailer.probe()
+    assert not tailer.replaced
+    log.write_bytes(b"".join(second[:50]))  # the restart: a smaller file
+    tailer.probe()
+    assert tailer.replaced
+    with log.open("ab") as f:
+        f.write(b"".join(second[50:]))
+    tailer.probe()  # the second run, grown: the same content, larger
+    log.write_bytes(b"".join(third))  # restarted again before a read
+    tailer.probe()
+    lines = tailer.poll(max_bytes=1 << 30)
+    assert not tailer.replaced
+    assert tailer.stats.truncations == 2
+    assert tailer.stats.lost_bytes == len(b"".join(first[100:120])) + len(b"".join(second))
+    assert len(lines) == len(third)
+    assert tailer.stats.bytes == len(b"".join(first[:100])) + len(b"".join(third))
+
+
+def test_a_replacement_the_read_still_finds_is_read_not_counted(tmp_path: Path) -> None:
+    """The run a probe saw replacing the followed one is the one the next read finds: it is read whole,
+    nothing of it counted as lost, one truncation."""
+    log = tmp_path / "llama-server.stderr"
+    first, second = (r.read_bytes() for r in RUNS[:2])
+    log.write_bytes(first)
+    tailer = LogTailer(log)
+    tailer.poll(max_bytes=1 << 30)
+    log.write_bytes(second[:100])
+    tailer.probe()
+    with log.open("ab") as f:
+        f.write(second[100:])
+    tailer.probe()
+    tailer.poll(max_bytes=1 << 30)
+    assert (tailer.stats.truncations, tailer.stats.lost_bytes) == (1, 0)
+    assert tailer.stats.bytes == len(first) + len(second)
+
+
+def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tmp_path: Path) -> None:
+    """`_Probe.step` driven with its clock: during a batch wait growth keeps waiting, a quiet spell of
+    PROBE_INTERVAL ends it, and so does a file found shrunk at once; idle, any new byte ends it."""
+    from exporter.logs.follow import PROBE_INTERVAL, PROBE_INTERVAL_BUSY, _Probe
+
+    log = tmp_path / "llama-server.stderr"
+    run = RUNS[0].read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(run[:10]))
+    clock = Clock()  # the tailer's and the probe's: the test's
+    tailer = LogTailer(log, clock=clock)
+    tailer.poll(max_bytes=1 << 30)
+    busy = _Probe(tailer, False, 0.0)
+    assert busy.interval == PROBE_INTERVAL_BUSY < PROBE_INTERVAL
+    for i in range(10, 20):  # a line per look: the writer is busy
+        with log.open("ab") as f:
+            f.write(run[i])
+        clock.now += PROBE_INTERVAL_BUSY
+        assert not busy.step(clock.now)
+    quiet_from = clock.now
+    while clock.now - quiet_from < PROBE_INTERVAL:
+        assert not busy.step(clock.now)
+        clock.now += PROBE_INTERVAL_BUSY
+    assert busy.step(clock.now)  # quiet for PROBE_INTERVAL: the server may be exiting
+    busy = _Probe(tailer, False, clock.now)
+    log.write_bytes(run[0])  # restarted: shrunk, whatever the growth
+    clock.now += PROBE_INTERVAL_BUSY
+    assert busy.step(clock.now)
+    tailer.poll(max_bytes=1 << 30)
+    assert tailer.stats.lost_bytes == len(b"".join(run[10:20]))  # seen quiet first: no estimate
+    idle = _Probe(tailer, True, clock.now)
+    clock.now += PROBE_INTERVAL
+    assert not idle.step(clock.now)
+    with log.open("ab") as f:
+        f.write(run[1])
+    clock.now += PROBE_INTERVAL
+    assert idle.step(clock.now)

@@ -126,14 +126,18 @@ def verdict(r: dict[str, int], runs: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--gaps", type=int, nargs="*", default=list(GAPS_MS), help="milliseconds")
+    ap.add_argument("--writers", nargs="*", default=list(WRITERS))
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
     args = ap.parse_args()
     watch_mod.libc_with_inotify = lambda: None  # watchdog, as on macOS/Windows
     watch_mod.Observer = functools.partial(PollingObserver, timeout=0.1)
     print(f"{'mode':<24} {'writer':<11} {'gap':>4}  exact counted SILENT wrong  lost/unread (bytes, summed)")
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:
-            for name, (runs, burst, pause) in WRITERS.items():
-                for gap in GAPS_MS:
+        for mode in args.modes:
+            for name in args.writers:
+                runs, burst, pause = WRITERS[name]
+                for gap in args.gaps:
                     tally: collections.Counter[str] = collections.Counter()
                     lost = unread = 0
                     for k in range(args.runs):

@@ -31,7 +31,8 @@ truncates the log as it starts, and the old run's last lines, often the ones tha
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
 backends (macOS, BSD, Windows) report none, and polling (``--fs-events false``) sees none either.
 There the follower looks at the file while it waits (one fstat; see `_Probe`), every ``PROBE_INTERVAL``
-(50 ms) when idle and every ``PROBE_INTERVAL_BUSY`` (5 ms) during a batch wait: new bytes after a quiet
+(50 ms) when idle and every ``PROBE_INTERVAL_BUSY`` (5 ms) during a batch wait and for a second after
+lines were read: new bytes after a quiet
 spell are read at once, a writer that stops ends a batch wait, a file found shrunk or rewritten ends it
 at once, and what a truncation takes before it could be read is counted in ``lost_bytes``: what the
 looks saw of the old content beyond the last read, and every run replaced in turn before a read.
@@ -67,8 +68,11 @@ CATCH_UP_TIMEOUT = 0.1
 #: Without close events, how often follow() looks at the file's size while it waits idle (see `_Probe`),
 #: and how long a writer is quiet before a batch wait ends.
 PROBE_INTERVAL = 0.05
-#: ...and during a batch wait: within the few milliseconds a wrapper takes to start llama-server again.
+#: ...and during a batch wait or soon after lines: within the few milliseconds a wrapper takes to start
+#: llama-server again. Always at this pace, an idle follower would cost about 3 % of a busy core.
 PROBE_INTERVAL_BUSY = 0.005
+#: How long after the log last had lines the follower looks at that pace while idle.
+ACTIVE_SPAN = 1.0
 
 
 def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
@@ -174,19 +178,20 @@ class _Probe:
     content was replaced, the new content's size, so that a run replaced in turn unread is counted too.
     The wait ends at once when a look finds the content replaced (the new run is read from its start,
     and the old one's loss counted), and when idle on any new byte (read at once, as an event would
-    have it). During a batch wait the looks come every `PROBE_INTERVAL_BUSY`, so that the old server's
-    last size is seen even when the next one starts a few milliseconds after its last line; a writer
+    have it). During a batch wait, and for `ACTIVE_SPAN` after the log last had lines, the looks come
+    every `PROBE_INTERVAL_BUSY`, so that the old server's last size is seen even when the next one
+    starts a few milliseconds after its last line; a writer
     quiet for `PROBE_INTERVAL` ends the wait, since a server that stops writing may be exiting.
     """
 
-    def __init__(self, tailer: LogTailer, idle: bool, now: float) -> None:
-        self._tailer, self._idle = tailer, idle
+    def __init__(self, tailer: LogTailer, idle: bool, now: float, active_until: float = -math.inf) -> None:
+        self._tailer, self._idle, self._active_until = tailer, idle, active_until
         self._pending, self._changed_at = -1, now
 
-    @property
-    def interval(self) -> float:
-        """The time between two looks."""
-        return PROBE_INTERVAL if self._idle else PROBE_INTERVAL_BUSY
+    def interval(self, now: float) -> float:
+        """The time from a look at `now` to the next: short during a batch wait and for `ACTIVE_SPAN` after
+        the log last had lines (a restart comes then), the idle pace after."""
+        return PROBE_INTERVAL_BUSY if not self._idle or now < self._active_until else PROBE_INTERVAL
 
     def step(self, now: float) -> bool:
         """One look at `now` (the loop's clock); True: the wait is to end."""
@@ -209,9 +214,9 @@ class _Probe:
             if self.step(loop.time()):
                 waker.set()
                 return
-            handle = loop.call_later(self.interval, probe)
+            handle = loop.call_later(self.interval(loop.time()), probe)
 
-        handle = loop.call_later(self.interval, probe)
+        handle = loop.call_later(self.interval(loop.time()), probe)
         try:
             await waker.wait(timeout)
         finally:
@@ -251,7 +256,7 @@ async def follow(
         watch = InotifyWatch.create(tailer.path, wake) or ParentWatch(tailer.path, loop, wake)
     stop_task = asyncio.ensure_future(stop_event.wait())
     stop_task.add_done_callback(lambda _: wake.read_now())
-    last_drain = -math.inf
+    last_drain = last_lines = -math.inf
     wait = first_wait  # the next batch wait while the file keeps changing
     catch = catch_up if catch_up is not None else CatchUp()
     catch._tailer = tailer
@@ -264,6 +269,8 @@ async def follow(
             now = loop.time()
             busy, last_drain = now - last_drain < 2 * wait, now
             lines = await _drain(tailer, on_lines, stop_event, catch)
+            if lines:
+                last_lines = loop.time()
             catch._progress()
             if after_drain is not None:
                 after_drain()
@@ -282,7 +289,12 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval, None if sees_closes else _Probe(tailer, True, loop.time()))
+            await catch._wait(
+                wake,
+                wake.any,
+                poll_interval,
+                None if sees_closes else _Probe(tailer, True, loop.time(), last_lines + ACTIVE_SPAN),
+            )
     finally:
         catch._progress()
         catch._tailer = None

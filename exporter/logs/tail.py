@@ -168,7 +168,7 @@ class _File:
         self.undecided = b""  # the first bytes, while too few to tell the encoding (at most 3)
         self.sniffed = False  # the encoding is known
         self.transcode: Transcoder | None = None  # UTF-16 to UTF-8; None: the bytes are UTF-8
-        self.record: PowerShellRecord | None = PowerShellRecord()  # None once past the first lines
+        self.record: PowerShellRecord | None = PowerShellRecord()  # None: the content starts with no record
         self.unreadable: str | None = None
 
     def reset(self) -> None:
@@ -517,7 +517,7 @@ class LogTailer:
         if f.record is None:
             self._split(f, data, out)
             return
-        start = len(out)  # PowerShell's error record, if any, is in the first lines of the content
+        start = len(out)  # PowerShell's error records: one opens the content, then one per run appended
         self._split(f, data, out)
         out[start:] = f.record.feed(out[start:])
         if f.record.done:

@@ -302,7 +302,7 @@ def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tm
     tailer = LogTailer(log, clock=clock)
     tailer.poll(max_bytes=1 << 30)
     busy = _Probe(tailer, False, 0.0)
-    assert busy.interval == PROBE_INTERVAL_BUSY < PROBE_INTERVAL
+    assert busy.interval(0.0) == PROBE_INTERVAL_BUSY < PROBE_INTERVAL
     for i in range(10, 20):  # a line per look: the writer is busy
         with log.open("ab") as f:
             f.write(run[i])
@@ -319,7 +319,8 @@ def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tm
     assert busy.step(clock.now)
     tailer.poll(max_bytes=1 << 30)
     assert tailer.stats.lost_bytes == len(b"".join(run[10:20]))  # seen quiet first: no estimate
-    idle = _Probe(tailer, True, clock.now)
+    idle = _Probe(tailer, True, clock.now, clock.now + 1.0)
+    assert idle.interval(clock.now) == PROBE_INTERVAL_BUSY and idle.interval(clock.now + 1.0) == PROBE_INTERVAL
     clock.now += PROBE_INTERVAL
     assert not idle.step(clock.now)
     with log.open("ab") as f:

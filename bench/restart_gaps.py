@@ -93,6 +93,7 @@ async def trial(log: Path, runs: list[bytes], burst: int, pause: float, gap: flo
     task = asyncio.create_task(
         pipeline.run(poll_interval=1.0, batch_interval=2.0, use_watchdog=mode != "polling", stop=stop)
     )
+    await asyncio.sleep(0.5)  # following before the wrapper starts (an exporter runs long before its server)
     out = {"written": 0}
     thread = threading.Thread(target=wrapper, args=(log, runs, burst, pause, gap, out), daemon=True)
     thread.start()

@@ -271,12 +271,14 @@ async def follow(
             lines = await _drain(tailer, on_lines, stop_event, catch)
             if lines:
                 last_lines = loop.time()
+            sees_closes = watch is not None and watch.sees_closes
+            if not sees_closes:
+                tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `_Probe`
             catch._progress()
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
-            sees_closes = watch is not None and watch.sees_closes
             if busy and lines:
                 await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, False, loop.time()))
                 # Without close events a restart's last lines are read only at the end of the wait

@@ -26,9 +26,9 @@ import asyncio
 import collections
 import functools
 import os
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -72,6 +72,7 @@ def truth(runs: list[bytes], log: Path) -> dict[tuple[str, tuple[tuple[str, str]
 
 
 def wrapper(log: Path, runs: list[bytes], burst: int, pause: float, gap: float, out: dict[str, int]) -> None:
+    """The wrapper and its servers: a process of its own, as llama-server is (`--write`)."""
     for i, run in enumerate(runs):
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         for n, line in enumerate(run.splitlines(keepends=True)):
@@ -94,11 +95,12 @@ async def trial(log: Path, runs: list[bytes], burst: int, pause: float, gap: flo
         pipeline.run(poll_interval=1.0, batch_interval=2.0, use_watchdog=mode != "polling", stop=stop)
     )
     await asyncio.sleep(0.5)  # following before the wrapper starts (an exporter runs long before its server)
-    out = {"written": 0}
-    thread = threading.Thread(target=wrapper, args=(log, runs, burst, pause, gap, out), daemon=True)
-    thread.start()
-    while thread.is_alive():
-        await asyncio.sleep(0.05)
+    name = next(n for n, w in WRITERS.items() if w[0] is runs)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--write", str(log), name, str(gap), stdout=subprocess.PIPE
+    )
+    stdout, _ = await proc.communicate()
+    out = {"written": int(stdout)}
     deadline = time.monotonic() + 3
     while tailer.stats.bytes + tailer.stats.lost_bytes < out["written"] and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -130,7 +132,15 @@ def main() -> None:
     ap.add_argument("--gaps", type=int, nargs="*", default=list(GAPS_MS), help="milliseconds")
     ap.add_argument("--writers", nargs="*", default=list(WRITERS))
     ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--write", nargs=3, metavar=("LOG", "WRITER", "GAP_S"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.write:
+        log, name, gap = args.write
+        runs, burst, pause = WRITERS[name]
+        out = {"written": 0}
+        wrapper(Path(log), runs, burst, pause, float(gap), out)
+        print(out["written"])
+        return
     watch_mod.libc_with_inotify = lambda: None  # watchdog, as on macOS/Windows
     watch_mod.Observer = functools.partial(PollingObserver, timeout=0.1)
     print(f"{'mode':<24} {'writer':<11} {'gap':>4}  exact counted SILENT wrong  lost/unread (bytes, summed)")

@@ -9,9 +9,9 @@ of it here. Each content is known by the same fingerprints the tailer keeps of w
 first bytes and the bytes before the largest size seen.
 
 What the old server wrote after the last look no size shows. `Growth` estimates it from how fast the
-content grew at its last looks, when the last looks saw it still growing (a look `QUIET` after its
-last growth that saw no more says the writer had stopped): an estimate, counted with the known loss so
-that no loss goes uncounted.
+content grew at its last looks (twice that rate, for the time since the last look), when the last looks
+saw it still growing (a look `QUIET` after its last growth that saw no more says the writer had
+stopped): an estimate, on the high side, counted with the known loss so that no loss goes uncounted.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ FINGERPRINT_BYTES = 64
 QUIET = 0.05
 #: The shortest span a write rate is measured over: two looks microseconds apart say nothing of a rate.
 _RATE_SPAN = 0.005
+#: The estimate takes the writer as this much faster than the looks saw: a server's last lines (a crash's
+#: message, its exit) come in a burst, and an estimate is to count no less than was lost.
+_BURST = 2
 
 
 def pread(fd: int, size: int, offset: int) -> bytes:
@@ -104,12 +107,13 @@ class Growth:
 
     def unseen(self, now: float) -> int:
         """Bytes the content may have held at `now` beyond the last size seen: none when a look came
-        `QUIET` after its last growth (the writer had stopped), else its recent rate since the last look."""
+        `QUIET` after its last growth (the writer had stopped), else `_BURST` times its recent rate for
+        the time since the last look."""
         if len(self._grew) < 2 or self._looked - self._grew[-1][0] >= QUIET:
             return 0
         (t0, s0), (t1, s1) = self._grew[0], self._grew[-1]
         rate = (s1 - s0) / max(t1 - t0, _RATE_SPAN)
-        return max(0, round(rate * (now - self._looked)))
+        return max(0, round(_BURST * rate * (now - self._looked)))
 
 
 def _tail(fd: int, size: int) -> bytes:

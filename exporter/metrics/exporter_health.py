@@ -85,7 +85,8 @@ class ExporterCollector(Collector):
         )
         yield counter(
             "llamacpp_exporter_log_lost_bytes",
-            "Bytes known to be lost, e.g. written just before a copytruncate.",
+            "Bytes lost: written just before a copytruncate or a restart and never read (where no close event "
+            "is seen, what was written after the last look is estimated).",
             log.lost_bytes,
         )
         if log.understood is not None:

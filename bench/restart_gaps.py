@@ -4,7 +4,7 @@
     $ .venv/bin/python bench/restart_gaps.py --runs 2     # a quick look
 
 Windows and macOS get no close events (polling, or watchdog's backends there): the follower looks at the
-file while it waits (`exporter.logs.follow._Probe`). Each trial is one wrapper: four llama-server runs on
+file while it waits (`exporter.logs.follow.Probe`). Each trial is one wrapper: four llama-server runs on
 one log, each opening it with mode "w" (a truncation), writing its lines one write() at a time, exiting,
 and the next starting `gap` ms after the old one's last line (no waiting for the follower). Two writers:
 

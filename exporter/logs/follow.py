@@ -30,7 +30,7 @@ A writer closing the file (a server exiting) ends a batch wait at once: a restar
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
 backends (macOS, BSD, Windows) report none, and polling (``--fs-events false``) sees none either.
-There the follower looks at the file while it waits (one fstat; see `_Probe`), every ``PROBE_INTERVAL``
+There the follower looks at the file while it waits (one fstat; see `Probe`), every ``PROBE_INTERVAL``
 (50 ms) when idle and every ``PROBE_INTERVAL_BUSY`` (5 ms) during a batch wait and for a second after
 lines were read: new bytes after a quiet
 spell are read at once, a writer that stops ends a batch wait, a file found shrunk or rewritten ends it
@@ -55,7 +55,7 @@ from exporter.logs.watch import InotifyWatch, ParentWatch, Waker, WakeUps
 if TYPE_CHECKING:
     pass
 
-__all__ = ["CatchUp", "follow"]
+__all__ = ["CatchUp", "Probe", "follow"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ BATCH_START = 0.025
 CATCH_UP_MAX_BYTES = 512 * 1024
 #: ...and never longer than this.
 CATCH_UP_TIMEOUT = 0.1
-#: Without close events, how often follow() looks at the file's size while it waits idle (see `_Probe`),
+#: Without close events, how often follow() looks at the file's size while it waits idle (see `Probe`),
 #: and how long a writer is quiet before a batch wait ends.
 PROBE_INTERVAL = 0.05
 #: ...and during a batch wait or soon after lines: within the few milliseconds a wrapper takes to start
@@ -148,7 +148,7 @@ class CatchUp:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
 
-    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: _Probe | None = None) -> None:
+    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: Probe | None = None) -> None:
         """follow()'s wait on `waker`, which a scrape may end; probing the file meanwhile if asked."""
         self._wake = wake
         try:
@@ -167,7 +167,7 @@ class CatchUp:
                 read.set_result(None)
 
 
-class _Probe:
+class Probe:
     """Where no writer's close is seen (polling, or a watch without close events): a look at the file
     while follow() waits, one fstat (and two small preads when it changed), no read.
 
@@ -273,14 +273,14 @@ async def follow(
                 last_lines = loop.time()
             sees_closes = watch is not None and watch.sees_closes
             if not sees_closes:
-                tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `_Probe`
+                tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `Probe`
             catch._progress()
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, False, loop.time()))
+                await catch._wait(wake, wake.urgent, wait, None if sees_closes else Probe(tailer, False, loop.time()))
                 # Without close events a restart's last lines are read only at the end of the wait
                 # (before the new server truncates the log, or never): then no longer than a poll.
                 wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
@@ -295,7 +295,7 @@ async def follow(
                 wake,
                 wake.any,
                 poll_interval,
-                None if sees_closes else _Probe(tailer, True, loop.time(), last_lines + ACTIVE_SPAN),
+                None if sees_closes else Probe(tailer, True, loop.time(), last_lines + ACTIVE_SPAN),
             )
     finally:
         catch._progress()

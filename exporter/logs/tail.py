@@ -44,15 +44,13 @@ Truncation (same inode, ``st_size < offset``)
     after the last look is estimated from its rate, if the looks saw it still writing (``Growth``).
 
 In-place rewrite (same inode, already grown past our offset)
-    If the server restarted and wrote more than we had read before we polled again, the size check
-    alone sees nothing wrong and we would resume in the middle of the new run. So we keep two
-    fingerprints of what we read: the first up-to-64 bytes of the file ("head") and the last
-    up-to-64 bytes before our offset ("tail"), and re-read both on every poll (two small preads
-    from the page cache). If either differs, the file was rewritten: handled as a truncation.
-    The tail check matters for llama-server in particular: its first log lines (build info, system
-    info) are identical from run to run, so the head alone often matches after a restart. A rewrite
-    that is byte-identical in both windows goes unnoticed; in practice that means we had only read
-    the deterministic start-up banner, and resuming at our offset then loses nothing.
+    A server that restarted and wrote more than we had read before we polled again: the size check
+    sees nothing wrong. So we keep two fingerprints of what we read, the first up-to-64 bytes ("head")
+    and the last up-to-64 bytes before our offset ("tail"), re-read on every poll (two small preads).
+    If either differs, the file was rewritten: handled as a truncation. The tail check matters for
+    llama-server: its first lines (build info, system info) are the same from run to run. A rewrite
+    byte-identical in both windows goes unnoticed: then we had only read the start-up banner, and
+    resuming at our offset loses nothing.
 
 Delete (path gone, fd still open)
     The inode stays alive while we hold it, so we keep reading it to EOF (a server whose log was
@@ -87,15 +85,13 @@ Very long lines
     ``"\\n"`` is dropped. Memory is bounded by ``max_line_bytes + chunk_bytes``.
 
 Encoding
-    Files are read in binary (``exporter.logs.fileopen``: on Windows a text-mode descriptor would
-    translate CRLF and stop at ``^Z`` while the offsets stay raw). The first bytes of each content
-    (after an open, a rotation or a truncation) tell its encoding (``exporter.logs.encoding``): UTF-8,
-    with or without a byte order mark, or UTF-16 (PowerShell 5.1's ``2>``), which is turned into UTF-8
-    before lines are split; offsets, fingerprints and byte counts stay in the file's own bytes. The
-    error record PowerShell 5.1 wraps around the first stderr line is taken off. Lines are decoded as
-    UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an exception. A trailing
-    ``"\\r"`` (CRLF) is stripped. A content that is neither (NUL bytes in UTF-8 text) is read as it
-    is and said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
+    Files are read in binary (``exporter.logs.fileopen``: a Windows text-mode descriptor would turn
+    CRLF and stop at ``^Z``). The first bytes of each content tell its encoding (``exporter.logs.encoding``):
+    UTF-8, with or without a byte order mark, or UTF-16 (PowerShell 5.1's ``2>``), turned into UTF-8
+    before lines are split (offsets and counts stay in the file's bytes); PowerShell 5.1's error
+    records are taken off. Lines are decoded as UTF-8 with ``errors="replace"``; a trailing ``"\\r"`` is
+    stripped. A content that is neither (NUL bytes in UTF-8 text) is read as it is and said in
+    ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
 
 File missing at start, unreadable, not a regular file
     ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory, FIFO
@@ -159,6 +155,7 @@ class _File:
         self.skip_nul = True  # at the start of the content: skip a copytruncate hole
         self.truncated_at: int | None = None  # our offset when the content was last truncated
         self.lost_counted = 0  # of the bytes lost at that truncation, those already counted
+        self.guess = 0  # ...and those estimated (`replaced.Growth`), if no hole measures them
         self.grown_at = 0.0  # when a read last found new bytes (time.monotonic; 0: never)
         self.replaced = Replacements()  # what probes saw replace the content since it was last read
         self.growth = Growth()  # its sizes at the last looks
@@ -189,10 +186,9 @@ class LogTailer:
         path: str | os.PathLike[str],
         *,
         max_line_bytes: int = 1 << 20,
-        # 32 KiB (~300 lines, a few ms to parse): the follower yields to the event loop between reads,
-        # and a scrape waits for it several times (accept, request, live reads, response). 256 KiB
-        # made scrapes wait 150-270 ms during a 200,000 lines/s flood, 64 KiB 40-60 ms, 32 KiB 25-35 ms,
-        # at the same throughput; the smaller buffers also keep the peak RSS lower (bench/run.py).
+        # 32 KiB (~300 lines, a few ms to parse): the follower yields between reads, and a scrape waits for
+        # it several times. In a 200,000 lines/s flood scrapes waited 150-270 ms at 256 KiB, 40-60 ms at
+        # 64 KiB, 25-35 ms at 32 KiB, at the same throughput and a lower peak RSS (bench/run.py).
         chunk_bytes: int = 1 << 15,
         rotate_wait: float = 60.0,
         max_rotated: int = 4,
@@ -457,15 +453,16 @@ class LogTailer:
         fd, offset = f.fd, f.offset
         size = os.fstat(fd).st_size
         rewritten = bool(f.replaced) or size < offset or not self._same_content(f)
-        now = self._clock()
         if rewritten:
-            # What no look saw (written after the last one), estimated as of the first look that found it gone.
-            lost = max(0, f.seen_size - offset) + f.growth.unseen(f.replaced.found_at or now)
+            lost = max(0, f.seen_size - offset)
+            # What no look saw (written after the last one), estimated as of the first look that found it
+            # gone; counted at the first read of the new content, unless a copytruncate hole measures it.
+            guess = f.growth.unseen(f.replaced.found_at or self._clock())
             missed, gone = f.replaced.settle(fd, size)
             self.stats.lost_bytes += lost + gone
             self._flush_partial(f, out)
             f.reset()
-            f.truncated_at, f.lost_counted = offset, lost
+            f.truncated_at, f.lost_counted, f.guess = offset, lost, guess
             self.stats.truncations += 1 + missed
         f.seen_size = max(f.seen_size, size)
 
@@ -509,7 +506,7 @@ class LogTailer:
                 # the hole ends where it was when the file was truncated, and what it wrote past our
                 # offset before that is only in the copy.
                 hole = offset + len(data) - len(text)
-                self.stats.lost_bytes += max(0, hole - f.truncated_at - f.lost_counted)
+                self.stats.lost_bytes += max(0, hole - f.truncated_at - f.lost_counted) if hole else f.guess
                 f.truncated_at = None
             data = text
         if not f.sniffed or f.transcode is not None:

@@ -3,7 +3,7 @@ observer that reports none, as on Windows and macOS): every line is read, or wha
 
 Each restart truncates the log (llama-server opens it with mode "w"). What the old server wrote after
 the follower's last read and before that truncation is gone; the follower looks at the file's size while
-it waits (`follow._Probe`), reads new bytes after a quiet spell and when the writer stops, and counts in
+it waits (`follow.Probe`), reads new bytes after a quiet spell and when the writer stops, and counts in
 `lost_bytes` what it saw and could not read. The runs are real b11434 captures, written a line at a time.
 """
 
@@ -291,9 +291,9 @@ def test_a_replacement_the_read_still_finds_is_read_not_counted(tmp_path: Path) 
 
 
 def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tmp_path: Path) -> None:
-    """`_Probe.step` driven with its clock: during a batch wait growth keeps waiting, a quiet spell of
+    """`Probe.step` driven with its clock: during a batch wait growth keeps waiting, a quiet spell of
     PROBE_INTERVAL ends it, and so does a file found shrunk at once; idle, any new byte ends it."""
-    from exporter.logs.follow import PROBE_INTERVAL, PROBE_INTERVAL_BUSY, _Probe
+    from exporter.logs.follow import PROBE_INTERVAL, PROBE_INTERVAL_BUSY, Probe
 
     log = tmp_path / "llama-server.stderr"
     run = RUNS[0].read_bytes().splitlines(keepends=True)
@@ -301,7 +301,7 @@ def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tm
     clock = Clock()  # the tailer's and the probe's: the test's
     tailer = LogTailer(log, clock=clock)
     tailer.poll(max_bytes=1 << 30)
-    busy = _Probe(tailer, False, 0.0)
+    busy = Probe(tailer, False, 0.0)
     assert busy.interval(0.0) == PROBE_INTERVAL_BUSY < PROBE_INTERVAL
     for i in range(10, 20):  # a line per look: the writer is busy
         with log.open("ab") as f:
@@ -313,13 +313,13 @@ def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tm
         assert not busy.step(clock.now)
         clock.now += PROBE_INTERVAL_BUSY
     assert busy.step(clock.now)  # quiet for PROBE_INTERVAL: the server may be exiting
-    busy = _Probe(tailer, False, clock.now)
+    busy = Probe(tailer, False, clock.now)
     log.write_bytes(run[0])  # restarted: shrunk, whatever the growth
     clock.now += PROBE_INTERVAL_BUSY
     assert busy.step(clock.now)
     tailer.poll(max_bytes=1 << 30)
     assert tailer.stats.lost_bytes == len(b"".join(run[10:20]))  # seen quiet first: no estimate
-    idle = _Probe(tailer, True, clock.now, clock.now + 1.0)
+    idle = Probe(tailer, True, clock.now, clock.now + 1.0)
     assert idle.interval(clock.now) == PROBE_INTERVAL_BUSY and idle.interval(clock.now + 1.0) == PROBE_INTERVAL
     clock.now += PROBE_INTERVAL
     assert not idle.step(clock.now)

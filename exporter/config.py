@@ -1,6 +1,7 @@
 """Settings: the command line and the environment (exporter/flags.py) checked together into a `Config`.
 
-Flags win over the environment. A bad value ends the program with one line naming the flag.
+Flags win over the environment. A bad value ends the program with one line naming the flag, or the
+environment variable it came from.
 """
 
 from __future__ import annotations
@@ -167,6 +168,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     """Parse flags (and the environment) into a `Config`; exits with a one-line error when invalid."""
     environ = os.environ if env is None else env
     parser = build_parser(environ)
+    parser.given = list(sys.argv[1:] if argv is None else argv)  # type: ignore[attr-defined]
     try:
         ns = parser.parse_args(argv)
     except argparse.ArgumentTypeError as exc:  # an invalid environment default

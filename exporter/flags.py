@@ -8,7 +8,8 @@ exporter/settings.py, the only place it is written; exporter/config.py turns the
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -24,10 +25,27 @@ ENV_PREFIX = "LLAMACPP_EXPORTER_"
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; an operator reading a journal wants one line."""
+    """argparse prints usage plus the error; an operator reading a journal wants one line, naming where the
+    value came from: the environment variable when the flag was not on the command line."""
+
+    env: Mapping[str, str] = {}
+    given: Sequence[str] = ()  # the command line parsed
 
     def error(self, message: str) -> NoReturn:
+        m = re.match(r"(?:argument )?(--[\w.-]+)(?:/[^:]*)?: (.*)", message, re.S)
+        if m is not None and env_name(m.group(1)) in self.env and not self._on_command_line(m.group(1)):
+            message = f"{env_name(m.group(1))} (the environment's {m.group(1)}): {m.group(2)}"
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def _on_command_line(self, flag: str) -> bool:
+        """Was `flag` given (or an abbreviation argparse takes for it) before any `--`?"""
+        for arg in self.given:
+            if arg == "--":
+                break
+            name = arg.split("=", 1)[0]
+            if name.startswith("--") and len(name) > 2 and flag.startswith(name):
+                return True
+        return False
 
 
 def _listen_address(value: str) -> tuple[str, int]:
@@ -120,6 +138,14 @@ def bool_value(value: str) -> bool:
     if v in ("0", "false", "no", "off", ""):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def on_off_value(value: str) -> bool:
+    """An on|off flag's value (the words `bool_value` takes are taken too)."""
+    try:
+        return bool_value(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {value!r}") from None
 
 
 USAGE = (
@@ -222,6 +248,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     _add_web_flags(p, flags)
     _add_guard_flags(p, flags)
     _add_output_flags(p, flags)
+    p.env = env
     return p
 
 
@@ -378,7 +405,7 @@ def _add_http_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         g,
         "--http",
         "read /health, /slots, /props and /metrics at --server-url.",
-        type=bool_value,
+        type=on_off_value,
         metavar="on|off",
     )
     flags.add(
@@ -420,7 +447,7 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--nvml",
         "GPU memory per GPU and llama-server's own VRAM from NVML (nvidia-ml-py); without a GPU or driver "
         "the source reports down.",
-        type=bool_value,
+        type=on_off_value,
         metavar="on|off",
     )
     flags.add(
@@ -428,7 +455,7 @@ def _add_host_flags(p: argparse.ArgumentParser, flags: _Flags) -> None:
         "--proc",
         "llama-server's RSS, start time and command line, and the host's MemAvailable, from /proc (psutil on "
         "Windows and macOS: --process-source).",
-        type=bool_value,
+        type=on_off_value,
         metavar="on|off",
     )
     flags.add(

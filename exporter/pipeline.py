@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
-from exporter.logs import events as ev
+from exporter.logs import recognize
 from exporter.logs.follow import CatchUp, follow
 from exporter.logs.router_split import split_parse
 from exporter.logs.source import LineSource
@@ -24,8 +24,6 @@ from exporter.model.router import ServerLog
 from exporter.model.state import ServerState
 
 log = logging.getLogger(__name__)
-#: A log with this many lines and no line that only llama-server writes is reported as not understood.
-UNRECOGNIZED_AFTER_LINES = 1000
 #: Rejected log lines are reported at most this often (seconds) per reason: a flood is one line, not a flood.
 REJECT_LOG_INTERVAL = 600
 
@@ -78,10 +76,25 @@ class LogPipeline:
 
     @property
     def understood(self) -> bool | None:
-        """True once a llama-server line was read; False when UNRECOGNIZED_AFTER_LINES lines held none; else None."""
-        if self._recognized:
-            return True
-        return False if self.lines + self.replayed_lines >= UNRECOGNIZED_AFTER_LINES else None
+        """True once a llama-server line was read; False when binary data was refused or the first lines held
+        none (`exporter.logs.recognize`, the rule `diagnose` applies too); else None."""
+        if self.tailer is not None and self.tailer.unreadable is not None and not self._recognized:
+            return False
+        return recognize.understood(self.lines + self.replayed_lines, self._recognized)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the log is not followed, or not understood, in one line naming it; None when all is well."""
+        if self.stopped is not None:
+            return f"{self.description}: the pipeline stopped following it: {self.stopped}"
+        if self.tailer is not None and (error := self.tailer.last_error or self.tailer.unreadable):
+            return error
+        if self.tailer is None and self.source is not None and not self.source.up:
+            return f"{self.description} cannot be read"
+        if self.understood is False:
+            why = recognize.not_understood(self.lines + self.replayed_lines)
+            return f"{self.description}: {why}: is it llama-server's log?"
+        return None
 
     @property
     def truncations(self) -> int:
@@ -113,9 +126,12 @@ class LogPipeline:
 
     def _report_unrecognized(self) -> None:
         self._warned_unrecognized = True
+        if self.tailer is not None and self.tailer.unreadable is not None:
+            return  # binary data: the tailer's problem, said once as such
         log.warning(
-            "%d lines read and not one written by llama-server: is this its log? (llamacpp_exporter_log_understood 0)",
-            self.lines + self.replayed_lines,
+            "%s: %s: is it llama-server's log? (llamacpp_exporter_log_understood 0)",
+            self.description,
+            recognize.not_understood(self.lines + self.replayed_lines),
         )
 
     def report_rejected(self, now: float | None = None) -> None:
@@ -194,7 +210,11 @@ class LogPipeline:
             self.state.rejected["unexpected"] += len(lines)
             return
         if not self._recognized:  # until the first one only: free afterwards
-            self._recognized = any(type(e) not in ev.GENERIC for e in events)
+            self._recognized = recognize.specific(events)
+            if self._recognized and self._warned_unrecognized:
+                log.info(
+                    "%s: a llama-server line read: understood (llamacpp_exporter_log_understood 1)", self.description
+                )
         if self.log.router.refused_names:
             self._report_refused()
 

@@ -209,7 +209,9 @@ def open_servers(
         stack.push_async_callback(server.close)
     for server, followed in zip(servers, logs, strict=True):
         replayed = server.pipeline.replay_existing()
-        log.info("following %s (replayed %d existing lines without counting them)", followed.description, replayed)
+        if server.pipeline.up:
+            log.info("following %s (replayed %d existing lines without counting them)", followed.description, replayed)
+        # else the pipeline said why it is not (a directory, binary data, missing) in one WARNING line
     return servers
 
 
@@ -329,12 +331,18 @@ def servers_health(servers: Sequence[FollowedServer], log_description: str) -> d
     if stopped:
         summary = "the log pipeline stopped: restart the exporter"
     elif unreadable:
-        summary = "serving; the log cannot be read yet"
+        summary = "serving; the log cannot be read (log.error says why)"
+    elif any(s.pipeline.understood is False for s in servers):
+        summary = "serving; the log followed is not llama-server's (log.error says why)"
     else:
         summary = "serving; following the log" + (f"; not answering: {', '.join(down)}" if down else "")
 
     def detail(s: FollowedServer) -> dict[str, object]:
         log_status: dict[str, object] = {"path": s.pipeline.description, "up": s.pipeline.up}
+        if s.pipeline.understood is not None:
+            log_status["understood"] = s.pipeline.understood
+        if (problem := s.pipeline.problem) is not None:
+            log_status["error"] = problem
         if s.pipeline.stopped is not None:
             log_status["stopped"] = s.pipeline.stopped
         return {

@@ -16,6 +16,7 @@ TESTS=(
     tests/real_server/test_portable_start.py
     tests/real_server/test_help.py
     tests/real_server/test_cli.py
+    tests/real_server/test_wrong_log.py
     tests/real_server/test_stdin.py
     tests/real_server/test_diagnose_cli.py
     tests/real_server/test_diagnose_history.py

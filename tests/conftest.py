@@ -29,18 +29,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from llama_harness import find_llama_server
+from paths import TOOLS_BIN
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama
 
-#: Where scripts/unpack-test-tools.sh unpacks promtool, Prometheus, Alertmanager, mtail, node_exporter,
-#: docker-compose and Chromium from Debian's packages. First on PATH, so a host's own (other) versions do not
-#: change what the tests check.
-TOOLS_BIN = (
-    Path(
-        os.environ.get("LLAMACPP_EXPORTER_TOOLS")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llamacpp-exporter" / "tools"
-    )
-    / "bin"
-)
+# The test tools first on PATH, so a host's own (other) versions do not change what the tests check.
 if TOOLS_BIN.is_dir():
     os.environ["PATH"] = f"{TOOLS_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 

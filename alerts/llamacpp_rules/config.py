@@ -72,10 +72,11 @@ class Config:
     kv_overflow_possible_ratio: float = 1.0
     kv_overflow_possible_min_processing: int = 2
     kv_overflow_possible_for: str = "1m"
-    #: LlamaCppKVPoolFillingUp: predict_linear over this window says the pool is full within N minutes.
+    #: LlamaCppKVPoolFillingUp: predict_linear over this window says the conversations in flight or coming back
+    #: (llamacpp_kv_pool_active_ratio) fill the pool within N minutes.
     kv_fill_window: str = "10m"
     kv_fill_minutes: int = 15
-    #: ... and the pool is at least this full already (keeps an idle, nearly empty pool quiet).
+    #: ... and they held at least this share of the pool through the whole window (a fill, not one new prompt).
     kv_fill_min_ratio: float = 0.5
     kv_fill_for: str = "2m"
     #: ... and it stays up this long after the trend flattens: a fill that pauses and resumes is one warning.
@@ -89,9 +90,10 @@ class Config:
     overcommit_min_usage_ratio: float = 0.5
     overcommit_for: str = "10m"
     #: LlamaCppKVPoolUndersized (warning): over this window, the conversations in flight or coming back held more
-    #: than undersized_peak_ratio of the pool together (at two samples in a row), or the day-over-day growth of
-    #: that peak (today's window against the one before, once the one before held at least
-    #: undersized_trend_min_ratio of the pool) reaches the pool within undersized_forecast_days; with at least
+    #: than undersized_peak_ratio of the pool together (at two samples in a row), or that peak reaches the pool
+    #: within undersized_forecast_days at the day-over-day growth of the median of the busy samples (today's
+    #: window against the one before, once the one before's peak held at least undersized_trend_min_ratio of
+    #: the pool; the peak itself is a coincidence of long conversations, too noisy to extrapolate); with at least
     #: undersized_min_requests requests in the window. No `for:`: its inputs already span two samples and a day.
     undersized_window: str = "1d"
     undersized_peak_ratio: float = 0.9

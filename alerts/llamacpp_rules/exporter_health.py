@@ -75,11 +75,11 @@ def log_not_understood(r: Rules) -> Rule:
         c.log_not_understood_for,
         "warning",
         "llamacpp-exporter follows a file<WHO> that is not llama-server's log: every KV figure is missing.",
-        "llamacpp-exporter at {{ $labels.instance }}<WHO> read its first 1000 lines and not one of them "
-        "was written by llama-server, so it knows no slots, no pool and no request, and the KV alerts "
-        "cannot fire. Check that --log-file names the file llama-server writes (its --log-file, or the "
-        "journal / stdout the exporter reads) and that its lines are llama-server's plain text format; "
-        "the exporter's own log says what it read. Then restart the exporter.",
+        "llamacpp-exporter at {{ $labels.instance }}<WHO> read the first lines of its log and not one of "
+        "them was written by llama-server (or it is binary data), so it knows no slots, no pool and no "
+        "request, and the KV alerts cannot fire. Check that --log-file names the file llama-server writes "
+        "(its --log-file, or the journal / stdout the exporter reads) and that its lines are llama-server's "
+        "plain text format; the exporter's own log says what it read. Then restart the exporter.",
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamacpp_rules.builder import BUSY, HELD, SERVER, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
-from llamacpp_rules.recording import choice, full_in_days, peak
+from llamacpp_rules.recording import choice, full_in_days, growth, peak
 from llamacpp_rules.text import COUNT, THIS, figure, num
 
 DEMAND = "llamacpp_kv_pool_demand_ratio"
@@ -42,7 +42,7 @@ def choice_text(window: str) -> str:
         + figure(pick["slots"], i, "", before="; or -np ", after=" (each as large as the largest request fits alone)")
         + figure(pick["per_slot"], i, "", before="; or --kv-unified-per-slot ")
         + figure(pick["per_slot_bytes"], "humanize1024", "", before=" (", after="B of KV memory in all)")
-        + figure(peak(window), i, "", before="", after=". ").replace("{{ . | first | value | " + i + " }}", "")
+        + f"{{{{ with printf `{peak(window)}{{%s}}` $this | query }}}}. {{{{ end }}}}"
         + '{{ with printf `llamacpp_server_info{%s, type_k="f16"}` $this | query }}'
         "A q8_0 cache (-ctk/-ctv q8_0) halves the memory of each. {{ end }}"
     )
@@ -99,20 +99,25 @@ def overflow_possible(r: Rules) -> Rule:
 
 
 def filling_up(r: Rules) -> Rule:
-    """LlamaCppKVPoolFillingUp: the usage trend reaches the whole pool within minutes."""
+    """LlamaCppKVPoolFillingUp: the conversations in flight or coming back trend to the whole pool within minutes."""
     c, m, busy = r.cfg, r.m, BUSY
+    active = m("llamacpp_kv_pool_active_ratio")
+    # The conversations that will come back, not the pool's usage: idle slots of earlier conversations fill the
+    # pool and are purged for room, and a new long prompt into a pool of them is a step, not a trend. Held
+    # past kv_fill_min_ratio through the whole window: a fill, not one arrival.
     return r.alert(
         "LlamaCppKVPoolFillingUp",
-        f"predict_linear({m('llamacpp_kv_pool_usage_ratio')}[{c.kv_fill_window}], {c.kv_fill_minutes} * 60)"
-        f" >= 1\nand {m('llamacpp_kv_pool_usage_ratio')} > {num(c.kv_fill_min_ratio)}\nand {busy} > 0",
+        f"predict_linear({active}[{c.kv_fill_window}], {c.kv_fill_minutes} * 60) >= 1\n"
+        f"and min_over_time({active}[{c.kv_fill_window}]) > {num(c.kv_fill_min_ratio)}\nand {busy} > 0",
         c.kv_fill_for,
         "warning",
-        f"llama-server's shared KV pool<WHO> is predicted to be full within {c.kv_fill_minutes} minutes.",
-        f"At the trend of the last {c.kv_fill_window}, the KV pool of {{{{ $labels.instance }}}}<WHO> would "
-        f"need {{{{ $value | humanizePercentage }}}} of its cells {c.kv_fill_minutes} minutes from now: it "
-        "fills up before that, and then every in-flight request is aborted. Check which slots grow "
-        "(dashboard: tokens per slot), cap long generations (n_predict) or move clients away; plan "
-        "--kv-unified-per-slot or -ctk/-ctv q8_0.",
+        f"The conversations on llama-server<WHO> are predicted to fill its shared KV pool within {c.kv_fill_minutes} "
+        "minutes.",
+        f"At the trend of the last {c.kv_fill_window}, the conversations in flight or coming back on "
+        f"{{{{ $labels.instance }}}}<WHO> would need {{{{ $value | humanizePercentage }}}} of the KV pool "
+        f"{c.kv_fill_minutes} minutes from now: it fills up before that, and then every in-flight request is "
+        "aborted. Check which slots grow (dashboard: tokens per slot), cap long generations (n_predict) or move "
+        "clients away; plan --kv-unified-per-slot or -ctk/-ctv q8_0.",
         keep_firing_for=c.kv_fill_keep_firing_for,
     )
 
@@ -169,10 +174,17 @@ def undersized(r: Rules) -> Rule:
         + figure("llamacpp_kv_pool_capacity_tokens", i, "?")
         + ". "
         + figure(
+            growth(window),
+            "humanizePercentage",
+            "",
+            before="What they held together at a typical busy moment (the median of the busy samples) grew by ",
+            after=" since the day before: ",
+        )
+        + figure(
             full_in_days(window),
             'printf "%.1f"',
             "",
-            before="At the growth of that peak since the day before, it reaches the pool in ",
+            before="at that growth the peak reaches the pool in ",
             after=" days",
         )
         + figure(

@@ -14,9 +14,25 @@ def peak(window: str) -> str:
     return f"instance:llamacpp_kv_pool_active_tokens:max_{window}"
 
 
+def typical(window: str) -> str:
+    """Recorded: the median of what the conversations in flight or coming back held together over ``window``,
+    the samples where they held nothing left out (nights, idle hours)."""
+    return f"instance:llamacpp_kv_pool_active_tokens:median_busy_{window}"
+
+
+def growth(window: str) -> str:
+    """Recorded: the day-over-day growth of `typical` (0.1: 10 % more than ``window`` before; absent unless it
+    grew)."""
+    return f"instance:llamacpp_kv_pool_active_tokens:growth_{window}"
+
+
 def full_in_days(window: str) -> str:
-    """Recorded: in how many days the day-over-day growth of `peak` reaches the pool (absent: not growing)."""
+    """Recorded: in how many days `peak` reaches the pool at `growth` a day (absent: not growing)."""
     return f"instance:llamacpp_kv_pool_full_in_days:{window}"
+
+
+#: Recorded: what the conversations in flight or coming back held together, where they held anything.
+ACTIVE_BUSY = "instance:llamacpp_kv_pool_active_tokens:busy"
 
 
 #: Recorded: KV cache bytes per cell (the size line's K and V over the pool's cells).
@@ -88,11 +104,20 @@ def recording(r: Rules) -> list[Rule]:
         # the lesser of two samples in a row, its peak over the window, and the growth of that peak day over day.
         {"record": ACTIVE, "expr": f"{active} - clamp_min(idelta({active}[{w}]), 0)"},
         {"record": peak(window), "expr": f"max_over_time({ACTIVE}[{window}])"},
+        # The growth is read on the day's median, not its peak: the peak is a coincidence (how many long
+        # conversations happened to run within a minute of each other), and two days' coincidences differ
+        # by a third with nothing growing; the median of the busy samples moves when the conversations do.
+        {"record": ACTIVE_BUSY, "expr": f"{ACTIVE} > 0"},
+        {"record": typical(window), "expr": f"quantile_over_time(0.5, {ACTIVE_BUSY}[{window}])"},
+        {
+            "record": growth(window),
+            "expr": f"({typical(window)} / ({typical(window)} offset {window}) - 1) > 0",
+        },
         {
             "record": full_in_days(window),
             "expr": (
                 f"clamp_min(ln({capacity} / {peak(window)}), 0)\n"
-                f"/ ln(({peak(window)} / ({peak(window)} offset {window})) > 1)\n"
+                f"/ ln(1 + {growth(window)})\n"
                 f"and ({peak(window)} offset {window}) > {r.cfg.undersized_trend_min_ratio:g} * {capacity}"
             ),
         },

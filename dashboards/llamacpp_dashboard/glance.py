@@ -146,9 +146,9 @@ def _sizing() -> Panel:
         "Held together / pool (1d)" + OF_MODEL,
         "What LlamaCppKVPoolUndersized reads: instance:llamacpp_kv_pool_active_tokens:max_1d (the most the "
         "conversations in flight or coming back held together over the last day, at two samples in a row) over "
-        "llamacpp_kv_pool_capacity_tokens. Past 90% it warns; below, it warns when the day-over-day growth of "
-        "this peak reaches the pool within 3 days (instance:llamacpp_kv_pool_full_in_days:1d); the request-size "
-        "row has the details.",
+        "llamacpp_kv_pool_capacity_tokens. Past 90% it warns; below, it warns when this peak reaches the pool "
+        "within 3 days at the day-over-day growth of the median of the busy samples "
+        "(instance:llamacpp_kv_pool_full_in_days:1d); the request-size row has the details.",
         q("instance:llamacpp_kv_pool_active_tokens:max_1d{S} / llamacpp_kv_pool_capacity_tokens{S}", "{W}"),
         unit="percentunit",
         steps=thresholds((None, GREEN), (0.8, ORANGE), (0.9, RED)),

@@ -128,8 +128,9 @@ def _pool_needed() -> Panel:
         "The pool you need and the pool you have" + OF_MODEL,
         "Over the last day: the most the conversations in flight or coming back held together "
         "(instance:llamacpp_kv_pool_active_tokens:max_1d, what LlamaCppKVPoolUndersized reads: past 90 % of the "
-        "pool it warns; its day-over-day growth reaching the pool within 3 days warns too, with the days and the "
-        "date: instance:llamacpp_kv_pool_full_in_days:1d), the largest request held "
+        "pool it warns; reaching the pool within 3 days at the day-over-day growth of the median of the busy "
+        "samples warns too, with the days and the date: instance:llamacpp_kv_pool_full_in_days:1d), the largest "
+        "request held "
         "times the requests in flight together at the busiest moments (instance:llamacpp_kv_pool_needed_tokens:1d); "
         "against llamacpp_kv_pool_capacity_tokens.",
         [

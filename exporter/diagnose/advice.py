@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from exporter.diagnose.report import Configuration, Counts, MemoryCost, Recommendation, RunSummary
-from exporter.model.request_sizes import RequestSummary
+from exporter.diagnose.report import Configuration, Counts, MemoryCost, PoolSizing, Recommendation, RunSummary
+from exporter.diagnose.sizing import config_of
 
 # Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
 _TYPE_BYTES: dict[str, float] = {
@@ -23,6 +23,40 @@ _TYPE_BYTES: dict[str, float] = {
 _PER_SLOT_FLAG_AFTER = 9928
 
 
+#: Every piece of advice `diagnose` gives, the setting that must not already be in effect for it to be
+#: given, and the log's evidence of that setting (docs/diagnose.md's table; a test keeps the two equal).
+RULES: tuple[tuple[str, str, str], ...] = (
+    (
+        "raise the pool (-c) to the recommended size",
+        "the pool overflowed, or the requests' p99 x p99 exceeds it",
+        "the failures' release lines; every request's release line and start",
+    ),
+    (
+        "a q8_0 cache (-ctk q8_0 -ctv q8_0)",
+        "K or V is larger than q8_0 (f32, f16, bf16)",
+        "the `llama_kv_cache: size` line's K and V types",
+    ),
+    (
+        "--kv-unified-per-slot N",
+        "one unified pool (-kvu) with more than one slot, not already capped per slot",
+        "the pool line (`n_seq_max`, `kv_unified`); the `--kv-unified-per-slot` capping line",
+    ),
+    (
+        "drop -kvu (--no-kv-unified)",
+        "one unified pool (-kvu) with more than one slot",
+        "the pool line (`kv_unified = true`)",
+    ),
+    ("serve fewer requests at once (-np)", "more than one slot", "the slots line (`n_slots`)"),
+)
+
+
+def quantized(type_k: str | None, type_v: str | None) -> bool | None:
+    """Both caches are already q8_0 or smaller (None: the log does not say)."""
+    if type_k not in _TYPE_BYTES or type_v not in _TYPE_BYTES:
+        return None
+    return max(_TYPE_BYTES[type_k], _TYPE_BYTES[type_v]) <= _TYPE_BYTES["q8_0"]
+
+
 def _convert(bytes_per_cell: float, from_type: str | None, to_type: str) -> float | None:
     """Bytes per cell of a K or V cache in another type (same elements per cell)."""
     if from_type is None or from_type not in _TYPE_BYTES:
@@ -30,7 +64,7 @@ def _convert(bytes_per_cell: float, from_type: str | None, to_type: str) -> floa
     return bytes_per_cell / _TYPE_BYTES[from_type] * _TYPE_BYTES[to_type]
 
 
-def _memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
+def memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
     """KV memory of a pool of `pool_cells` at the current types and at q8_0, from the measured bytes per cell."""
     if c.k_bytes_per_cell is None or c.v_bytes_per_cell is None or c.type_k is None or c.type_v is None:
         return []
@@ -45,7 +79,7 @@ def _memory_costs(c: Configuration, pool_cells: int) -> list[MemoryCost]:
         )
     ]
     k8, v8 = _convert(c.k_bytes_per_cell, c.type_k, "q8_0"), _convert(c.v_bytes_per_cell, c.type_v, "q8_0")
-    if (c.type_k, c.type_v) != ("q8_0", "q8_0") and k8 is not None and v8 is not None:
+    if quantized(c.type_k, c.type_v) is False and k8 is not None and v8 is not None:
         swa = c.swa_kv_bytes or 0
         if swa:
             swa_rate = (_TYPE_BYTES["q8_0"] * 2) / (_TYPE_BYTES[c.type_k] + _TYPE_BYTES[c.type_v])
@@ -61,7 +95,7 @@ def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | Non
     """Recommendations with numbers from this run, which one the log supports, and what it cannot know."""
     if not (c.n_slots and c.n_ctx_slot and c.pool_cells and c.overcommit is not None):
         return [], None, []
-    if c.kv_unified is not True or c.overcommit <= 1.0:
+    if c.kv_unified is not True or c.overcommit <= 1.0 or c.n_slots < 2 or c.per_slot_cap is not None:
         return [], None, []
     n_slots, window, pool = c.n_slots, c.n_ctx_slot, c.pool_cells
     guaranteed_pool = n_slots * window
@@ -73,7 +107,7 @@ def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | Non
         flags=f"--kv-unified-per-slot {window}",
         pool_cells=guaranteed_pool,
         window_per_slot=window,
-        memory=_memory_costs(c, guaranteed_pool),
+        memory=memory_costs(c, guaranteed_pool),
         requests_over_window=0,
         supported_by_log=False,
         summary=(
@@ -88,7 +122,7 @@ def advise(c: Configuration, n: Counts) -> tuple[list[Recommendation], str | Non
         flags=f"-np {n_slots} -c {pool} --no-kv-unified",
         pool_cells=pool,
         window_per_slot=share,
-        memory=_memory_costs(c, pool)[:1],
+        memory=memory_costs(c, pool)[:1],
         requests_over_window=n.requests_over_equal_share,
         supported_by_log=False,
         summary=(
@@ -160,30 +194,41 @@ def _little(runs: Sequence[RunSummary]) -> bool | None:
     return any(m.headroom_mib < max(_LITTLE_HEADROOM_MIB, m.available_mib * _LITTLE_HEADROOM_SHARE) for m in known)
 
 
-def history_advice(runs: Sequence[RunSummary], requests: RequestSummary | None = None) -> list[str]:
+def history_advice(runs: Sequence[RunSummary], requests: object = None, sizing: PoolSizing | None = None) -> list[str]:
     """What the whole history points at: a pool too small for the requests it served, and crashes."""
-    return _pool_advice(requests) + _crash_advice(runs)
+    return pool_advice(sizing, config_of(runs, sizing)) + _crash_advice(runs)
 
 
-def _pool_advice(requests: RequestSummary | None) -> list[str]:
-    """The pool the requests needed (p99 size x p99 in flight together), when the pool was smaller.
+def pool_advice(sizing: PoolSizing | None, c: Configuration | None) -> list[str]:
+    """What to change when the pool was too small: the recommended size first, then each other fix whose
+    setting is not already in effect (RULES).
 
-    >>> from exporter.model.request_sizes import RequestSummary
-    >>> (text,) = _pool_advice(RequestSummary(900, 3000, 90000, 150000, 159069, 1, 2.9, 3, 262144, 435000))
-    >>> text[:95]
-    'The requests needed a pool of about 435,000 cells (p99 request 150,000 tokens x p99 2.9 request'
+    >>> from exporter.diagnose.report import PoolSizing
+    >>> z = PoolSizing("too_small", 131072, True, 131500, 1, 9, 428, 210000, 393216, 210000, "p99_x_p99",
+    ...                "q8_0", "q8_0", 136.0, 28560000, 17825792)
+    >>> (text,) = pool_advice(z, None)
+    >>> text
+    'Raise the pool to 210,000 cells (-c 210000).'
     """
-    if requests is None or not requests.undersized:
+    if sizing is None or sizing.verdict != "too_small" or sizing.recommended is None:
         return []
-    assert requests.pool_needed is not None and requests.pool_cells is not None
-    return [
-        f"The requests needed a pool of about {requests.pool_needed:,} cells (p99 request "
-        f"{requests.tokens_p99 or 0:,.0f} tokens x p99 {requests.concurrency_p99 or 0:.1f} requests in flight "
-        f"together, largest {requests.tokens_max:,}); the pool had {requests.pool_cells:,}. Raise it to at least "
-        f"{requests.pool_needed:,} (-c; a q8_0 cache, -ctk q8_0 -ctv q8_0, halves its memory), serve fewer "
-        "requests at once (-np), or give each slot its own window (--kv-unified-per-slot) so that no request "
-        "can abort the others."
-    ]
+    rec = sizing.recommended
+    parts = [f"Raise the pool to {rec:,} cells (-c {rec})"]
+    if quantized(sizing.type_k, sizing.type_v) is False:
+        parts.append(
+            f"make it cheaper with a q8_0 cache (-ctk q8_0 -ctv q8_0; now K {sizing.type_k}, V {sizing.type_v}), "
+            "about half of f16's memory"
+        )
+    slots = c.n_slots if c is not None and c.n_slots else 0
+    if slots > 1:
+        parts.append(f"serve fewer requests at once (now -np {slots})")
+    if slots > 1 and c is not None and c.kv_unified is True and c.per_slot_cap is None and c.n_ctx_slot:
+        parts.append(
+            f"give each slot its own window (--kv-unified-per-slot {c.n_ctx_slot}: "
+            f"{slots * c.n_ctx_slot:,} cells) so that no request can abort the others"
+        )
+    text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", or " + parts[-1]
+    return [text + "."]
 
 
 def _crash_advice(runs: Sequence[RunSummary]) -> list[str]:
@@ -219,10 +264,17 @@ def _crash_advice(runs: Sequence[RunSummary]) -> list[str]:
         if overflowed
         else " The pool did not overflow in those runs: this points at memory headroom, not at the KV pool"
     )
-    fix = (
-        "make room for the compute buffers a long prompt needs with a smaller -c, a smaller -ub (the "
-        "compute buffer grows with it), or a q8_0 KV cache (-ctk q8_0 -ctv q8_0, half of f16's size)"
-    )
+    configs = [r.configuration for r in at_long if r.configuration is not None]
+    if configs and all(quantized(x.type_k, x.type_v) for x in configs):  # already q8_0 or smaller
+        fix = (
+            "make room for the compute buffers a long prompt needs with a smaller -c or a smaller -ub (the "
+            "compute buffer grows with it)"
+        )
+    else:
+        fix = (
+            "make room for the compute buffers a long prompt needs with a smaller -c, a smaller -ub (the "
+            "compute buffer grows with it), or a q8_0 KV cache (-ctk q8_0 -ctv q8_0, half of f16's size)"
+        )
     little = _little(at_long)
     if little is None:
         return [

@@ -19,6 +19,22 @@ from exporter.install_hint import extra_install_hint
 
 PROG = "llamacpp-exporter diagnose"
 
+#: The exit statuses, one meaning each (said by --help and docs/diagnose.md, from here).
+EXIT_NO_FAILURE, EXIT_FAILURE, EXIT_USAGE, EXIT_INPUT, EXIT_OUTPUT = 0, 1, 2, 3, 4
+EXIT_CODES = {
+    EXIT_NO_FAILURE: "no failure found",
+    EXIT_FAILURE: "at least one failure found",
+    EXIT_USAGE: "the command line is wrong",
+    EXIT_INPUT: "an input cannot be diagnosed (missing, unreadable, empty, binary, not a llama-server log)",
+    EXIT_OUTPUT: "the report cannot be made or written (the html extra missing, --html naming a folder or a "
+    "log, a full disk, standard output closed)",
+}
+EXIT_STATUS = "Exit status: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()) + "."
+
+
+class OutputError(Exception):
+    """The report or the page cannot be made or written (`EXIT_OUTPUT`)."""
+
 
 # ------------------------------------------------------------------------------------------------- CLI
 
@@ -27,7 +43,7 @@ class _OneLineParser(argparse.ArgumentParser):
     """One-line errors, as the exporter's own flags (exporter/flags.py)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _non_negative(value: str) -> int:
@@ -46,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Explain KV-pool incidents from a llama-server log: configuration, overcommit, retry "
         "cascades, and for each failure the tokens every aborted slot held, the overflow and the collateral "
         "victims; then what to change, with numbers from the log.",
-        epilog="Exit status: 0 no failure found, 1 at least one failure, 2 the input is not a llama-server log. "
-        "Reads plain, prefixed, coloured and --log-jsonl logs (gzip too), in bounded memory.",
+        epilog=f"{EXIT_STATUS} Reads plain, prefixed, coloured and --log-jsonl logs (gzip too), in bounded memory.",
     )
     p.add_argument(
         "logs",
@@ -96,7 +111,9 @@ def main(argv: Sequence[str]) -> int:
         paths, order = input_files(ns.logs)
         if ns.html is not None:
             _check_html(ns.html, paths)  # said before the logs are read, not after
-        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=ns.html is not None)
+        # The chart's series is in the JSON too (what --html plots).
+        series = ns.html is not None or ns.json
+        report = diagnose_files(paths, max_runs=ns.max_runs, max_failures=ns.max_failures, series=series)
         report.files_order = order
         if ns.guard_log:
             report.guard = join_guard_log(report, input_files(ns.guard_log)[0])
@@ -104,7 +121,10 @@ def main(argv: Sequence[str]) -> int:
             _write_html(report, ns.html)
     except InputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
+    except OutputError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_OUTPUT
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
@@ -126,23 +146,23 @@ def main(argv: Sequence[str]) -> int:
     except OSError as exc:  # e.g. ENOSPC: `diagnose LOG > /dev/full`
         _discard_stdout()
         print(f"{PROG}: error: cannot write the report: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return EXIT_OUTPUT
     return report.exit_status
 
 
 def _check_html(path: str, inputs: Sequence[str]) -> None:
-    """What makes `--html FILE` fail, found before the logs are read: raises `InputError`."""
+    """What makes `--html FILE` fail, found before the logs are read: raises `OutputError`."""
     try:
         import matplotlib.figure  # noqa: F401
     except ImportError:
-        raise InputError(f"--html needs matplotlib, the html extra: {extra_install_hint('html')}") from None
+        raise OutputError(f"--html needs matplotlib, the html extra: {extra_install_hint('html')}") from None
     target = Path(path)
     if not target.name or target.is_dir():
-        raise InputError(f"{path or repr(path)}: --html needs a file name, not a folder")
+        raise OutputError(f"{path or repr(path)}: --html needs a file name, not a folder")
     for log in inputs:
         with contextlib.suppress(OSError):
             if log != "-" and target.exists() and target.samefile(log):
-                raise InputError(f"{path}: is one of the logs read; --html would write over it")
+                raise OutputError(f"{path}: is one of the logs read; --html would write over it")
 
 
 def _write_html(report: Report, path: str) -> None:
@@ -152,7 +172,7 @@ def _write_html(report: Report, path: str) -> None:
     try:
         page = render_html(report)
     except Exception as exc:  # a chart matplotlib cannot draw must not end in a traceback
-        raise InputError(f"{path}: cannot draw the page: {exc}") from None
+        raise OutputError(f"{path}: cannot draw the page: {exc}") from None
     target = Path(path)
     tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
     try:
@@ -161,7 +181,7 @@ def _write_html(report: Report, path: str) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise InputError(f"{path}: cannot write the page: {exc.strerror or exc}") from None
+        raise OutputError(f"{path}: cannot write the page: {exc.strerror or exc}") from None
     print(f"{PROG}: wrote {path} ({len(page.encode()) / 1024:,.0f} KiB)", file=sys.stderr)
 
 

@@ -21,17 +21,11 @@ from exporter.diagnose.report import (
     RunSummary,
 )
 from exporter.diagnose.run import STAMP_FIRST, Run, router_source
+from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
-from exporter.model.histogram import Histogram
-from exporter.model.request_sizes import (
-    CONCURRENCY_BUCKETS,
-    REQUEST_TOKEN_BUCKETS,
-    RequestSizes,
-    RequestSummary,
-    summarize,
-)
+from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
 # A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
 # router prefix ("[ port] ").
@@ -354,7 +348,10 @@ class Diagnoser:
             memory=ending.memory,
             model=report.model,
             pool_cells=report.configuration.pool_cells,
-            request_sizes=RequestSizes.of(run.state.request_tokens, run.state.request_concurrency),
+            held_at_failure=report.failure_summary.max_held_together or None,
+            held_at_failure_line=report.failure_summary.max_held_line,
+            request_sizes=RequestSizes.of(run.state.request_values),
+            configuration=report.configuration,
         )
         run.fingerprint.close()
         self._history.append((summary, run.fingerprint))
@@ -404,6 +401,7 @@ class Diagnoser:
         sized = [(s.largest_request_tokens, s.index, s.file) for s in kept if s.largest_request_tokens]
         largest = heapq.nlargest(3, sized)
         requests = _requests(kept)
+        sizing = size_pool(kept, requests)
         return Report(
             schema=SCHEMA,
             file=self.file if len(self.files) == 1 else f"{len(self.files)} files",
@@ -423,8 +421,9 @@ class Diagnoser:
             largest_requests=[LargeRequest(t, r, f) for t, r, f in largest],
             history=history,
             overlaps=overlaps,
-            history_advice=history_advice(kept, requests),
+            history_advice=history_advice(kept, requests, sizing),
             requests=requests,
+            sizing=sizing,
             series={i: self.series[i] for i in shown_ids if i in self.series},
         )
 
@@ -500,12 +499,12 @@ def analyze(lines: Iterable[str], file: str = "-", *, max_runs: int = 10, max_fa
 
 def _requests(runs: Sequence[RunSummary]) -> RequestSummary | None:
     """The request sizes and concurrency of the runs (not copies) added up; None when none had a request."""
-    tokens, concurrency = Histogram(REQUEST_TOKEN_BUCKETS), Histogram(CONCURRENCY_BUCKETS)
+    values = ExactValues()
     for s in runs:
         if s.request_sizes is not None:
-            s.request_sizes.add_to(tokens, concurrency)
-    if not tokens.count:
+            s.request_sizes.add_to(values)
+    if not values.tokens:
         return None
     pools = [s.pool_cells for s in runs if s.pool_cells]
     largest = max((s.largest_request_tokens for s in runs), default=0)
-    return summarize(tokens, concurrency, largest, max(pools) if pools else None)
+    return summarize(values, largest, max(pools) if pools else None)

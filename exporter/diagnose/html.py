@@ -122,42 +122,65 @@ def _patch(colour: str, label: str) -> Any:
 
 def _run_chart(run: RunReport, series: PoolSeries | None) -> str | None:
     """The tokens each slot held over the run (stacked), the pool, its failures and how it ended."""
-    if series is None or not series.x:
+    if series is None or not (series.x or series.failures):
         return None
-    x0 = series.x[0] if not series.by_line else 0.0
-    xs = [x - x0 for x in series.x]
-    width = max(len(t) for t in series.tokens)
-    stacks = [[t[i] if i < len(t) else 0 for t in series.tokens] for i in range(width)]
+    # What --json gives as the run's series: the log's own x (seconds since the server started, the
+    # text's origin), each failure at the cells the text counts.
+    plotted = series.as_json()
+    xs, stacks = plotted["x"], plotted["slots"]
+    width = len(stacks)
     fig = _figure(10, 3)
     ax = fig.add_subplot()
-    ax.stackplot(xs, stacks, labels=[f"slot {i}" for i in range(width)], step="post", alpha=0.85)
+    layers = ax.stackplot(xs, stacks, labels=[f"slot {i}" for i in range(width)], step="post", alpha=0.85)
+    # Each failure's cells as the text counts them (the release lines), as a stacked bar: in the steps
+    # they last only until the next line, too short to see on a run of minutes.
+    span = (max(xs) - min(xs)) if len(xs) > 1 else 1.0
+    for fx in plotted["failures"]:
+        i = max(k for k, x in enumerate(xs) if x == fx)
+        bottom = 0
+        for layer, stack in zip(layers, stacks, strict=True):
+            if stack[i]:
+                ax.bar(
+                    fx,
+                    stack[i],
+                    width=span * 0.02 or 1.0,
+                    bottom=bottom,
+                    color=layer.get_facecolor()[0],
+                    align="edge",
+                    linewidth=0,
+                )
+            bottom += stack[i]
     pool = run.ending.pool_capacity_tokens or run.configuration.pool_cells
     if pool:
         ax.axhline(pool, color="#222", linestyle="--", linewidth=1, label=f"pool {pool:,}")
     for f in run.failures:
-        at = f.line if series.by_line else (f.elapsed_s - x0 if f.elapsed_s is not None else None)
+        at = f.line if series.by_line else f.elapsed_s
         if at is not None:
             ax.axvline(at, color=_FAILURE, linewidth=1.5)
             ax.annotate(
-                f"failure {f.number}: {f.aborted_requests} aborted",
+                f"failure {f.number}: {f.aborted_requests} aborted, {f.tokens_sum:,} held",
                 (at, pool or 0),
                 color=_FAILURE,
-                xytext=(3, -12),
+                xytext=(-3, -12),
                 textcoords="offset points",
                 fontsize="small",
+                ha="right",
             )
     if run.ending.how in ("died_mid_request", "died_idle", "log_ends_mid_request"):
         ax.plot(
             [xs[-1]],
-            [sum(series.tokens[-1])],
+            [sum(s[-1] for s in stacks)],
             marker="X",
             color=_FAILURE,
             markersize=12,
             label=ENDINGS[run.ending.how][0],
         )
-    ax.set_xlabel("line" if series.by_line else "seconds since the start")
+    ax.set_xlabel("line" if series.by_line else "seconds since the server started (the log's time stamps)")
     ax.set_ylabel("tokens held")
-    ax.set_ylim(bottom=0)
+    peak = max((sum(col) for col in zip(*stacks, strict=True)), default=0)
+    ax.set_ylim(bottom=0, top=max(peak, pool or 0) * 1.12 or None)
+    if not series.by_line:
+        ax.set_xlim(left=0)  # the text's origin: the server's start
     ax.legend(loc="upper left", fontsize="small", ncols=min(width + 2, 6))
     return _svg(fig)
 

@@ -30,6 +30,7 @@ from exporter.diagnose.read import (
     read_lines,
 )
 from exporter.diagnose.report import Report
+from exporter.logs import recognize
 
 
 def input_files(args: Sequence[str]) -> tuple[list[str], str | None]:
@@ -289,10 +290,7 @@ def _check_read(d: Diagnoser, path: str, stats: ReadStats, before: int) -> None:
         raise InputError(f"{path}: empty file, nothing to diagnose")
     if stats.lines == 0:
         raise InputError(f"{path}: only NUL bytes, no text")
-    if d.specific_events == before:
+    if not recognize.understood(stats.lines, d.specific_events > before, complete=True):
         if looks_binary(stats):
-            raise InputError(f"{path}: binary data, not a text log (expected llama-server's --log-file)")
-        raise InputError(
-            f"{path}: no llama-server log lines in {stats.lines:,} lines "
-            "(expected llama-server's --log-file output, plain, prefixed, coloured or --log-jsonl)"
-        )
+            raise InputError(f"{path}: {recognize.BINARY}")
+        raise InputError(f"{path}: {recognize.not_understood(stats.lines)}")

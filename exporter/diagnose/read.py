@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from exporter.diagnose.core import Diagnoser
+from exporter.logs import recognize
 from exporter.logs.encoding import Encoding, PowerShellRecord, Transcoder, sniff
 
 #: Lines longer than this are cut (the rest is read and dropped), as the tailer does.
@@ -223,8 +224,8 @@ def _first_text(f: IO[bytes], stats: ReadStats, max_line: int) -> bytes:
 
 
 def looks_binary(stats: ReadStats) -> bool:
-    sniffed = min(stats.bytes, SNIFF_BYTES) or 1
-    return stats.nul_bytes > 0 or stats.replaced / sniffed > 0.05
+    """The follower's rule (`exporter.logs.recognize`) over what was sampled of the first MiB."""
+    return recognize.looks_binary(stats.nul_bytes, stats.replaced, min(stats.bytes, SNIFF_BYTES))
 
 
 def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:

@@ -44,7 +44,8 @@ def json_chunks(report: Report) -> Iterator[str]:
     """`to_json` in pieces: the history (a line per run, tens of thousands in a long one) is written
     one run at a time, so that memory does not hold it twice more as dicts and as one string."""
     data: dict[str, Any] = dataclasses.asdict(dataclasses.replace(report, series={}, history=[]))
-    del data["series"]  # for --html only
+    # The series each run's chart plots (--html), by run index.
+    data["series"] = {str(i): s.as_json() for i, s in sorted(report.series.items())}
     data["exit_status"] = report.exit_status
     # Inside a JSON string a quote is escaped, so the key, written out, occurs only as the key.
     head, key, tail = json.dumps(data, indent=2).partition('"history": []')
@@ -53,6 +54,7 @@ def json_chunks(report: Report) -> Iterator[str]:
     for i, run in enumerate(report.history):
         entry = dataclasses.asdict(run)
         del entry["request_sizes"]  # the history's sum is the report's `requests`
+        del entry["configuration"]  # the run's own report has it
         yield ("," if i else "") + "\n    " + json.dumps(entry)
     yield ("\n  ]" if report.history else "]") + tail
 
@@ -231,10 +233,11 @@ def _failure_lines(i: int, f: Failure) -> list[str]:
         body.extend(_wrap(f.cause, "", "  ", width=92))
     if f.equal_share is not None and f.slots:
         if f.victims:
-            each = " each" if len(f.victims) > 1 else ""
+            cells = {x.slot: x.tokens for x in f.slots}
+            each = ", ".join(f"slot {v} {cells[v]:,}" for v in f.victims)
             text = (
-                f"collateral victims: {_slots_list(f.victims)}{each} held at most {f.equal_share:,} tokens "
-                "(pool / slots) and would have fit in a private pool"
+                f"collateral victims: {each} tokens: each no more than a private pool's {f.equal_share:,} cells "
+                "(pool / slots), so each would have fit in one"
             )
             body.extend(_wrap(text, "", "  ", width=92))
         else:
@@ -337,24 +340,76 @@ def _history_lines(report: Report) -> list[str]:
 
 
 def _request_lines(report: Report) -> list[str]:
-    """The sizes of the requests and how many ran at once, and the pool that would have held them."""
-    r = report.requests
-    if r is None:
-        return []
-
-    def q(v: float | None) -> str:
-        return "?" if v is None else f"{v:,.0f}"
-
-    out = [
-        f"Requests: {r.requests:,}, tokens each p50 {q(r.tokens_p50)}, p90 {q(r.tokens_p90)}, "
-        f"p99 {q(r.tokens_p99)}, largest {r.tokens_max:,}; in flight together p50 "
-        f"{'?' if r.concurrency_p50 is None else f'{r.concurrency_p50:.1f}'}, p99 "
-        f"{'?' if r.concurrency_p99 is None else f'{r.concurrency_p99:.1f}'}, most {r.concurrency_max or '?'}."
-    ]
-    if r.pool_needed is not None:
-        had = f"the pool had {r.pool_cells:,}" if r.pool_cells else "the pool's size is not in the log"
-        verdict = {True: ": too small", False: ": enough", None: ""}[r.undersized]
-        out.append(f"Pool that would have held them (p99 x p99): {r.pool_needed:,} cells; {had}{verdict}.")
+    """The sizes of the requests and how many ran at once (exact), and whether the pool was big enough."""
+    r, z = report.requests, report.sizing
+    out: list[str] = []
+    if r is not None:
+        out.extend(
+            _wrap(
+                f"Requests: {r.requests:,}, tokens each p50 {_n(r.tokens_p50)}, p90 {_n(r.tokens_p90)}, "
+                f"p99 {_n(r.tokens_p99)}, largest {r.tokens_max:,}; in flight together p50 {_n(r.concurrency_p50)}, "
+                f"p99 {_n(r.concurrency_p99)}, most {_n(r.concurrency_max)} (exact, over every request).",
+                "",
+                "  ",
+            )
+        )
+    if z is None:
+        return out
+    peak = None
+    if r is not None and r.pool_needed is not None:
+        peak = (
+            f"the requests' p99 x p99 ({_n(r.tokens_p99)} tokens x {_n(r.concurrency_p99)} in flight) "
+            f"is {r.pool_needed:,}"
+        )
+    if z.overflowed and z.held_at_failure is not None:
+        where = f"run {z.held_run}, line {_n(z.held_line)}"
+        over = (
+            f", {z.overflow:,} more than its {z.pool_cells:,}"
+            if z.overflow is not None and z.overflow > 0 and z.pool_cells
+            else (f" of its {z.pool_cells:,} (the rest free or held by slots not aborted)" if z.pool_cells else "")
+        )
+        text = (
+            f"Pool: too small: it overflowed. At its fullest failure ({where}) the aborted slots held "
+            f"{z.held_at_failure:,} cells together{over}: a pool of {z.held_at_failure:,} cells is the floor that "
+            "would have held what was held together at every failure."
+        )
+    elif z.overflowed:
+        text = "Pool: too small: it overflowed (the log does not say what the slots held together)."
+    elif z.verdict == "too_small":
+        text = f"Pool: too small for the requests: {peak}; the pool had {_n(z.pool_cells)}. Nothing overflowed yet."
+        peak = None
+    elif z.verdict == "enough":
+        text = f"Pool: enough: nothing overflowed, and {peak} of the {_n(z.pool_cells)} cells it had."
+        peak = None
+    else:
+        text = "Pool: its size is not in the log."
+    out.extend(_wrap(text, "", "  "))
+    if z.recommended is not None:
+        among = []
+        if z.held_at_failure is not None:
+            among.append(f"the floor ({z.held_at_failure:,})")
+        if r is not None and r.pool_needed is not None:
+            among.append(
+                f"the requests' p99 x p99 ({_n(r.tokens_p99)} tokens x {_n(r.concurrency_p99)} in flight = "
+                f"{r.pool_needed:,})"
+            )
+        if z.overflowed and z.pool_cells:
+            among.append(f"one cell more than the pool that overflowed ({z.pool_cells + 1:,})")
+        rec = f"Recommended pool: {z.recommended:,} cells (-c {z.recommended})"
+        rec += ", the largest of " + ", ".join(among) if len(among) > 1 else f", {among[0]}" if among else ""
+        if z.recommended_kv_bytes is not None and z.kv_bytes_per_cell is not None:
+            rec += (
+                f"; its KV cache at K {z.type_k}, V {z.type_v}: {_bytes(z.recommended_kv_bytes)} "
+                f"({z.kv_bytes_per_cell:,.0f} bytes per cell measured"
+                + (f", now {_bytes(z.kv_bytes_now)}" if z.kv_bytes_now else "")
+                + ")"
+            )
+        if z.promised is not None:
+            rec += (
+                f". The slots' promises (slots x window = {z.promised:,} cells) are the pool where no request "
+                "can abort another (--kv-unified-per-slot)"
+            )
+        out.extend(_wrap(rec + ".", "", "  "))
     return out
 
 

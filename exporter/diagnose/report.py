@@ -146,6 +146,11 @@ class FailureSummary:
     victims: int = 0  # aborted requests that held no more than an equal share
     overflow_is_failed_batch: int = 0  # failures where the overflow was exactly the failed batch
     max_tokens_at_abort: int = 0
+    # The most cells the aborted slots held together at one failure (of a pool shared by them), and where.
+    max_held_together: int = 0
+    max_held_failure: int | None = None  # its number in the run
+    max_held_line: int | None = None
+    max_held_pool: int | None = None  # the pool's cells at that failure
 
 
 @dataclass
@@ -280,8 +285,37 @@ class RunSummary:
     same_as: int | None = None  # this run is run N read again from another file (counted once)
     model: str | None = None  # a router child's model (the router's spawn line names it)
     pool_cells: int | None = None  # its KV pool's cells, as far as the log tells
-    # Its request-size histograms (not in the JSON: the history's sum is `Report.requests`).
+    # Its failures' largest sum held together (FailureSummary.max_held_together), and where.
+    held_at_failure: int | None = None
+    held_at_failure_line: int | None = None
+    # Its request sizes (not in the JSON: the history's sum is `Report.requests`) and configuration
+    # (not in the JSON: the run's own report has it), for the history's sizing.
     request_sizes: RequestSizes | None = field(default=None, repr=False, compare=False)
+    configuration: Configuration | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass
+class PoolSizing:
+    """Was the pool big enough, over the whole history, and the one size to give it (`sizing.size_pool`).
+
+    A failure's sum held together is a floor: a smaller pool would have failed there too."""
+
+    verdict: str  # too_small (it overflowed, or p99 x p99 exceeds it) | enough | unknown
+    pool_cells: int | None  # the pool of the run that held the most at a failure (else the largest pool)
+    overflowed: bool  # some run failed
+    held_at_failure: int | None  # the most cells held together at one failure (the floor)
+    held_run: int | None  # where: the run and its line
+    held_line: int | None
+    overflow: int | None  # held_at_failure - that run's pool
+    p99_x_p99: int | None  # RequestSummary.pool_needed
+    promised: int | None  # slots x each slot's window: the pool where no request can abort another
+    recommended: int | None  # one size: the floor, p99 x p99 and the failed pool + 1, whichever is largest
+    recommended_from: str | None  # floor | p99_x_p99 | pool_plus_one
+    type_k: str | None  # the cache type in use, and the bytes per cell measured from the size line
+    type_v: str | None
+    kv_bytes_per_cell: float | None
+    recommended_kv_bytes: int | None  # the recommended pool's KV cache at the types in use
+    kv_bytes_now: int | None
 
 
 @dataclass
@@ -328,6 +362,7 @@ class Report:
     history_advice: list[str] = field(default_factory=list)  # what the whole history points at
     # What the requests asked of the pool over the whole history, and the pool that would have held them.
     requests: RequestSummary | None = None
+    sizing: PoolSizing | None = None
     # With --guard-log: what the guard's access log said of the aborted slots' clients
     # (exporter.diagnose.guard_log.GuardLogSummary).
     guard: Any = None

@@ -26,6 +26,7 @@ from exporter.logs.parse import ANSI
 from exporter.logs.router_split import router_port
 from exporter.model.bounds import MIB
 from exporter.model.forecast import forecast
+from exporter.model.request_sizes import ExactValues
 from exporter.model.state import ServerState
 
 # Parsed locally because the events do not carry them (exporter.logs.events.DecodeFatal has only the
@@ -141,6 +142,7 @@ class _Abort:
     errored_tasks: list[int] = field(default_factory=list)
     releases: list[ev.SlotReleased] = field(default_factory=list)
     predictable: _Predictable | None = None
+    tokens_at_fatal: tuple[int, ...] = ()  # every slot's cells at the fatal line (for the pool series)
 
 
 @dataclass
@@ -172,7 +174,7 @@ class Run:
         self.file = file
         self.first_line = first_line
         self.last_line = first_line
-        self.state = ServerState()
+        self.state = ServerState(request_values=ExactValues())
         self.started = False
         self.in_startup = False
         self.banner_seen: set[object] = set()  # `ev.banner_line` of the banner lines this start printed
@@ -240,9 +242,28 @@ class Run:
             return
         else:
             x = elapsed
+        series.add(x, self._slot_tokens(), keep=keep)
+
+    def _slot_tokens(self) -> tuple[int, ...]:
         slots = self.state.run.slots
-        tokens = tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
-        series.add(x, tokens, keep=keep)
+        return tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
+
+    def _series_failure(self, a: _Abort, aborted: list[ev.SlotReleased]) -> None:
+        """The failure's point of the pool series: each aborted slot's cells as its release line says
+        (what the text counts), the other slots as they were at the fatal line."""
+        series = self.series
+        if series is None:
+            return
+        if not series.x and not series.failures:
+            series.by_line = a.elapsed_s is None
+        x = float(a.line) if series.by_line else a.elapsed_s
+        if x is None:
+            return
+        cells = list(a.tokens_at_fatal)
+        for r in aborted:
+            cells.extend([0] * (r.slot + 1 - len(cells)))
+            cells[r.slot] = r.n_tokens
+        series.add_failure(x, tuple(cells))
 
     # One handler per event type that the report follows beyond the state (dispatched by type).
 
@@ -283,6 +304,7 @@ class Run:
             reason=e.reason,
             offset=int(pos[1]) if pos else None,
             cascade=self.cascade or _Cascade(),
+            tokens_at_fatal=self._slot_tokens(),
             predictable=self.predictable,
         )
         self.cascade = None
@@ -367,6 +389,7 @@ class Run:
             for r in sorted(aborted, key=lambda r: r.slot)
         ]
         failed_batch = a.cascade.failed_batch(a.offset)
+        self._series_failure(a, aborted)
         overflow = total - pool if pool and unified is not False and aborted else None
         heaviest = max(slots, key=lambda s: (s.tokens, -s.slot)).slot if slots else None
         share = pool // n_slots if pool and n_slots else None
@@ -405,6 +428,8 @@ class Run:
         s.victims += len(victims)
         s.overflow_is_failed_batch += bool(f.overflow_is_failed_batch)
         s.max_tokens_at_abort = max([s.max_tokens_at_abort, *(x.tokens for x in slots)])
+        if overflow is not None and total > s.max_held_together:  # a pool the aborted slots shared
+            s.max_held_together, s.max_held_failure, s.max_held_line, s.max_held_pool = total, f.number, f.line, pool
         if self.head_max is None or len(self.head) < self.head_max:
             self.head.append(f)
         else:

@@ -3,6 +3,7 @@ pool series that `--html` plots."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from typing import Any
 
@@ -62,19 +63,50 @@ class PoolSeries:
     (the log's time stamps) or, without stamps, line numbers.
 
     Bounded: at most `MAX_POINTS`; when full, every other point is dropped and from then on only
-    every second change is kept, so the whole run stays covered evenly. A failure is always kept.
+    every second change is kept, so the whole run stays covered evenly.
+
+    x is the log's own time stamp (seconds since the server started, as the text's failures say), not
+    shifted, so that the page and the text share one time origin. Each failure is kept apart (at most
+    `MAX_FAILURES`) with the cells the text counts for it: each aborted slot's release line.
     """
 
     MAX_POINTS = 2000
+    MAX_FAILURES = 200
 
-    __slots__ = ("_every", "_seen", "by_line", "tokens", "x")
+    __slots__ = ("_every", "_seen", "by_line", "failures", "tokens", "x")
 
     def __init__(self) -> None:
         self.x: list[float] = []
         self.tokens: list[tuple[int, ...]] = []
+        self.failures: list[tuple[float, tuple[int, ...]]] = []
         self.by_line = False
         self._every = 1
         self._seen = 0
+
+    def add_failure(self, x: float, tokens: tuple[int, ...]) -> None:
+        if len(self.failures) < self.MAX_FAILURES:
+            self.failures.append((x, tokens))
+
+    def points(self) -> tuple[list[float], list[tuple[int, ...]]]:
+        """What the chart plots: the samples with each failure's point after the samples at or before
+        its x (so that, drawn as steps, the stack at a failure is what the text counts)."""
+        xs, tokens = list(self.x), list(self.tokens)
+        for fx, ft in self.failures:
+            i = bisect.bisect_right(xs, fx)
+            xs.insert(i, fx)
+            tokens.insert(i, ft)
+        return xs, tokens
+
+    def as_json(self) -> dict[str, Any]:
+        """The plotted series: x, and one list of cells per slot."""
+        xs, tokens = self.points()
+        width = max((len(t) for t in tokens), default=0)
+        return {
+            "x_unit": "line" if self.by_line else "seconds since the server started",
+            "x": xs,
+            "slots": [[t[i] if i < len(t) else 0 for t in tokens] for i in range(width)],
+            "failures": [x for x, _ in self.failures],
+        }
 
     def add(self, x: float, tokens: tuple[int, ...], *, keep: bool = False) -> None:
         self._seen += 1

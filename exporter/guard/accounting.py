@@ -178,6 +178,14 @@ class Accounting:
             if slot.prompt is not None:
                 record.generated = max(record.generated, slot.held - slot.prompt)
 
+    def known(self) -> dict[int, tuple[int, int]]:
+        """Ticket id → the slot and task each running request was matched to (kept while the slot runs it)."""
+        return {
+            tid: (r.slot, r.task)
+            for tid, r in self.records.items()
+            if r.running and r.slot is not None and r.task is not None
+        }
+
     def pool_tokens(self, live: Iterable[_LiveSlot] | None = None) -> dict[str, int]:
         """Cells each client's requests hold now: their slots' cells, from `live` (the exporter's newer read of
         `/slots`) where it shows the same slot running the same task, else as the monitor last saw them."""

@@ -30,6 +30,7 @@ given the fuller slot.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,9 @@ class SlotView:
     # Its task was generating at the last read too: `rate` is a generation speed. The first read after
     # the prompt divides a few tokens by a span spent mostly reading the prompt, far below the speed.
     steady: bool = False
+    # Its prompt is still being read: /slots counts a prompt as processed only once it is read whole
+    # (b11434: n_prompt_tokens_processed 0 while n_prompt_tokens grows), so `held` is the part read.
+    reading: bool = False
 
     def ahead(self, horizon: float) -> int:
         """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
@@ -156,23 +160,74 @@ def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotV
                 window if isinstance(window, int) and window > 0 else None,
                 task,
                 steady,
+                reading=processed == 0 and held > 0,
             )
         )
     return out
 
 
-def match(slots: list[SlotView], running: list[Running]) -> dict[int, SlotView]:
-    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs."""
+def match(
+    slots: list[SlotView], running: list[Running], known: Mapping[int, tuple[int, int]] | None = None
+) -> dict[int, SlotView]:
+    """Request id → its slot, where the slot's prompt size and n_predict say which request it runs.
+
+    `known` (request id → the slot and task it was matched to before) keeps a match for as long as the slot
+    runs that task. A slot still reading its prompt shows only the part read so far: it is matched by
+    elimination, when one request alone is left whose prompt is at least that part (the first request of a
+    burst, still reading its prompt when the others have theirs, is named too).
+
+    >>> a, b = SlotView(0, 3000, 0, -1, task=7, reading=True), SlotView(1, 8000, 8000, -1, task=8)
+    >>> sorted((r, x.id) for r, x in match([a, b], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items())
+    [(1, 0), (2, 1)]
+    >>> match([a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)])  # 3,000 read: either one
+    {}
+    >>> c = SlotView(1, 2000, 0, -1, task=9, reading=True)  # two prompts being read: by the order of their tasks
+    >>> {r: x.id for r, x in match([c, a], [Running(1, 9500, -1, 0.0), Running(2, 8000, -1, 1.0)]).items()}
+    {1: 0, 2: 1}
+    """
     free = sorted(slots, key=lambda s: -s.held)
     out: dict[int, SlotView] = {}
+    by_id = {r.id: r for r in running}
+    for rid, (slot_id, task) in (known or {}).items():
+        s = next((x for x in free if x.id == slot_id and x.task == task and x.task is not None), None)
+        if s is not None and rid in by_id:
+            out[rid] = s
+            free.remove(s)
     for r in sorted(running, key=lambda r: r.admitted_at):
+        if r.id in out:
+            continue
         for s in free:
-            # A request without n_predict runs with the server's -n, which /slots shows: any value matches.
-            if s.prompt == r.prompt and (s.n_predict is None or r.n_predict < 0 or s.n_predict == r.n_predict):
+            if s.prompt == r.prompt and _predicts(s, r):
                 out[r.id] = s
                 free.remove(s)
                 break
+    # Slots still reading their prompt (nothing generated: held is the part read): by elimination.
+    progress = True
+    while progress:
+        progress = False
+        left = [r for r in running if r.id not in out]
+        for s in [x for x in free if x.reading]:
+            fits = [r for r in left if s.held <= r.prompt and _predicts(s, r)]
+            if len(fits) == 1:
+                out[fits[0].id] = s
+                free.remove(s)
+                progress = True
+                break
+    # Still ambiguous (several prompts being read at once): llama-server numbers tasks in the order the
+    # requests reach it, which is the order the guard forwarded them; pair the oldest task with the
+    # request admitted first, where every pair is possible (each part read is less than its prompt).
+    left = sorted((r for r in running if r.id not in out), key=lambda r: r.admitted_at)
+    reading = sorted((x for x in free if x.reading and x.task is not None), key=lambda x: x.task or 0)
+    if left and len(left) == len(reading):
+        pairs = list(zip(left, reading, strict=True))
+        if all(s.held <= r.prompt and _predicts(s, r) for r, s in pairs):
+            out.update({r.id: s for r, s in pairs})
     return out
+
+
+def _predicts(s: SlotView, r: Running) -> bool:
+    """A request without n_predict runs with the server's -n, which /slots shows: any value matches."""
+    return s.n_predict is None or r.n_predict < 0 or s.n_predict == r.n_predict
 
 
 def projected(slots: list[SlotView], horizon: float) -> int:

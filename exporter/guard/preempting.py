@@ -179,7 +179,7 @@ class Preempting:
     def _account(self, key: str | None, slots: list[SlotView]) -> None:
         """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
         runs = [r for r in self._runs.values() if r.ticket.key == key]
-        matched = match(slots, placeable(runs))
+        matched = match(slots, placeable(runs), self.accounting.known())
         self.accounting.placed([r.ticket.id for r in runs], matched)
         if len(matched) < len(slots):
             # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run

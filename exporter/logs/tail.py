@@ -85,13 +85,12 @@ Very long lines
     ``"\\n"`` is dropped. Memory is bounded by ``max_line_bytes + chunk_bytes``.
 
 Encoding
-    Files are read in binary (``exporter.logs.fileopen``: a Windows text-mode descriptor would turn
-    CRLF and stop at ``^Z``). The first bytes of each content tell its encoding (``exporter.logs.encoding``):
-    UTF-8, with or without a byte order mark, or UTF-16 (PowerShell 5.1's ``2>``), turned into UTF-8
-    before lines are split (offsets and counts stay in the file's bytes); PowerShell 5.1's error
-    records are taken off. Lines are decoded as UTF-8 with ``errors="replace"``; a trailing ``"\\r"`` is
-    stripped. A content that is neither (NUL bytes in UTF-8 text) is read as it is and said in
-    ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
+    Files are read in binary (``exporter.logs.fileopen``: no text-mode CRLF or ``^Z``). The first bytes
+    of each content tell its encoding (``exporter.logs.encoding``): UTF-8, with or without a byte order
+    mark, or UTF-16 (PowerShell 5.1's ``2>``), turned into UTF-8 before lines are split (offsets and
+    counts stay in the file's bytes); PowerShell 5.1's error records are taken off. Lines are decoded
+    as UTF-8 with ``errors="replace"``, a trailing ``"\\r"`` stripped. Binary data (``recognize``) is
+    not split into lines but said in ``unreadable``: the exporter shows the log as down, not "up".
 
 File missing at start, unreadable, not a regular file
     ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory, FIFO
@@ -111,6 +110,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exporter.logs import recognize
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
 from exporter.logs.fileopen import open_log
 from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements
@@ -352,7 +352,8 @@ class LogTailer:
             # stat first so a FIFO or device at the path is never opened (that can block or have effects).
             before = path.stat()
             if not stat.S_ISREG(before.st_mode):
-                self._error = f"log file {path} is not a regular file"
+                kind = "a directory" if stat.S_ISDIR(before.st_mode) else "not a regular file"
+                self._error = f"log file {path} is {kind}, not a log: not followed (waiting for a regular file)"
                 return False
             for i, r in enumerate(self._rotated):
                 if r.ident == (before.st_dev, before.st_ino):  # a rotated file moved back: go on where we were
@@ -389,12 +390,9 @@ class LogTailer:
         return True
 
     def _identity(self, before: os.stat_result, opened: os.stat_result) -> tuple[int, int]:
-        """The (st_dev, st_ino) that later stat(path) calls will show while the path names our file.
-
-        Normally fstat(fd) and stat(path) agree. Some filesystems (overlayfs before Linux 4.19, where
-        open() returned the underlying file) disagree, and comparing the two would see a rotation
-        at every poll. So if the path did not change while we opened it, take the path's view.
-        """
+        """The (st_dev, st_ino) that stat(path) will show while the path names our file: the path's view if
+        it did not change while we opened it (overlayfs before Linux 4.19 gave fstat another file's, and
+        comparing the two would see a rotation at every poll)."""
         try:
             after = self.path.stat()
         except OSError:
@@ -511,6 +509,8 @@ class LogTailer:
             data = text
         if not f.sniffed or f.transcode is not None:
             data = self._to_utf8(f, data)
+        if f.unreadable is not None:  # binary data: not one line of it is parsed, until the file is rewritten
+            return
         if f.record is None:
             self._split(f, data, out)
             return
@@ -532,8 +532,8 @@ class LogTailer:
             data = data[encoding.bom :]
             if not encoding.is_utf8:
                 f.transcode = Transcoder(encoding)
-            elif b"\0" in data[:_HEAD_BYTES]:
-                f.unreadable = f"log file {self.path} is not text (NUL bytes in its first line): not read as a log"
+            elif recognize.binary_log(data[: recognize.SAMPLE_BYTES]):
+                f.unreadable = f"log file {self.path}: {recognize.BINARY}: not followed"
         if f.transcode is not None:
             data = f.transcode(data)
         return data

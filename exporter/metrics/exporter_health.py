@@ -92,8 +92,8 @@ class ExporterCollector(Collector):
         if log.understood is not None:
             yield GaugeMetricFamily(
                 "llamacpp_exporter_log_understood",
-                "1 once a line that only llama-server writes was read; 0 when the first 1000 lines held none "
-                "(not llama-server's log, or its format is not known).",
+                "1 once a line that only llama-server writes was read; 0 when its first lines held none "
+                "(not llama-server's log, or its format is not known) or it is binary data.",
                 value=1 if log.understood else 0,
             )
         yield counter(

@@ -106,6 +106,8 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
     s = _own_slot(st, e)
     if st.counting:
         st.request_tokens.observe(e.n_tokens)
+        if st.request_values is not None:
+            st.request_values.tokens[e.n_tokens] += 1
         if s.task == e.task and s.prompt_size is not None:
             st.request_prompt_tokens.observe(s.prompt_size)
     s.processing, s.task, s.cache_base = False, -1, None
@@ -136,6 +138,8 @@ def _request_started(st: ServerState, s: SlotState, task: int) -> None:
     if st.counting and not (s.processing and s.task == task):
         others = sum([x.processing for x in st.run.slots.values() if x is not s])
         st.request_concurrency.observe(others + 1)
+        if st.request_values is not None:
+            st.request_values.concurrency[others + 1] += 1
 
 
 def _on_task_started(st: ServerState, e: ev.TaskStarted) -> None:

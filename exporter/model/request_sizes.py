@@ -11,8 +11,10 @@ pool's capacity (`LlamaCppKVPoolUndersized`, and `diagnose`'s history).
 - concurrency: at each request's start, how many requests were in flight with it (itself included).
 
 Buckets are fixed, the same for every server, so that histograms of several servers add up
-(`exporter.model.histogram.Histogram`, the one histogram type).
+(`exporter.model.histogram.Histogram`, the one histogram type). A quantile from them is an estimate
+(interpolated in its bucket); `diagnose`, which reads every value, keeps them exactly (`ExactValues`).
 
+    >>> from exporter.model.histogram import Histogram
     >>> h = Histogram(REQUEST_TOKEN_BUCKETS)
     >>> for n in (100, 3000, 3000, 200_000):
     ...     h.observe(n)
@@ -24,9 +26,10 @@ Buckets are fixed, the same for every server, so that histograms of several serv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from exporter.model.histogram import Histogram
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 #: 64 to 1Mi tokens, doubling: 15 buckets (and +Inf), 18 series a server. A quantile from a histogram is
 #: interpolated within its bucket, so it may be up to twice the true value (never more).
@@ -56,52 +59,72 @@ PROMPT_EVAL_BUCKETS: tuple[float, ...] = (
 )
 
 
+@dataclass
+class ExactValues:
+    """Every request's size and every start's concurrency, as value -> count (`diagnose` only: it has the
+    whole log and reports exact quantiles; the exporter keeps the bounded histograms above)."""
+
+    tokens: Counter[int] = field(default_factory=Counter)
+    concurrency: Counter[int] = field(default_factory=Counter)
+
+
+def exact_quantile(values: Sequence[tuple[int, int]], q: float) -> int | None:
+    """The q-quantile of sorted (value, count) pairs by nearest rank: the smallest value with at least
+    q of all values at or below it (always a value that occurred).
+
+    >>> exact_quantile([(16_500, 1), (45_000, 1), (70_000, 1)], 0.5)
+    45000
+    >>> exact_quantile([(1, 60), (2, 30), (3, 10)], 0.99), exact_quantile([], 0.5)
+    (3, None)
+    """
+    total = sum(n for _, n in values)
+    if not total:
+        return None
+    rank = max(1, math.ceil(q * total - 1e-9))
+    seen = 0
+    for v, n in values:
+        seen += n
+        if seen >= rank:
+            return v
+    return values[-1][0]
+
+
 @dataclass(frozen=True)
 class RequestSizes:
-    """One run's request-size and concurrency histograms, kept small (only the buckets that were hit):
-    `diagnose` keeps one per run of a history, to add up the runs that are not copies of others."""
+    """One run's request sizes and concurrencies, exactly (value, count), sorted: `diagnose` keeps one
+    per run of a history, to add up the runs that are not copies of others."""
 
-    tokens: tuple[tuple[int, int], ...]  # (bucket index, count)
-    tokens_sum: float
-    concurrency: tuple[tuple[int, int], ...]
-    concurrency_sum: float
+    tokens: tuple[tuple[int, int], ...]  # (tokens a request held at its release, how many requests)
+    concurrency: tuple[tuple[int, int], ...]  # (requests in flight at a start, how many starts)
 
     @classmethod
-    def of(cls, tokens: Histogram, concurrency: Histogram) -> RequestSizes | None:
-        """The run's histograms; None when it had no request."""
-        if not tokens.count and not concurrency.count:
+    def of(cls, values: ExactValues | None) -> RequestSizes | None:
+        """The run's values; None when it had no request."""
+        if values is None or (not values.tokens and not values.concurrency):
             return None
-        return cls(_sparse(tokens), tokens.sum, _sparse(concurrency), concurrency.sum)
+        return cls(tuple(sorted(values.tokens.items())), tuple(sorted(values.concurrency.items())))
 
-    def add_to(self, tokens: Histogram, concurrency: Histogram) -> None:
-        for h, items, total in (
-            (tokens, self.tokens, self.tokens_sum),
-            (concurrency, self.concurrency, self.concurrency_sum),
-        ):
-            for i, n in items:
-                h.counts[i] += n
-                h.count += n
-            h.sum += total
-
-
-def _sparse(h: Histogram) -> tuple[tuple[int, int], ...]:
-    return tuple((i, n) for i, n in enumerate(h.counts) if n)
+    def add_to(self, values: ExactValues) -> None:
+        values.tokens.update(dict(self.tokens))
+        values.concurrency.update(dict(self.concurrency))
 
 
 @dataclass
 class RequestSummary:
-    """What the requests of a history asked of the pool, and the pool that would have held them."""
+    """What the requests of a history asked of the pool: exact quantiles over every request's size (its
+    release line) and every start's concurrency, and the pool that would have held them."""
 
     requests: int
-    tokens_p50: float | None
-    tokens_p90: float | None
-    tokens_p99: float | None
-    tokens_max: int  # the largest release line (exact)
-    concurrency_p50: float | None
-    concurrency_p99: float | None
-    concurrency_max: int | None  # the highest bucket hit (exact up to 8 at once)
+    tokens_p50: int | None
+    tokens_p90: int | None
+    tokens_p99: int | None
+    tokens_max: int  # the largest request (release lines, and prompts where the log gave their size)
+    concurrency_p50: int | None
+    concurrency_p99: int | None
+    concurrency_max: int | None  # the most requests in flight at a request's start
     pool_cells: int | None  # the largest pool of the runs
-    pool_needed: int | None  # p99 request x p99 in flight together
+    pool_needed: int | None  # p99 request x p99 in flight together (exactly the figures printed)
+    quantiles: str = "exact"  # how the quantiles were computed: exact (over every value)
 
     @property
     def undersized(self) -> bool | None:
@@ -111,36 +134,27 @@ class RequestSummary:
         return self.pool_needed > self.pool_cells
 
 
-def summarize(tokens: Histogram, concurrency: Histogram, tokens_max: int, pool_cells: int | None) -> RequestSummary:
-    """The summary of summed histograms (quantiles as PromQL's histogram_quantile computes them).
+def summarize(values: ExactValues, tokens_max: int, pool_cells: int | None) -> RequestSummary:
+    """The summary of a history's values (exact quantiles, nearest rank).
 
-    >>> t, c = Histogram(REQUEST_TOKEN_BUCKETS), Histogram(CONCURRENCY_BUCKETS)
-    >>> for n in [3000] * 90 + [150_000] * 10:
-    ...     t.observe(n)
-    >>> for k in [1] * 60 + [2] * 30 + [3] * 10:
-    ...     c.observe(k)
-    >>> s = summarize(t, c, 159_069, 262_144)
-    >>> round(s.tokens_p99), s.concurrency_max, s.pool_needed, s.undersized
-    (159069, 3, 461300, True)
+    >>> v = ExactValues()
+    >>> v.tokens.update({16_500: 1, 45_000: 1, 70_000: 1})
+    >>> v.concurrency.update({1: 1, 2: 1, 3: 1})
+    >>> s = summarize(v, 70_000, 131_072)
+    >>> s.tokens_p50, s.tokens_p99, s.concurrency_p99, s.pool_needed, s.undersized
+    (45000, 70000, 3, 210000, True)
     """
-    top = max((i for i, n in enumerate(concurrency.counts) if n), default=None)
-    most = None if top is None else int(concurrency.bounds[min(top, len(concurrency.bounds) - 1)])
-
-    def q(h: Histogram, p: float, cap: float | None) -> float | None:
-        """The interpolated quantile, never above the largest value seen (which is known exactly here)."""
-        v = h.quantile(p)
-        return v if v is None or cap is None else min(v, cap)
-
-    p99, c99 = q(tokens, 0.99, tokens_max or None), q(concurrency, 0.99, most)
+    tokens, conc = sorted(values.tokens.items()), sorted(values.concurrency.items())
+    p99, c99 = exact_quantile(tokens, 0.99), exact_quantile(conc, 0.99)
     return RequestSummary(
-        requests=tokens.count,
-        tokens_p50=q(tokens, 0.5, tokens_max or None),
-        tokens_p90=q(tokens, 0.9, tokens_max or None),
+        requests=sum(values.tokens.values()),
+        tokens_p50=exact_quantile(tokens, 0.5),
+        tokens_p90=exact_quantile(tokens, 0.9),
         tokens_p99=p99,
-        tokens_max=tokens_max,
-        concurrency_p50=q(concurrency, 0.5, most),
+        tokens_max=max(tokens_max, tokens[-1][0] if tokens else 0),
+        concurrency_p50=exact_quantile(conc, 0.5),
         concurrency_p99=c99,
-        concurrency_max=most,
+        concurrency_max=conc[-1][0] if conc else None,
         pool_cells=pool_cells,
-        pool_needed=None if p99 is None or c99 is None else round(p99 * c99),
+        pool_needed=None if p99 is None or c99 is None else p99 * c99,
     )

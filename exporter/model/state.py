@@ -26,7 +26,12 @@ from exporter.logs import events as ev
 from exporter.model.handlers import DISPATCH
 from exporter.model.histogram import Histogram
 from exporter.model.provenance import NotOwnLine, Provenance
-from exporter.model.request_sizes import CONCURRENCY_BUCKETS, PROMPT_EVAL_BUCKETS, REQUEST_TOKEN_BUCKETS
+from exporter.model.request_sizes import (
+    CONCURRENCY_BUCKETS,
+    PROMPT_EVAL_BUCKETS,
+    REQUEST_TOKEN_BUCKETS,
+    ExactValues,
+)
 from exporter.model.run import ServerRun
 from exporter.model.server_cmdline import ServerCommandLine
 
@@ -62,6 +67,8 @@ class ServerState:
     request_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_concurrency: Histogram = field(default_factory=lambda: Histogram(CONCURRENCY_BUCKETS))
+    # The same values exactly, where the reader keeps them (diagnose; None in the exporter: unbounded).
+    request_values: ExactValues | None = None
 
     # The operator's word on the pool's size (--kv-pool-capacity), given at construction: a fallback of
     # `pool_capacity` where neither the log nor the command line states it.

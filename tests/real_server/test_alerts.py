@@ -487,7 +487,7 @@ def test_thresholds_are_configurable(promtool_bin: Path, tmp_path: Path) -> None
     assert rc == 0
     text = out_file.read_text(encoding="utf-8")
     assert 'llamacpp_gpu_memory_free_bytes{job="llama"}\n' in text and ") < 1073741824" in text
-    assert 'predict_linear(llamacpp_kv_pool_usage_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
+    assert 'predict_linear(llamacpp_kv_pool_active_ratio{job="llama"}[10m], 30 * 60) >= 1' in text
     assert 'llamacpp_kv_pool_active_ratio{job="llama"} > 0.85' in text
     assert "runbook_url: https://runbooks.acme.corp/llamacpp.md#llamacppkvpoolsaturated" in text
     assert "dashboard_url: https://grafana.acme.corp/d/llamacpp-exporter?from=now-3h&to=now" in text

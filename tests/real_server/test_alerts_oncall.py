@@ -25,6 +25,7 @@ simulation itself. The healthy runs (a pool that holds its load, a server nobody
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 from oncall_promtool import Row, Table, measure
-from oncall_sim import DAY, Scenario, Simulation, simulate
+from oncall_sim import DAY, LABELS, Scenario, Simulation, simulate
 from paths import REPO
 
 RULES = REPO / "alerts" / "llamacpp-rules.yml"
@@ -56,6 +57,8 @@ ALL_RUNS = RUNS + RUNS_5S + RUNS_1M
 #: The share of incidents at a 5 or 15 s scrape whose first abort a page came before (the rest are paged at
 #: the first evaluation that sees the abort).
 PAGED_AHEAD = 0.9
+#: The least lead of the page where the pool was past 90 % for the whole minute before the first abort (s).
+FULL_LEAD_S = 30
 
 
 def _measure(run: tuple[int, bool, int], workdir: Path, promtool: Path) -> tuple[Simulation, Table]:
@@ -118,8 +121,8 @@ def test_pages_come_before_the_first_abort_of_most_incidents(
 ) -> None:
     """At a 5 or 15 s scrape the page (LlamaCppKVPoolSaturated: the conversations in flight or coming back past
     90 %) comes before the first abort of most incidents; the table of leads is printed."""
-    ahead, total, leads = 0, 0, []
-    for run, (_, table) in tables.items():
+    ahead, total, leads, full_leads = 0, 0, [], []
+    for run, (sim, table) in tables.items():
         if run[2] > 15:
             continue
         for row in _first_rows(table):
@@ -127,8 +130,21 @@ def test_pages_come_before_the_first_abort_of_most_incidents(
             lead = max((lead for _, lead in row.pages), default=None)
             leads.append(lead)
             ahead += lead is not None and lead > 0
+            if _full_for_a_minute(sim, row.at):
+                full_leads.append(lead)
     print(f"paged before the first abort: {ahead} of {total} incidents; leads (s): {leads}")
+    print(f"incidents whose pool was past 90 % at every scrape of the minute before: leads (s) {full_leads}")
     assert total and ahead / total >= PAGED_AHEAD, (ahead, total, leads)
+    # A pool past 90 % for a whole minute was paged at least 30 s before the abort.
+    assert all(lead is not None and lead >= FULL_LEAD_S for lead in full_leads), full_leads
+
+
+def _full_for_a_minute(sim: Simulation, at: int) -> bool:
+    """The pool's usage was past 90 % at every scrape of the minute before ``at`` (s)."""
+    step = sim.scenario.scrape_s
+    usage = sim.series[f"llamacpp_kv_pool_usage_ratio{{{LABELS}}}"]
+    scrapes = range(-(-(at - 60) // step), -(-at // step))  # the scrapes in [at - 60, at)
+    return all(usage[i] > 0.9 for i in scrapes)
 
 
 @pytest.mark.promtool
@@ -210,6 +226,43 @@ def test_three_healthy_days_leave_every_alert_quiet(
                             }
                         ],
                     },
+                ],
+            }
+        ],
+    }
+    _promtool_test(promtool_bin, tmp_path, tests)
+
+
+#: A prompt cache in the pool (--no-cache-idle-slots): long documents asked about every few minutes, each
+#: left in its slot, so idle slots hold 90 % of the pool most of the day and the nights.
+DOCUMENTS = Scenario(
+    seed=7, agents=0, chat=True, chat_per_second=1 / 300, documents=(60_000, 64_000), cache_idle_slots=False
+)
+
+
+@pytest.mark.promtool
+@pytest.mark.parametrize("scrape", [15, 60], ids=["15s scrape", "1m scrape"])
+def test_idle_slots_that_fill_the_pool_leave_every_alert_quiet(promtool_bin: Path, tmp_path: Path, scrape: int) -> None:
+    """Three days of a server whose idle slots (the prompt cache of earlier documents) hold more than 90 % of
+    the pool most of the day and the night (00:00-06:00 of days 2 and 3, a few requests): no alert is even pending at any evaluation (every minute: the page's conditions hold for
+    at least two samples and its `for:` is 0, so one pending at any evaluation would be caught at a minute's
+    grain too; its keep_firing_for would leave it firing 15 minutes)."""
+    sim = simulate(dataclasses.replace(DOCUMENTS, scrape_s=scrape))
+    usage = sim.series[f"llamacpp_kv_pool_usage_ratio{{{LABELS}}}"]
+    full = sum(u > 0.9 for u in usage) / len(usage)
+    night = [u for i, u in enumerate(usage) if i * scrape >= DAY and i * scrape % DAY < 6 * 3600]
+    full_nights = sum(u > 0.9 for u in night) / len(night)
+    assert not sim.aborts and full > 0.8 and full_nights > 0.8, (sim.aborts, full, full_nights)
+    evaluation, end = 60, 3 * DAY - 60
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": f"{evaluation}s",
+        "tests": [
+            {
+                "interval": f"{scrape}s",
+                "input_series": sim.input_series(),
+                "promql_expr_test": [
+                    {"expr": f"count_over_time({QUIET}[{end}s])", "eval_time": f"{end}s", "exp_samples": []},
                 ],
             }
         ],

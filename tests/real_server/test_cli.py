@@ -65,6 +65,7 @@ def test_bad_environment_value_is_one_line_naming_it(variable: str, value: str, 
     result = _run("--log-file", "x.log", env={f"LLAMACPP_EXPORTER_{variable}": value})
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and flag in result.stderr, result.stderr
+    assert f"error: LLAMACPP_EXPORTER_{variable} (the environment's {flag}): " in result.stderr, result.stderr
 
 
 def test_help_documents_every_flag_with_its_environment_variable() -> None:
@@ -116,10 +117,12 @@ def test_a_log_problem_that_starts_while_running_is_said_once(tmp_path: Path) ->
         )
         log_file.unlink()
         log_file.mkdir()
-        wait_for(lambda: "is not a regular file" in exporter.output_file.read_text(), timeout=15, what="the warning")
+        wait_for(
+            lambda: "is a directory, not a log" in exporter.output_file.read_text(), timeout=15, what="the warning"
+        )
         assert exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0
         time.sleep(0.5)
-    assert exporter.output_file.read_text().count("is not a regular file") == 1
+    assert exporter.output_file.read_text().count("is a directory, not a log") == 1
 
 
 def test_start_up_replay_ends_on_a_file_that_always_looks_rewritten(tmp_path: Path) -> None:

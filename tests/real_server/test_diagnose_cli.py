@@ -111,15 +111,15 @@ def test_cli_reads_standard_input() -> None:
 
 
 @pytest.mark.parametrize(
-    ("log", "close_fd", "stdout_path", "message"),
+    ("log", "close_fd", "stdout_path", "message", "status"),
     [
-        ("-", 0, None, "standard input is closed"),  # diagnose - <&-
-        ("exhaust-lv4", 1, None, "standard output is closed"),  # diagnose LOG >&-
-        ("exhaust-lv4", None, "/dev/full", "No space left on device"),  # diagnose LOG > /dev/full
+        ("-", 0, None, "standard input is closed", 3),  # diagnose - <&-: no input
+        ("exhaust-lv4", 1, None, "standard output is closed", 4),  # diagnose LOG >&-: no output
+        ("exhaust-lv4", None, "/dev/full", "No space left on device", 4),  # diagnose LOG > /dev/full
     ],
 )
 def test_closed_or_full_standard_streams_are_one_line_errors(
-    log: str, close_fd: int | None, stdout_path: str | None, message: str
+    log: str, close_fd: int | None, stdout_path: str | None, message: str, status: int
 ) -> None:
     if stdout_path and not Path(stdout_path).exists():
         pytest.skip(f"no {stdout_path} here")
@@ -136,23 +136,24 @@ def test_closed_or_full_standard_streams_are_one_line_errors(
             timeout=60,
             check=False,
         )
-    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.returncode == status and message in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
 
 
-def test_corrupt_gzip_exits_2(tmp_path: Path) -> None:
+def test_corrupt_gzip_exits_3(tmp_path: Path) -> None:
     data = gzip.compress((FIXTURES / "exhaust-lv4" / "llama-server.log").read_bytes())
     path = tmp_path / "broken.log.gz"
     path.write_bytes(data[:200] + b"\x00garbage" * 50)
     result = _cli(str(path))
-    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert result.returncode == 3 and "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
-def test_garbage_input_exits_2_with_one_line(tmp_path: Path) -> None:
-    """Acceptance 4: a clear one-line message and exit status 2, never a traceback."""
+def test_garbage_input_exits_3_with_one_line(tmp_path: Path) -> None:
+    """A clear one-line message and exit status 3 (an input cannot be diagnosed), never a traceback; a wrong
+    command line is 2."""
     for what, path, message in _garbage_files(tmp_path):
         result = _cli(str(path))
-        assert result.returncode == 2, (what, result)
+        assert result.returncode == 3, (what, result)
         assert result.stdout == "", what
         assert "Traceback" not in result.stderr, (what, result.stderr)
         assert result.stderr.count("\n") == 1 and result.stderr.startswith("llamacpp-exporter diagnose: error: ")

@@ -156,9 +156,14 @@ def test_a_history_of_real_runs(llama_server_bin: Path, tiny_llama_model: Path, 
     assert requests is not None and requests.requests == len(releases)
     assert requests.tokens_max == max(s.largest_request_tokens for s in report.history) >= max(releases)
     assert requests.tokens_p99 is not None and requests.concurrency_p99 is not None
-    assert requests.pool_needed == round(requests.tokens_p99 * requests.concurrency_p99)
-    assert f"Requests: {len(releases):,}, tokens each p50 " in text
-    assert f"Pool that would have held them (p99 x p99): {requests.pool_needed:,} cells" in text
+    assert requests.pool_needed == requests.tokens_p99 * requests.concurrency_p99  # the figures printed
+    ranked = sorted(releases)
+    assert requests.tokens_p50 == ranked[(len(ranked) + 1) // 2 - 1]  # exact (nearest rank), not a bucket's
+    assert f"Requests: {len(releases):,}, tokens each p50 {requests.tokens_p50:,}" in text
+    # A history that overflowed: too small, and a recommendation at least what was held at the failure.
+    assert report.sizing is not None and report.sizing.verdict == "too_small"
+    assert "Pool: too small: it overflowed." in text
+    assert (report.sizing.recommended or 0) >= (report.sizing.held_at_failure or 0) > 0
 
     # The page: a chart of every run, and one of the tokens each slot held for each run that had requests.
     page = tmp_path / "post-mortem.html"

@@ -30,7 +30,7 @@ from llama_harness import (
     wait_for,
 )
 from paths import REPO
-from tiny_gguf import write_slow_llama
+from tiny_gguf import write_slow_llama, write_tiny_llama
 
 pytestmark = pytest.mark.llama_server
 
@@ -264,3 +264,95 @@ def test_acceptance_an_overflow_with_admission_off_is_named_client_by_client(
     lines = [json.loads(x) for x in access.read_text().splitlines()]
     assert all("prompt" not in x and "body" not in x for x in lines)
     assert sorted(x["client"] for x in lines) == sorted(PROMPTS)
+
+
+#: The burst of the post-mortem: three named clients whose prompts overflow a -c 24576 -np 3 -kvu pool together.
+BURST_POOL = ("-c", "24576", "-np", "3", "-kvu", "-t", "2", "-lv", "4")
+BURST = {"planner": 9_500, "coder": 8_000, "reviewer": 8_500}  # tokens: 26,000 > 24,576
+
+
+@pytest.fixture(scope="module")
+def burst_server(llama_server_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    tmp = tmp_path_factory.mktemp("burst")
+    model = write_tiny_llama(tmp / "tiny-llama.gguf")
+    with LlamaServer(llama_server_bin, model, BURST_POOL, log_file=tmp / "llama-server.log") as s:
+        yield s
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap: the first request (still reading its prompt, b11434's /slots shows n_prompt_tokens_processed 0 "
+    "until the prompt is read whole) is still unmatched in the access log on this slow model: the guard's /slots reads "
+    "wait for 2,048-token batches of seconds, and the match by elimination or task order has not been seen to fire here",
+)
+@pytest.mark.parametrize(
+    "order",
+    [("planner", "coder", "reviewer"), ("coder", "reviewer", "planner"), ("coder", "planner", "reviewer")],
+    ids=["largest-first", "largest-last", "largest-middle"],
+)
+def test_acceptance_every_holder_of_an_overflow_is_named_whatever_the_order(
+    burst_server: LlamaServer, tmp_path: Path, order: tuple[str, str, str]
+) -> None:
+    """Admission off; the first request is still reading its prompt when the other two start. Every aborted
+    slot's client (its slot and task) in the access log and in `diagnose --guard-log` is the one whose prompt
+    the log's `new prompt` line gave that slot and task; diagnose's cells are its release line's."""
+    server = burst_server
+    access = tmp_path / "access.log"
+    exporter, guard = start_guard(
+        server, tmp_path, "--guard.admission", "off", "--guard.access-log", str(access),
+        "--guard.client-header", "X-Client-Name",
+    )  # fmt: skip
+    before = len(server.log_file.read_text().splitlines())
+    # Characters for each prompt's tokens (the tokenizer merges some characters).
+    per_char = prompt_tokens(server, 10_000) / 10_000
+    chars = {name: round(n / per_char) for name, n in BURST.items()}
+    sizes = {name: prompt_tokens(server, c) for name, c in chars.items()}
+    assert sum(sizes.values()) > 24_576, sizes  # the prompts alone overflow the pool
+    statuses: dict[str, int] = {}
+
+    def send(name: str) -> None:
+        body = {"prompt": make_prompt(chars[name]), "n_predict": 16, "cache_prompt": False}
+        statuses[name] = post(guard, body, {"X-Client-Name": name})[0]
+
+    threads = {name: threading.Thread(target=send, args=(name,)) for name in order}
+    try:
+        threads[order[0]].start()
+        # The first is still reading its prompt (its slot shows only a part) when the others start.
+        wait_for(lambda: any(0 < s["n_prompt_tokens_processed"] < sizes[order[0]] for s in slots(server)), timeout=60)
+        for name in order[1:]:
+            threads[name].start()
+        for t in threads.values():
+            t.join(300)
+        wait_for(lambda: access.exists() and len(access.read_text().splitlines()) >= 3, timeout=30)
+    finally:
+        exporter.stop()
+    assert statuses == dict.fromkeys(BURST, 500), statuses  # aborted together by the server
+    log = "\n".join(server.log_file.read_text().splitlines()[before:])
+    by_size = {n: name for name, n in sizes.items()}
+    prompt_of = {
+        (int(m[1]), int(m[2])): by_size[int(m[3])]
+        for m in re.finditer(r"id +(\d+) \| task (\d+) \| new prompt, .*task\.n_tokens = (\d+)", log)
+        if int(m[3]) in by_size
+    }
+    releases = {
+        (int(m[1]), int(m[2])): int(m[3])
+        for m in re.finditer(r"release: id +(\d+) \| task (\d+) \| stop processing: n_tokens = (\d+)", log)
+    }
+    lines = {x["client"]: x for x in map(json.loads, access.read_text().splitlines()) if x["client"] in BURST}
+    assert set(lines) == set(BURST)
+    for name, x in lines.items():
+        assert x["slot"] is not None and x["task"] is not None and x["cells"] is not None, x
+        assert prompt_of[(x["slot"], x["task"])] == name, (x, prompt_of)
+        # The cells the guard saw at its last read before the abort: at most what the release line says.
+        assert 0 < x["cells"] <= releases[(x["slot"], x["task"])]
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", str(server.log_file), "--guard-log", str(access), "--json"],
+        cwd=REPO, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    failure = json.loads(out.stdout)["runs"][-1]["failures"][-1]
+    assert {(s["slot"], s["task"]): s["client"] for s in failure["slots"]} == {
+        (x["slot"], x["task"]): name for name, x in lines.items()
+    }
+    assert {(s["slot"], s["task"]): s["tokens"] for s in failure["slots"]} == {
+        k: releases[k] for k in ((x["slot"], x["task"]) for x in lines.values())
+    }

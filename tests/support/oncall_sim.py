@@ -63,6 +63,11 @@ class Scenario:
     scrape_s: int = 15
     traffic: bool = True  # False: a healthy server that nobody uses
     growth: float = 0.0  # how much longer the conversations grow each day (0.1: 10 % a day)
+    #: llama-server's --cache-idle-slots (its default): a start saves the other idle slots to the host prompt
+    #: cache and clears them. False (--no-cache-idle-slots): idle slots keep their cells (the prompt cache is
+    #: in the pool) until llama-server purges them to make room.
+    cache_idle_slots: bool = True
+    documents: tuple[int, int] | None = None  # the chat requests' prompt sizes (None: 200-2500 tokens)
 
 
 @dataclass
@@ -176,7 +181,7 @@ class _Server:
             slot.req, slot.tokens, slot.owner = req, cached, agent
             req.held, req.started = cached, t
             # --cache-idle-slots: the new task's start saves every other idle slot and clears it.
-            for other in self.slots:
+            for other in self.slots if self.sc.cache_idle_slots else ():
                 if other.req is None and other.tokens:
                     if other.owner is not None:
                         other.owner.saved = other.tokens
@@ -282,7 +287,8 @@ class _Server:
         self.queue.append(Request(agent, agent.conv, gen, AGENT_MAX_TOKENS))
 
     def chat_request(self) -> None:
-        self.queue.append(Request(None, self.rng.randint(200, 2500), self.rng.randint(10, 90), None))
+        lo, hi = self.sc.documents or (200, 2500)
+        self.queue.append(Request(None, self.rng.randint(lo, hi), self.rng.randint(10, 90), None))
 
 
 def _demand(req: Request, t: int, horizon: str) -> float:

@@ -173,7 +173,8 @@ def test_incident_table_matches_the_issue() -> None:
 
 def test_incident_text_report() -> None:
     """The plain-text table is aligned and uses thousands separators."""
-    text = render_text(analyze(incident_lines(), "incident.log"))
+    report = analyze(incident_lines(), "incident.log")
+    text = render_text(report)
     print(text)
     assert (
         "\n".join(
@@ -190,7 +191,13 @@ def test_incident_text_report() -> None:
     )
     assert "overflow: 262,863 - 262,144 = 719 tokens, exactly the batch of 719 tokens that found no room" in text
     assert "heaviest: slot 0, 159,069 tokens (60.7 % of the pool)" in text
-    assert "collateral victims: slots 1, 3 each held at most 65,536 tokens (pool / slots)" in text
+    # The victims' own cells, not the private pool's size, so that none reads as if it held 65,536.
+    assert "collateral victims: slot 1 23,428, slot 3 2,949 tokens: each no more than a private" in text
+    # The history's verdict: the pool overflowed, by the sum held at the failure; the recommendation is
+    # at least that floor.
+    assert "Pool: too small: it overflowed." in text
+    assert report.sizing is not None and report.sizing.held_at_failure == 262_863
+    assert report.sizing.overflow == 719 and (report.sizing.recommended or 0) >= 262_863
     assert "overcommit   4.0 (4 slots x 262,144 = 1,048,576 tokens promised to a pool of 262,144 cells)" in text
     assert "1. --kv-unified-per-slot 262144 (supported by this log)" in text
     assert "4 x 262,144 = 1,048,576 cells" in text
@@ -288,7 +295,9 @@ def test_json_schema_is_stable() -> None:
         "overlaps",
         "history_advice",
         "requests",
+        "sizing",
         "guard",
+        "series",
         "exit_status",
     ]
     run = data["runs"][0]
@@ -341,6 +350,8 @@ def test_json_schema_is_stable() -> None:
         "same_as",
         "model",
         "pool_cells",
+        "held_at_failure",
+        "held_at_failure_line",
     ]
     assert list(run["configuration"]) == [
         "build",

@@ -14,6 +14,28 @@ from paths import REPO
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), REPO / "alerts" / "runbook.md"])
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+#: The repository's own text: pages, configs, scripts and code comments (not the recorded fixtures).
+TEXT_SUFFIXES = {".md", ".py", ".yml", ".yaml", ".toml", ".sh", ".service", ".example", ".cfg", ".txt", ".json"}
+TEXT_FILES = sorted(
+    {
+        p
+        for p in (
+            *REPO.glob("*"),
+            *(
+                f
+                for top in ("alerts", "bench", "dashboards", "deploy", "docs", "exporter", "scripts", "tests")
+                for f in (REPO / top).rglob("*")
+            ),
+        )
+        if p.is_file()
+        and (p.suffix in TEXT_SUFFIXES or p.name in {"Makefile", "Dockerfile", ".env.example"})
+        and not any(part in {".venv", "__pycache__", "node_modules", ".git"} for part in p.parts)
+        and (not p.is_relative_to(REPO / "tests" / "fixtures") or p.name == "README.md")
+        and not p.name.startswith("test_docs")  # their examples of drift are deliberate
+        and p.stat().st_size < 1_000_000
+    }
+)
+MARKDOWN = [p for p in TEXT_FILES if p.suffix == ".md"]
 
 
 def _slug(heading: str) -> str:
@@ -38,7 +60,7 @@ def test_slug_matches_githubs_rules() -> None:
     assert _slug("Alerts, dashboards, diagnose") == "alerts-dashboards-diagnose"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("page", sorted({*PAGES, *MARKDOWN}), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_link_resolves_inside_the_repository(page: Path) -> None:
     broken = []
     for link in _links(page):
@@ -139,15 +161,24 @@ def test_readme_says_what_make_test_fetches_and_how_long_it_takes() -> None:
 
 #: "see README.md, "Deploy"" or "docs/deploy.md, section "Docker Compose"" in a comment or a page.
 NAMED_SECTION = re.compile(r"([\w./-]+\.md),? (?:section )?\"([^\"]+)\"")
-TEXT_FILES = sorted(
-    {*PAGES, REPO / ".env.example", *REPO.glob("docker-compose*.yml"), *(REPO / "deploy").rglob("*.yml")}
-)
+#: "the README's Deploy section", "docs/deploy.md's "Docker Compose" section".
+POSSESSIVE_SECTION = re.compile(r"\b(README|[\w./-]+\.md)'s \"?([A-Z][\w`' -]*?)\"? section\b")
+
+
+def test_the_named_section_readers_find_both_phrasings() -> None:
+    assert NAMED_SECTION.findall('(see README.md, "Deploy")') == [("README.md", "Deploy")]
+    assert POSSESSIVE_SECTION.findall("see the README's Deploy section.") == [("README", "Deploy")]
+    assert len(TEXT_FILES) > 100 and REPO / "deploy" / "systemd" / "llama-server.service" in TEXT_FILES
 
 
 @pytest.mark.parametrize("path", TEXT_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_named_section_exists(path: Path) -> None:
     """A reader sent to a page's section by name finds a heading of that name there."""
-    for target, section in NAMED_SECTION.findall(path.read_text(encoding="utf-8")):
+    text = path.read_text(encoding="utf-8", errors="replace")
+    named = NAMED_SECTION.findall(text) + [
+        ("README.md" if page == "README" else page, section) for page, section in POSSESSIVE_SECTION.findall(text)
+    ]
+    for target, section in named:
         page = (REPO / target) if (REPO / target).exists() else (path.parent / target)
         assert page.is_file(), f"{path.name} names {target}, which does not exist"
         assert _slug(section) in _anchors(page), f'{path.name} sends readers to {target}, "{section}": no such section'

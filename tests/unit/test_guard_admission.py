@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import random
@@ -255,3 +256,49 @@ def test_a_bound_admits_without_the_tokenizer_only_what_fits_anyway() -> None:
     # The exact size, known later, frees what the bound held: a waiting request gets in.
     a.offer(Ticket(5, prompt=350, budget=100), SHARED, 0)
     assert [t.id for t in a.resize(a.in_flight[1], 380, SHARED, 1)] == [5]
+
+
+@pytest.mark.parametrize("reading", [9_500, 8_500, 8_000], ids=["largest", "middle", "smallest"])
+@pytest.mark.parametrize("order", [(9_500, 8_000, 8_500), (8_000, 8_500, 9_500), (8_000, 9_500, 8_500)])
+def test_a_request_still_reading_its_prompt_is_matched_by_elimination(
+    reading: int, order: tuple[int, int, int]
+) -> None:
+    """Three prompts that overflow a pool together, admitted in every order; one is still being read (its slot
+    shows only the part read) while the others have theirs: every request is matched to its slot, and keeps
+    its slot once matched while that slot runs the same task."""
+    running = [preempt.Running(i, n, -1, admitted_at=float(i)) for i, n in enumerate(order)]
+    slots = [
+        preempt.SlotView(k, 3_000, 0, -1, task=20 + k, reading=True)
+        if n == reading
+        else preempt.SlotView(k, n, n, -1, task=20 + k)
+        for k, n in enumerate(order)
+    ]
+    matched = preempt.match(slots, running)
+    assert {rid: s.id for rid, s in matched.items()} == {0: 0, 1: 1, 2: 2}
+    # The next read: the others are done (generating), the reader still reads; two reading slots could
+    # each be either request, but the matches made before hold while their slots run the same tasks.
+    later = [dataclasses.replace(s, held=s.held + 100, prompt=s.prompt) for s in slots]
+    two_reading = [dataclasses.replace(s, held=2_000, prompt=0, reading=True) for s in later]
+    # Without what was known, all three being read are paired by the order of their tasks.
+    assert {rid: s.id for rid, s in preempt.match(two_reading, running).items()} == {0: 0, 1: 1, 2: 2}
+    # Not where a pair is impossible (a part read larger than the prompt it would be).
+    too_long = [dataclasses.replace(s, held=8_200, prompt=0, reading=True) for s in later]
+    assert len(preempt.match(too_long, running)) < 3
+    known = {rid: (s.id, s.task) for rid, s in matched.items() if s.task is not None}
+    assert {rid: s.id for rid, s in preempt.match(two_reading, running, known).items()} == {0: 0, 1: 1, 2: 2}
+    # A new task in a slot is not the old match: reversed task order, paired anew by that order.
+    moved = [dataclasses.replace(s, task=100 - (s.task or 0)) for s in two_reading]
+    assert {rid: s.id for rid, s in preempt.match(moved, running, known).items()} == {0: 2, 1: 1, 2: 0}
+
+
+def test_a_slot_reading_its_prompt_is_seen_as_reading() -> None:
+    """b11434's /slots while a 9,000-token prompt is read (as read from a real server): the part read is in
+    n_prompt_tokens, n_prompt_tokens_processed stays 0 until the whole prompt is read."""
+    body = [
+        {"id": 2, "is_processing": True, "id_task": 1, "n_prompt_tokens": 2048, "n_prompt_tokens_processed": 0,
+         "n_prompt_tokens_cache": 0},
+        {"id": 0, "is_processing": True, "id_task": 3, "n_prompt_tokens": 9010, "n_prompt_tokens_processed": 9001,
+         "n_prompt_tokens_cache": 0},
+    ]  # fmt: skip
+    reading, generating = preempt.slot_views(body, {}, now=1.0)
+    assert (reading.reading, reading.held, generating.reading, generating.prompt) == (True, 2048, False, 9001)

@@ -23,6 +23,7 @@ from paths import B11434
 from exporter import diagnose
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line
+from exporter.logs.recognize import UNRECOGNIZED_AFTER_LINES
 from exporter.model.bounds import MAX_BYTES, MAX_SLOTS, MAX_TOKENS
 from exporter.model.forecast import forecast
 from exporter.model.state import ServerState
@@ -165,8 +166,8 @@ def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCa
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
 def test_diagnose_refuses_a_device(device: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A device never ends: one line and exit 2 at once, not a read that never returns."""
-    assert diagnose.main([device]) == 2
+    """A device never ends: one line and exit 3 at once, not a read that never returns."""
+    assert diagnose.main([device]) == 3  # an input that cannot be diagnosed
     assert capsys.readouterr().err.strip() == (
         f"llamacpp-exporter diagnose: error: {device}: is a character device, not a log file "
         "(give a file, or - for standard input)"
@@ -187,7 +188,8 @@ def test_diagnose_reads_poison_lines_without_a_traceback(tmp_path: Path, capsys:
 
 
 def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """Another program's log, random bytes: after 1,000 lines without one llama-server line, one warning and a 0."""
+    """Another program's log, random bytes: after the rule's first lines (exporter/logs/recognize.py) without
+    one llama-server line, one warning and a 0; a llama-server line later turns it to 1."""
     rng = random.Random(7)
     other = [
         f'127.0.0.1 - - [01/Dec/2026:10:00:{i % 60:02d}] "GET /x{i} HTTP/1.1" 200 {rng.randrange(999)}'
@@ -197,13 +199,15 @@ def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixtur
     state = ServerState()
     pipeline = LogPipeline(state, None, _Source([], None))
     with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
-        pipeline.feed(other)
+        pipeline.feed(other[: UNRECOGNIZED_AFTER_LINES - 1])
         assert pipeline.understood is None  # not enough lines to tell yet
+        pipeline.feed(other[UNRECOGNIZED_AFTER_LINES - 1 :])
         pipeline.feed(noise)
         pipeline.feed(noise)
     assert pipeline.understood is False
     assert [r.getMessage() for r in caplog.records] == [
-        "1200 lines read and not one written by llama-server: is this its log? (llamacpp_exporter_log_understood 0)"
+        "test source: no llama-server log lines in 600 lines (expected llama-server's --log-file output, plain, "
+        "prefixed, coloured or --log-jsonl): is it llama-server's log? (llamacpp_exporter_log_understood 0)"
     ]
     pipeline.feed(captured("exhaust-lv4")[:50])
     assert pipeline.understood is True

@@ -98,14 +98,14 @@ def test_a_held_first_line_is_read_when_the_file_is_truncated(tmp_path: Path) ->
 
 
 def test_a_log_that_is_not_text_shows_as_down(tmp_path: Path) -> None:
-    """A gzipped log given by mistake (NUL-laden bytes that are not UTF-16): read, but the source is not "up"."""
+    """A gzipped log given by mistake (NUL-laden bytes that are not UTF-16): refused, not parsed, not "up"."""
     log = tmp_path / "llama-server.stderr"
     log.write_bytes(gzip.compress("".join(line + "\n" for line in LINES).encode() * 50, mtime=0))
     tailer = LogTailer(log)
     pipeline = LogPipeline(ServerState(), tailer)
-    pipeline.replay_existing()
+    assert pipeline.replay_existing() == 0  # not one line of it parsed
     assert tailer.is_open and tailer.last_error is None
-    assert tailer.unreadable is not None and "not text" in tailer.unreadable
+    assert tailer.unreadable is not None and "binary data, not a text log" in tailer.unreadable
     assert pipeline.up is False
     log.write_bytes(variant("".join(line + "\n" for line in LINES).encode(), "utf16le-bom"))  # rewritten
     pipeline.feed(tailer.poll())

@@ -136,3 +136,47 @@ def test_a_default_named_in_the_docs_prose_is_the_fields() -> None:
     assert named  # the README's sources table names --server-url's
     for page, flag, value in named:
         assert value == shown_default(DEFAULTS[flag], actions[flag].metavar), (page, flag, value)  # type: ignore[arg-type]
+
+
+def _refusal(argv: list[str], env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        parse_config(argv, env)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "words"),
+    [
+        ("LLAMACPP_EXPORTER_LOG_POLL_INTERVAL", "soon", "expected a number of seconds, got 'soon'"),
+        ("LLAMACPP_EXPORTER_LOG_LEVEL", "verbose", "invalid choice 'verbose'"),
+        ("LLAMACPP_EXPORTER_NVML", "maybe", "expected on or off, got 'maybe'"),
+        ("LLAMACPP_EXPORTER_LISTEN_ADDRESS", "nonsense", "expected HOST:PORT"),
+        ("LLAMACPP_EXPORTER_PROCESS_SOURCE", "nope", "invalid choice 'nope'"),
+        ("LLAMACPP_EXPORTER_GUARD_ADMISSION", "maybe", "expected on or off, got 'maybe'"),
+        ("LLAMACPP_EXPORTER_PID_FILE", " ", "empty path"),
+    ],
+)
+def test_a_bad_environment_value_is_named_by_its_variable(
+    var: str, value: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit's or an .env's user is told the variable they set, not a flag they never passed."""
+    err = _refusal(["--log-file", "x.log"], {var: value}, capsys)
+    assert err.startswith(f"llamacpp-exporter: error: {var} (the environment's ") and words in err, err
+
+
+def test_a_bad_flag_value_is_named_by_the_flag_even_with_the_variable_set(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--nvml", "maybe"], ["--nvml=maybe"], ["--nv", "maybe"]):
+        err = _refusal(["--log-file", "x.log", *argv], {"LLAMACPP_EXPORTER_NVML": "on"}, capsys)
+        assert err.startswith("llamacpp-exporter: error: argument --nvml: expected on or off, got 'maybe'"), err
+
+
+def test_every_on_off_flag_says_on_or_off(capsys: pytest.CaptureFixture[str]) -> None:
+    """A flag shown as on|off refuses a bad value in those words; yes/no, true/false and 1/0 still work."""
+    on_off = [s for s, a in _flag_actions().items() if a.metavar == "on|off"]
+    assert len(on_off) >= 4, on_off
+    for flag in on_off:
+        err = _refusal(["--log-file", "x.log", flag, "maybe"], {}, capsys)
+        assert f"argument {flag}: expected on or off, got 'maybe'" in err, err

@@ -47,7 +47,7 @@ def test_directory_at_path_is_an_error_not_a_crash(tmp_path: Path) -> None:
     p.mkdir()
     t = LogTailer(p)
     assert t.poll() == []
-    assert not t.is_open and t.last_error is not None and "not a regular file" in t.last_error
+    assert not t.is_open and t.last_error is not None and "is a directory, not a log" in t.last_error
     p.rmdir()
     append(p, 0, 3)
     assert seqs(t.poll()) == [0, 1, 2]

@@ -169,7 +169,7 @@ class CatchUp:
 
 class Probe:
     """Where no writer's close is seen (polling, or a watch without close events): a look at the file
-    while follow() waits, one fstat (and two small preads when it changed), no read.
+    while follow() waits, one fstat (and a few small preads when it changed), no read.
 
     A restarted llama-server truncates its log as it starts, and whatever the old one wrote after the
     last read is gone. The probe narrows that window and counts what it cannot close. Every look is

@@ -1,7 +1,7 @@
 """What size probes saw of the contents that replaced the followed one before a read took them.
 
 A restarted llama-server truncates its log as it starts. Between two reads of the tailer, a probe
-(`LogTailer.probe`, one fstat and two small preads) may see that the file no longer holds what was
+(`LogTailer.probe`, one fstat and a few small preads) may see that the file no longer holds what was
 read: it shrank, or its first bytes or the bytes before the read offset changed. The content it sees
 then is a new run's. If that run is replaced in turn before the next read (a server restarting
 again at once), it was never read: its bytes and its truncation are counted from what the probes saw
@@ -20,7 +20,7 @@ import collections
 import os
 from dataclasses import dataclass
 
-__all__ = ["FINGERPRINT_BYTES", "QUIET", "Growth", "Replacements", "pread"]
+__all__ = ["FINGERPRINT_BYTES", "QUIET", "Growth", "Replacements", "Seen", "pread"]
 
 #: How many bytes at the start of a content and before a known offset tell it from another content.
 FINGERPRINT_BYTES = 64
@@ -43,12 +43,12 @@ def pread(fd: int, size: int, offset: int) -> bytes:
 
 
 @dataclass
-class _Seen:
-    """One content as the probes saw it: its largest size, its first bytes, the bytes before that size."""
+class Seen:
+    """One content as the looks saw it: its largest size, its first bytes, the bytes before that size."""
 
-    size: int
-    head: bytes
-    tail: bytes
+    size: int = 0
+    head: bytes = b""
+    tail: bytes = b""
 
     def holds(self, fd: int, size: int) -> bool:
         """The file (now `size` bytes) still holds this content: not smaller, both fingerprints unchanged."""
@@ -58,12 +58,19 @@ class _Seen:
             return False
         return pread(fd, len(self.tail), self.size - len(self.tail)) == self.tail
 
+    def grow(self, fd: int, size: int) -> None:
+        """The content, held (`holds`), is now `size` bytes: its fingerprints as they are now. A content known
+        by fewer bytes than a fingerprint (seen empty, or nothing read yet) is told from another by more."""
+        if len(self.head) < FINGERPRINT_BYTES:
+            self.head = pread(fd, min(size, FINGERPRINT_BYTES), 0)
+        self.size, self.tail = size, _tail(fd, size)
+
 
 class Replacements:
     """The contents seen replacing the followed one since its last read, oldest first."""
 
     def __init__(self) -> None:
-        self._seen: list[_Seen] = []
+        self._seen: list[Seen] = []
         self.found_at: float | None = None  # when a look first found the followed content replaced
 
     def __bool__(self) -> bool:
@@ -75,11 +82,11 @@ class Replacements:
         if self.found_at is None:
             self.found_at = now
         last = self._seen[-1] if self._seen else None
-        if last is not None and last.holds(fd, size):
-            if size > last.size:
-                last.size, last.tail = size, _tail(fd, size)
-            return
-        self._seen.append(_Seen(size, pread(fd, min(size, FINGERPRINT_BYTES), 0), _tail(fd, size)))
+        if last is None or not last.holds(fd, size):
+            last = Seen()
+            self._seen.append(last)
+        if size > last.size or not last.head:
+            last.grow(fd, size)
 
     def settle(self, fd: int, size: int) -> tuple[int, int]:
         """At the read that handles the replacement: (contents gone unread, their bytes). Every content

@@ -34,11 +34,13 @@ Rename-and-create rotation (logrotate's default, ``mv log log.1 && touch log``)
     done about a file we never saw, so the driver polls on every filesystem event and at least
     every second. A rotated file that comes back to the path is taken up where it was.
 
-Truncation (same inode, ``st_size < offset``)
+Truncation (same inode, smaller than our offset or than a look saw it)
     This is *normal* for llama-server: it opens ``--log-file`` with ``fopen(path, "w")`` (O_TRUNC)
     on every start. We emit the pending partial line, seek to 0 and count ``stats.truncations``.
     If some earlier ``fstat`` (a previous poll, ``has_pending`` or ``probe``) showed the file larger
     than our offset, the difference is bytes we provably never read: added to ``stats.lost_bytes``.
+    Such a look also keeps the fingerprints of the size it saw, so that a content read in part or not
+    at all (found empty just after a restart) is still told from the content that replaces it.
     A look that finds the content replaced keeps the new content's size apart (``exporter.logs.replaced``):
     a run replaced in turn before we read it counts its truncation and its bytes. What a server wrote
     after the last look is estimated from its rate, if the looks saw it still writing (``Growth``).
@@ -48,9 +50,9 @@ In-place rewrite (same inode, already grown past our offset)
     sees nothing wrong. So we keep two fingerprints of what we read, the first up-to-64 bytes ("head")
     and the last up-to-64 bytes before our offset ("tail"), re-read on every poll (two small preads).
     If either differs, the file was rewritten: handled as a truncation. The tail check matters for
-    llama-server: its first lines (build info, system info) are the same from run to run. A rewrite
-    byte-identical in both windows goes unnoticed: then we had only read the start-up banner, and
-    resuming at our offset loses nothing.
+    llama-server: its first lines (build info, system info) are the same from run to run. A new run
+    byte-identical to the old one beyond the largest size any look saw cannot be told from growth (no
+    file state shows it): its bytes up to our offset are not read, and not counted.
 
 Delete (path gone, fd still open)
     The inode stays alive while we hold it, so we keep reading it to EOF (a server whose log was
@@ -112,8 +114,8 @@ from dataclasses import dataclass
 
 from exporter.logs import recognize
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
-from exporter.logs.fileopen import open_log
-from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements
+from exporter.logs.fileopen import identity, open_log
+from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
 from exporter.logs.replaced import pread as _pread
 
 __all__ = ["LogTailer", "TailerStats"]
@@ -149,7 +151,7 @@ class _File:
         self.offset = 0
         self.head = b""  # first bytes of the file, as we read them
         self.tail = b""  # last bytes before offset, as we read them
-        self.seen_size = 0  # largest st_size an fstat has shown for the current content
+        self.seen = Seen()  # the current content as the looks saw it: its largest size, its fingerprints
         self.partial = bytearray()
         self.discarding = False  # inside an over-long line, dropping bytes up to the next "\n"
         self.skip_nul = True  # at the start of the content: skip a copytruncate hole
@@ -172,7 +174,7 @@ class _File:
         """The content starts again at offset 0 (truncated or rewritten)."""
         self.offset = 0
         self.head = self.tail = b""
-        self.seen_size = 0
+        self.seen = Seen()
         self.skip_nul = True
         self.growth = Growth()
         self._new_content()
@@ -285,14 +287,12 @@ class LogTailer:
     def probe(self) -> int:
         """Between reads, without reading: the bytes not read yet (as `pending_bytes`), and the current
         file's size remembered (if its content is still the one read so far), so that a truncation
-        before the next read counts in ``lost_bytes`` what this probe saw and no read took."""
+        before the next read counts in ``lost_bytes`` what this probe saw and no read took. A file that
+        appeared while none was open is opened here: a restart before the read would leave it unseen."""
+        if self._file is None and not self._open():
+            return 0
         f = self._file
-        if f is None:  # waiting for the file: one that appeared is to be opened (and read) at once
-            try:
-                st = self.path.stat()
-            except OSError:
-                return 0
-            return max(1, st.st_size) if stat.S_ISREG(st.st_mode) else 0
+        assert f is not None
         with contextlib.suppress(OSError):
             self._note_size(f, size := os.fstat(f.fd).st_size)
             if not f.replaced:  # the probes' looks, evenly spaced, tell whether the writer is still at it
@@ -308,17 +308,21 @@ class LogTailer:
     def _note_size(self, f: _File, size: int) -> None:
         """Remember `size` as seen for the current content; if the content was replaced meanwhile, what
         replaced it instead (a size from a restarted server's new content would count its bytes as lost)."""
-        same = not f.replaced and size >= max(f.offset, f.seen_size)
-        if same and (size == f.seen_size or self._same_content(f)):
-            f.seen_size = size
+        same = not f.replaced and size >= max(f.offset, f.seen.size)
+        if same and (size == f.seen.size or self._same_content(f, size)):
+            if size > f.seen.size:
+                f.seen.grow(f.fd, size)
         else:
             f.replaced.note(f.fd, size, self._clock())
 
-    def _same_content(self, f: _File) -> bool:
-        """The file still starts with what was read, and holds it up to our offset (two preads)."""
+    def _same_content(self, f: _File, size: int) -> bool:
+        """The file still starts with what was read, and holds it up to our offset, and what a look saw beyond
+        it (a few preads: a content read only in part, or not at all, is known by what the looks saw)."""
         if f.head and _pread(f.fd, len(f.head), 0) != f.head:
             return False
-        return not (f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail)
+        if f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail:
+            return False
+        return f.seen.size <= f.offset or f.seen.holds(f.fd, size)
 
     @property
     def unreadable(self) -> str | None:
@@ -384,22 +388,10 @@ class LogTailer:
             os.close(fd)
             self._error = f"log file {path} is not a regular file"
             return False
-        self._file = _File(fd, self._identity(before, st))
+        self._file = _File(fd, identity(path, before, st))
         self.stats.opens += 1
         self._error = None
         return True
-
-    def _identity(self, before: os.stat_result, opened: os.stat_result) -> tuple[int, int]:
-        """The (st_dev, st_ino) that stat(path) will show while the path names our file: the path's view if
-        it did not change while we opened it (overlayfs before Linux 4.19 gave fstat another file's, and
-        comparing the two would see a rotation at every poll)."""
-        try:
-            after = self.path.stat()
-        except OSError:
-            return (opened.st_dev, opened.st_ino)
-        if (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
-            return (after.st_dev, after.st_ino)
-        return (opened.st_dev, opened.st_ino)  # rotated while we opened: fd's view is the truth
 
     def _retire(self, f: _File, out: list[str]) -> None:
         """The path names another file now: keep reading this one as a rotated file (its writer may go on)."""
@@ -450,19 +442,22 @@ class LogTailer:
         what a look showed beyond our offset, and the contents probes saw replaced before this read."""
         fd, offset = f.fd, f.offset
         size = os.fstat(fd).st_size
-        rewritten = bool(f.replaced) or size < offset or not self._same_content(f)
+        rewritten = bool(f.replaced) or size < max(offset, f.seen.size) or not self._same_content(f, size)
         if rewritten:
-            lost = max(0, f.seen_size - offset)
+            lost = max(0, f.seen.size - offset)
             # What no look saw (written after the last one), estimated as of the first look that found it
             # gone; counted at the first read of the new content, unless a copytruncate hole measures it.
             guess = f.growth.unseen(f.replaced.found_at or self._clock())
             missed, gone = f.replaced.settle(fd, size)
+            if f.truncated_at is not None:  # the content before was replaced before its first byte: no hole
+                gone += f.guess  # will measure the loss before it, its estimate counts
             self.stats.lost_bytes += lost + gone
             self._flush_partial(f, out)
             f.reset()
             f.truncated_at, f.lost_counted, f.guess = offset, lost, guess
             self.stats.truncations += 1 + missed
-        f.seen_size = max(f.seen_size, size)
+        if size > f.seen.size:
+            f.seen.grow(fd, size)
 
     def _path_replaced(self, f: _File) -> bool:
         """At EOF: does the path now name a different file than the one we hold?"""

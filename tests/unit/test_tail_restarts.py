@@ -327,3 +327,58 @@ def test_the_probe_ends_a_batch_wait_on_a_replaced_file_and_on_a_quiet_writer(tm
         f.write(run[1])
     clock.now += PROBE_INTERVAL
     assert idle.step(clock.now)
+
+
+def test_a_run_a_look_saw_before_the_file_was_opened_is_counted_when_replaced(tmp_path: Path) -> None:
+    """The follower waits for a log not there yet; a look sees the first run (the wait is to end), and that
+    run is replaced before the read: the look opened it, so its truncation and what the look saw count.
+    A look that only stat()ed the path would leave the whole run unseen: no truncation, nothing counted."""
+    from exporter.logs.follow import Probe
+
+    log = tmp_path / "llama-server.stderr"
+    first, second = (r.read_bytes().splitlines(keepends=True) for r in RUNS[:2])
+    clock = Clock()
+    tailer = LogTailer(log, clock=clock)
+    assert tailer.poll() == [] and not tailer.is_open
+    idle = Probe(tailer, True, clock.now)
+    log.write_bytes(b"".join(first[:40]))
+    clock.now = 0.05
+    assert idle.step(clock.now)  # a look sees the file: the idle wait is to end
+    with log.open("ab") as f:
+        f.write(b"".join(first[40:]))  # after the look: no size shows it (one look: no rate, no estimate)
+    log.write_bytes(b"".join(second))  # restarted before the read
+    clock.now = 0.3
+    lines = tailer.poll(max_bytes=1 << 30)
+    assert (tailer.stats.truncations, tailer.stats.lost_bytes) == (1, len(b"".join(first[:40])))
+    assert len(lines) == len(second) and tailer.stats.bytes == len(b"".join(second))
+
+
+def test_an_estimate_is_kept_when_the_next_run_is_replaced_before_its_first_byte_is_read(tmp_path: Path) -> None:
+    """The old server's estimate is counted at the new run's first byte read (unless a copytruncate hole
+    measures the loss). A new run that a read found empty, a look saw grow, and that was replaced in turn
+    before a read never gives that byte: its own loss and the estimate before it both count."""
+    log = tmp_path / "llama-server.stderr"
+    first, second, third = (r.read_bytes().splitlines(keepends=True) for r in RUNS[:3])
+    log.write_bytes(b"".join(first[:100]))
+    clock = Clock()
+    tailer = LogTailer(log, clock=clock)
+    tailer.poll(max_bytes=1 << 30)
+    tailer.probe()
+    with log.open("ab") as f:
+        f.write(b"".join(first[100:150]))
+    seen = len(b"".join(first[100:150]))
+    clock.now = 0.01
+    tailer.probe()  # growing: `seen` bytes in 10 ms
+    log.write_bytes(b"")  # the restart, 2 ms after that look; the new server has not written yet
+    clock.now = 0.012
+    assert tailer.poll(max_bytes=1 << 30) == []
+    estimate = round(2 * seen / 0.01 * 0.002)  # twice the rate, for the 2 ms since the last look
+    assert (tailer.stats.truncations, tailer.stats.lost_bytes) == (1, seen)  # the estimate waits for a byte
+    log.write_bytes(b"".join(second[:20]))
+    clock.now = 0.02
+    tailer.probe()  # a look sees the second run grow (its first look: no rate of its own)
+    log.write_bytes(b"".join(third[:5]))  # restarted again, smaller, before any read
+    clock.now = 0.03
+    assert len(tailer.poll(max_bytes=1 << 30)) == 5
+    assert tailer.stats.truncations == 2
+    assert tailer.stats.lost_bytes == seen + estimate + len(b"".join(second[:20]))

@@ -50,10 +50,15 @@ class StartError(Exception):
 
 
 async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
-    """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code."""
+    """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code.
+
+    Without `stop` (the program itself), the signals stay with it to the end: one that comes once the
+    stop has begun, however late (asyncio's own shutdown, Python's), ends the process at once (`end_now`).
+    """
     async with contextlib.AsyncExitStack() as stack:
         if stop is None:
             stop = asyncio.Event()
+            stack.callback(end_on_signals)
             stack.callback(stop_on_signals(stop))
         try:
             await start(config, stop, stack)
@@ -62,6 +67,23 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
             return exc.code
         await stop.wait()
     return 0
+
+
+def end_now(*_: object) -> None:
+    """A stop signal while the stop is under way: end at once, in one line, exit code 130 (as `cli`'s
+    Ctrl-C). A KeyboardInterrupt raised wherever the main thread is would print a traceback from
+    asyncio's or Python's shutdown; nothing is left to save (the exporter keeps no state on disk)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write("llamacpp-exporter: interrupted\n")
+        sys.stderr.flush()
+    os._exit(128 + signal.SIGINT)
+
+
+def end_on_signals() -> None:
+    """From here to the process's end, a stop signal ends it at once (`end_now`)."""
+    for sig in stop_signals():
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, end_now)
 
 
 def stop_signals() -> list[signal.Signals]:
@@ -75,7 +97,8 @@ def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
 
     Through the loop's own handlers where it has them (selector loops); else (Windows' proactor loop)
     through `signal.signal`, whose handler runs in the main thread between two steps of the loop and
-    hands the stop to it. There a second signal, while the stop is under way, ends the program at once.
+    hands the stop to it. There a second signal, while the stop is under way, ends the program at once
+    (`end_now`).
     """
     loop = asyncio.get_running_loop()
     undo: list[Callable[[], object]] = []
@@ -95,7 +118,7 @@ def stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
 
         def handler(signum: int, frame: object, sig: signal.Signals = sig) -> None:
             if stop.is_set():
-                raise KeyboardInterrupt  # a second Ctrl-C: the stop is stuck, end now (exit code 130)
+                end_now()  # a second Ctrl-C: the stop is stuck, end now (exit code 130)
             loop.call_soon_threadsafe(stopping, sig)
 
         undo.append(functools.partial(signal.signal, sig, signal.signal(sig, handler)))

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from exporter.diagnose.guard_log import join_guard_log
 from exporter.diagnose.inputs import diagnose_files, input_files
@@ -132,6 +132,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         if out is None:  # started with standard output closed (`>&-`)
             raise OSError("standard output is closed")
+        _any_text(out)
         if ns.json:
             for chunk in json_chunks(report):
                 out.write(chunk)
@@ -182,6 +183,20 @@ def _write_html(report: Report, path: str) -> None:
             tmp.unlink()
         raise OutputError(f"{path}: cannot write the page: {exc.strerror or exc}") from None
     print(f"{PROG}: wrote {path} ({len(page.encode()) / 1024:,.0f} KiB)", file=sys.stderr)
+
+
+def _any_text(out: TextIO) -> None:
+    """Have `out` take any text: a log's paths and model names may hold characters that Windows' console
+    code page (cp1252, say) cannot encode. A console shows them replaced; anything else (`> report.txt`,
+    a pipe) gets UTF-8."""
+    reconfigure = getattr(out, "reconfigure", None)
+    if reconfigure is None:  # not a TextIOWrapper (a test's StringIO): it takes any text already
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if out.isatty():
+            reconfigure(errors="replace")
+        else:
+            reconfigure(encoding="utf-8", errors="replace")
 
 
 def _discard_stdout() -> None:

@@ -230,24 +230,37 @@ def looks_binary(stats: ReadStats) -> bool:
 
 def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
     """llama-server's own log: line by line while the first MiB decides whether this is a log at all,
-    then in blocks."""
-    record: PowerShellRecord | None = PowerShellRecord()  # the error record of PowerShell 5.1's `2>`
-    held = 0  # the number of the line the record holds (the file's first)
+    then in blocks (line by line again where a block holds PowerShell 5.1's error record of a run)."""
+    record: PowerShellRecord | None = PowerShellRecord()  # the error records of PowerShell 5.1's `2>`/`2>>`
+    held = 0  # the number of the line the record holds
     for line in read_lines(f, stats):
         if record is None:
             d.feed_line(line, stats.lines)
         else:
-            was_holding = record.holding
-            for i, text in enumerate(record.feed([line])):
-                d.feed_line(text, held if i == 0 and was_holding else stats.lines)
-            held = stats.lines if record.holding else held
+            held = _unwrapped(d, record, line, stats.lines, held)
             if record.done:
                 record = None
         if stats.bytes >= SNIFF_BYTES:
             break
-    for text in record.flush() if record is not None else ():
-        d.feed_line(text, held)
     if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not looks_binary(stats)):
         for text in read_blocks(f, stats):
             first = stats.lines - text.count("\n", 0, len(text) - 1)
-            d.feed_text(text, first)
+            prefix = record.prefix if record is not None else None
+            if record is None or (prefix is not None and record.watching and prefix not in text):
+                d.feed_text(text, first)
+                continue
+            pieces = text.split("\n")
+            for i, piece in enumerate(pieces[:-1]):
+                held = _unwrapped(d, record, piece + "\n", first + i, held)
+            if pieces[-1]:
+                held = _unwrapped(d, record, pieces[-1], first + len(pieces) - 1, held)
+    for text in record.flush() if record is not None else ():
+        d.feed_line(text, held)
+
+
+def _unwrapped(d: Diagnoser, record: PowerShellRecord, line: str, lineno: int, held: int) -> int:
+    """One line through the record (a line that may open one is held until the next): the held line's number."""
+    was_holding = record.holding
+    for i, text in enumerate(record.feed([line])):
+        d.feed_line(text, held if i == 0 and was_holding else lineno)
+    return lineno if record.holding else held

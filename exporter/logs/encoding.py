@@ -15,7 +15,8 @@ streams). What reaches the file depends on who redirects its stderr:
           + CategoryInfo          : NotSpecified: (build: 11434 (...for x64:String) [], RemoteException
           + FullyQualifiedErrorId : NativeCommandError
 
-  the later lines as written.
+  the later lines as written. A wrapper that restarts the server and appends each run's stderr
+  (``2>>``) gets such a record around the first line of every run, mid-file.
 
 `sniff` tells the encoding from the first bytes, `Transcoder` turns any of them into UTF-8 across
 arbitrary splits (a file is read in pieces), and `PowerShellRecord` takes the record apart again: the
@@ -99,24 +100,31 @@ _RECORD_BODY = re.compile(r"\s*\+ ")  # the command, its underline, CategoryInfo
 
 
 class PowerShellRecord:
-    """Takes PowerShell 5.1's error record off the first lines of a file (see the module's docstring).
+    """Takes PowerShell 5.1's error records off a file's lines (see the module's docstring).
 
     Fed the file's lines in order, from its first; returns the lines to keep. The first line is held
     until the second says whether it opened a record (``At line:...``): a file whose first line only
-    looks like one keeps it as it was. Once past the record (or sure there is none) it is `done` and
-    lines pass unchanged; the caller may stop feeding it.
+    looks like one keeps it as it was. A file that starts without a record has none: then it is `done`
+    and the caller may stop feeding it. After a record, every line that starts with the same
+    ``<exe> : `` (the next run of a wrapper appending with ``2>>``) is held the same way.
     """
 
-    _FIRST, _HELD, _BODY, _AFTER, _DONE = range(5)
+    _FIRST, _HELD, _BODY, _AFTER, _DONE, _WATCH = range(6)
 
     def __init__(self) -> None:
         self._state = self._FIRST
         self._held = ""
         self.found = False  # a record was taken off
+        self.prefix: str | None = None  # the first record's "<exe> : ", which later records start with too
 
     @property
     def done(self) -> bool:
         return self._state == self._DONE
+
+    @property
+    def watching(self) -> bool:
+        """Past a record, looking for the next: a line can only open one if it starts with `prefix`."""
+        return self._state == self._WATCH
 
     @property
     def holding(self) -> bool:
@@ -127,6 +135,9 @@ class PowerShellRecord:
         """The lines to keep of `lines` (the next lines of the file)."""
         if self._state == self._DONE:
             return lines
+        prefix = self.prefix
+        if self._state == self._WATCH and prefix is not None and not any(x.startswith(prefix) for x in lines):
+            return lines  # the common case once past a record: no line to look at
         out: list[str] = []
         for i, line in enumerate(lines):
             if self._state == self._DONE:
@@ -139,7 +150,7 @@ class PowerShellRecord:
         """The file ends (or is rewritten): a held first line is a line."""
         held, self._held = self._held, ""
         if self._state == self._HELD:
-            self._state = self._DONE
+            self._state = self._DONE if self.prefix is None else self._WATCH
             return [held]
         return []
 
@@ -147,11 +158,12 @@ class PowerShellRecord:
         """One line (with or without its line end, kept as it came)."""
         state = self._state
         bare = line.rstrip("\r\n")
-        if state == self._FIRST:
-            if _RECORD_FIRST.fullmatch(bare):
+        after = self._DONE if self.prefix is None else self._WATCH  # where a line that opens no record leads
+        if state == self._FIRST or state == self._WATCH:
+            if (self.prefix is None or bare.startswith(self.prefix)) and _RECORD_FIRST.fullmatch(bare):
                 self._state, self._held = self._HELD, line
                 return []
-            self._state = self._DONE
+            self._state = after
             return [line]
         if state == self._HELD:
             held, self._held = self._held, ""
@@ -159,18 +171,25 @@ class PowerShellRecord:
                 self._state, self.found = self._BODY, True
                 held_bare = held.rstrip("\r\n")
                 match = _RECORD_FIRST.fullmatch(held_bare)
-                return [match.group("line") + held[len(held_bare) :] if match else held]
-            self._state = self._DONE
-            return [held, line]
+                if match is None:
+                    return [held]
+                self.prefix = held_bare[: match.start("line")]
+                return [match.group("line") + held[len(held_bare) :]]
+            self._state = after
+            return [held, *self._again(line)]
         if state == self._BODY and _RECORD_BODY.match(line):
             if "FullyQualifiedErrorId" in line:
                 self._state = self._AFTER
             return []
         if state == self._AFTER and not line.strip():  # the blank line that ends the record
-            self._state = self._DONE
+            self._state = self._WATCH
             return []
-        self._state = self._DONE
-        return [line]
+        self._state = after
+        return self._again(line)
+
+    def _again(self, line: str) -> list[str]:
+        """A line after one that opened no record, or after a record: it may open a record itself."""
+        return [line] if self._state == self._DONE else self._one(line)
 
 
 def cut_utf8(data: bytes) -> bytes:

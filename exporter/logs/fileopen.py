@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import errno
 import os
+import pathlib
 import sys
 from collections.abc import Callable
 
-__all__ = ["open_log", "open_shared"]
+__all__ = ["identity", "open_log", "open_shared"]
 
 GENERIC_READ = 0x80000000
 FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_SHARE_DELETE = 0x1, 0x2, 0x4
@@ -112,3 +113,17 @@ else:
 
     def _close_handle(handle: int) -> object:
         return None
+
+
+def identity(path: pathlib.Path, before: os.stat_result, opened: os.stat_result) -> tuple[int, int]:
+    """The (st_dev, st_ino) that stat(path) will show while the path names the file opened (`opened`: its
+    fstat; `before`: stat(path) before the open): the path's view if it did not change while the file was
+    opened (overlayfs before Linux 4.19 gave fstat another file's, and comparing the two would see a
+    rotation at every poll)."""
+    try:
+        after = path.stat()
+    except OSError:
+        return (opened.st_dev, opened.st_ino)
+    if (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
+        return (after.st_dev, after.st_ino)
+    return (opened.st_dev, opened.st_ino)  # rotated while it was opened: the descriptor's view is the truth

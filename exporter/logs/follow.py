@@ -30,9 +30,13 @@ A writer closing the file (a server exiting) ends a batch wait at once: a restar
 truncates the log as it starts, and the old run's last lines, often the ones that explain the
 restart, are read in that gap or lost. Closes are seen where inotify is (Linux); watchdog's other
 backends (macOS, BSD, Windows) report none, and polling (``--fs-events false``) sees none either.
-There the follower looks at the file's size every ``PROBE_INTERVAL`` (50 ms, one fstat) while it
-waits: new bytes after a quiet spell are read at once, a writer that stops ends a batch wait, and what
-a truncation takes before it could be read is counted in ``lost_bytes`` (see `_Probe`).
+There the follower looks at the file while it waits (one fstat; see `Probe`), every ``PROBE_INTERVAL``
+(50 ms) when idle and every ``PROBE_INTERVAL_BUSY`` (5 ms) during a batch wait and for a second after
+lines were read: new bytes after a quiet
+spell are read at once, a writer that stops ends a batch wait, a file found shrunk or rewritten ends it
+at once, and what a truncation takes before it could be read is counted in ``lost_bytes``: what the
+looks saw of the old content beyond the last read, and every run replaced in turn before a read.
+Only what a server wrote after the last look before the next one truncated the log is not known.
 The figures (bench/run.py, follow at 2,000 lines/s) are in docs/performance.md.
 """
 
@@ -51,7 +55,7 @@ from exporter.logs.watch import InotifyWatch, ParentWatch, Waker, WakeUps
 if TYPE_CHECKING:
     pass
 
-__all__ = ["CatchUp", "follow"]
+__all__ = ["CatchUp", "Probe", "follow"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +65,14 @@ BATCH_START = 0.025
 CATCH_UP_MAX_BYTES = 512 * 1024
 #: ...and never longer than this.
 CATCH_UP_TIMEOUT = 0.1
-#: Without close events, how often follow() looks at the file's size while it waits (see `_Probe`): well
-#: within the time a wrapper takes to restart llama-server (a new process, then its log truncated).
+#: Without close events, how often follow() looks at the file's size while it waits idle (see `Probe`),
+#: and how long a writer is quiet before a batch wait ends.
 PROBE_INTERVAL = 0.05
+#: ...and during a batch wait or soon after lines: within the few milliseconds a wrapper takes to start
+#: llama-server again. Always at this pace, an idle follower would cost about 3 % of a busy core.
+PROBE_INTERVAL_BUSY = 0.005
+#: How long after the log last had lines the follower looks at that pace while idle.
+ACTIVE_SPAN = 1.0
 
 
 def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
@@ -139,7 +148,7 @@ class CatchUp:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
 
-    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: _Probe | None = None) -> None:
+    async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: Probe | None = None) -> None:
         """follow()'s wait on `waker`, which a scrape may end; probing the file meanwhile if asked."""
         self._wake = wake
         try:
@@ -158,38 +167,56 @@ class CatchUp:
                 read.set_result(None)
 
 
-class _Probe:
-    """Where no writer's close is seen (polling, or a watch without close events): a look at the file's
-    size every `PROBE_INTERVAL` while follow() waits, one fstat, no read.
+class Probe:
+    """Where no writer's close is seen (polling, or a watch without close events): a look at the file
+    while follow() waits, one fstat (and a few small preads when it changed), no read.
 
     A restarted llama-server truncates its log as it starts, and whatever the old one wrote after the
-    last read is gone. The probe narrows that window and counts what it cannot close: while idle, new
-    bytes end the wait (they are read at once, as an event would have them); during a batch wait, a
-    writer that went quiet (no growth since the previous probe) ends it, since a server that stops
-    writing may be exiting; and every size seen is remembered, so that a truncation before the next
-    read counts the bytes no read took in ``lost_bytes`` (see `LogTailer.probe`).
+    last read is gone. The probe narrows that window and counts what it cannot close. Every look is
+    remembered by the tailer (`LogTailer.probe`): the size of the content read so far, so that a
+    truncation before the next read counts in ``lost_bytes`` the bytes no read took; or, when the
+    content was replaced, the new content's size, so that a run replaced in turn unread is counted too.
+    The wait ends at once when a look finds the content replaced (the new run is read from its start,
+    and the old one's loss counted), and when idle on any new byte (read at once, as an event would
+    have it). During a batch wait, and for `ACTIVE_SPAN` after the log last had lines, the looks come
+    every `PROBE_INTERVAL_BUSY`, so that the old server's last size is seen even when the next one
+    starts a few milliseconds after its last line; a writer
+    quiet for `PROBE_INTERVAL` ends the wait, since a server that stops writing may be exiting.
     """
 
-    def __init__(self, tailer: LogTailer, idle: bool) -> None:
-        self._tailer, self._idle = tailer, idle
+    def __init__(self, tailer: LogTailer, idle: bool, now: float, active_until: float = -math.inf) -> None:
+        self._tailer, self._idle, self._active_until = tailer, idle, active_until
+        self._pending, self._changed_at = -1, now
+
+    def interval(self, now: float) -> float:
+        """The time from a look at `now` to the next: short during a batch wait and for `ACTIVE_SPAN` after
+        the log last had lines (a restart comes then), the idle pace after."""
+        return PROBE_INTERVAL_BUSY if not self._idle or now < self._active_until else PROBE_INTERVAL
+
+    def step(self, now: float) -> bool:
+        """One look at `now` (the loop's clock); True: the wait is to end."""
+        pending = self._tailer.probe()
+        if self._tailer.replaced or (pending and self._idle):
+            return True
+        if pending != self._pending:
+            self._pending, self._changed_at = pending, now
+            return False
+        return pending > 0 and now - self._changed_at >= PROBE_INTERVAL
 
     async def wait(self, waker: Waker, timeout: float) -> None:
-        """`waker.wait(timeout)`, ended early (the waker set) by what a probe sees. A probe is one timer
-        callback, not a wake-up of follow(): an idle follower costs a few microseconds per probe."""
+        """`waker.wait(timeout)`, ended early (the waker set) by what a look sees. A look is one timer
+        callback, not a wake-up of follow(): an idle follower costs a few microseconds per look."""
         loop = asyncio.get_running_loop()
-        last = -1
         handle: asyncio.TimerHandle | None = None
 
         def probe() -> None:
-            nonlocal last, handle
-            pending = self._tailer.probe()
-            if pending and (self._idle or pending == last):
+            nonlocal handle
+            if self.step(loop.time()):
                 waker.set()
                 return
-            last = pending
-            handle = loop.call_later(PROBE_INTERVAL, probe)
+            handle = loop.call_later(self.interval(loop.time()), probe)
 
-        handle = loop.call_later(PROBE_INTERVAL, probe)
+        handle = loop.call_later(self.interval(loop.time()), probe)
         try:
             await waker.wait(timeout)
         finally:
@@ -229,7 +256,7 @@ async def follow(
         watch = InotifyWatch.create(tailer.path, wake) or ParentWatch(tailer.path, loop, wake)
     stop_task = asyncio.ensure_future(stop_event.wait())
     stop_task.add_done_callback(lambda _: wake.read_now())
-    last_drain = -math.inf
+    last_drain = last_lines = -math.inf
     wait = first_wait  # the next batch wait while the file keeps changing
     catch = catch_up if catch_up is not None else CatchUp()
     catch._tailer = tailer
@@ -242,14 +269,18 @@ async def follow(
             now = loop.time()
             busy, last_drain = now - last_drain < 2 * wait, now
             lines = await _drain(tailer, on_lines, stop_event, catch)
+            if lines:
+                last_lines = loop.time()
+            sees_closes = watch is not None and watch.sees_closes
+            if not sees_closes:
+                tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `Probe`
             catch._progress()
             if after_drain is not None:
                 after_drain()
             if stop_event.is_set():
                 break
-            sees_closes = watch is not None and watch.sees_closes
             if busy and lines:
-                await catch._wait(wake, wake.urgent, wait, None if sees_closes else _Probe(tailer, idle=False))
+                await catch._wait(wake, wake.urgent, wait, None if sees_closes else Probe(tailer, False, loop.time()))
                 # Without close events a restart's last lines are read only at the end of the wait
                 # (before the new server truncates the log, or never): then no longer than a poll.
                 wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
@@ -260,7 +291,12 @@ async def follow(
                 watch.any_name = tailer.rotated_files > 0
             if watch is not None:
                 watch.listen()
-            await catch._wait(wake, wake.any, poll_interval, None if sees_closes else _Probe(tailer, idle=True))
+            await catch._wait(
+                wake,
+                wake.any,
+                poll_interval,
+                None if sees_closes else Probe(tailer, True, loop.time(), last_lines + ACTIVE_SPAN),
+            )
     finally:
         catch._progress()
         catch._tailer = None

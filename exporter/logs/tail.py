@@ -34,36 +34,34 @@ Rename-and-create rotation (logrotate's default, ``mv log log.1 && touch log``)
     done about a file we never saw, so the driver polls on every filesystem event and at least
     every second. A rotated file that comes back to the path is taken up where it was.
 
-Truncation (same inode, ``st_size < offset``)
+Truncation (same inode, smaller than our offset or than a look saw it)
     This is *normal* for llama-server: it opens ``--log-file`` with ``fopen(path, "w")`` (O_TRUNC)
     on every start. We emit the pending partial line, seek to 0 and count ``stats.truncations``.
-    If some earlier ``fstat`` (a previous poll, or ``has_pending``) showed the file larger than our
-    offset, the difference is bytes we provably never read: added to ``stats.lost_bytes`` (``probe``
-    takes such sizes between reads, checking the fingerprints first, so that a new content's size is
-    never taken for the old one's). What a restarted server's predecessor wrote after our last read
-    and no ``fstat`` showed is gone without a trace (``follow`` reads as the old server closes the
-    file where closes are seen, and elsewhere probes the size every 50 ms, which narrows that window).
+    If some earlier ``fstat`` (a previous poll, ``has_pending`` or ``probe``) showed the file larger
+    than our offset, the difference is bytes we provably never read: added to ``stats.lost_bytes``.
+    Such a look also keeps the fingerprints of the size it saw, so that a content read in part or not
+    at all (found empty just after a restart) is still told from the content that replaces it.
+    A look that finds the content replaced keeps the new content's size apart (``exporter.logs.replaced``):
+    a run replaced in turn before we read it counts its truncation and its bytes. What a server wrote
+    after the last look is estimated from its rate, if the looks saw it still writing (``Growth``).
 
 In-place rewrite (same inode, already grown past our offset)
-    If the server restarted and wrote more than we had read before we polled again, the size check
-    alone sees nothing wrong and we would resume in the middle of the new run. So we keep two
-    fingerprints of what we read: the first up-to-64 bytes of the file ("head") and the last
-    up-to-64 bytes before our offset ("tail"), and re-read both on every poll (two small preads
-    from the page cache). If either differs, the file was rewritten: handled as a truncation.
-    The tail check matters for llama-server in particular: its first log lines (build info, system
-    info) are identical from run to run, so the head alone often matches after a restart. A rewrite
-    that is byte-identical in both windows goes unnoticed; in practice that means we had only read
-    the deterministic start-up banner, and resuming at our offset then loses nothing.
+    A server that restarted and wrote more than we had read before we polled again: the size check
+    sees nothing wrong. So we keep two fingerprints of what we read, the first up-to-64 bytes ("head")
+    and the last up-to-64 bytes before our offset ("tail"), re-read on every poll (two small preads).
+    If either differs, the file was rewritten: handled as a truncation. The tail check matters for
+    llama-server: its first lines (build info, system info) are the same from run to run. A new run
+    byte-identical to the old one beyond the largest size any look saw cannot be told from growth (no
+    file state shows it): its bytes up to our offset are not read, and not counted.
 
 Delete (path gone, fd still open)
     The inode stays alive while we hold it, so we keep reading it to EOF (a server whose log was
     ``rm``-ed keeps writing into it, and we keep following). ``stat(path)`` fails, we keep waiting.
     When the path reappears as a different file we switch to it from offset 0 and count a rotation;
     the deleted file is kept as a rotated file, like a renamed one.
-    Inode numbers are often reused right after a delete (tmpfs, ext4); that hazard hits tailers that
-    close the file or checkpoint ``(inode, offset)``. Because we hold the old inode open, the new
-    file cannot get its number; and the head/tail fingerprints would catch a reuse anyway. A path
-    that disappears and comes back as the *same* inode (``mv log x && mv x log``) is not a rotation.
+    Inode numbers are often reused right after a delete (tmpfs, ext4); as we hold the old inode open,
+    the new file cannot get its number (and the fingerprints would catch a reuse). A path that comes
+    back as the *same* inode (``mv log x && mv x log``) is not a rotation.
 
 copytruncate (``cp log log.1 && truncate -s0 log``)
     Lossy by nature: whatever was appended after our last read and before the truncate is only in
@@ -80,32 +78,26 @@ copytruncate (``cp log log.1 && truncate -s0 log``)
 
 Partial lines
     Bytes after the last ``"\\n"`` are buffered until the rest arrives, so a line written in pieces
-    (split anywhere, including inside a multi-byte UTF-8 character, because decoding happens per
-    complete line) is returned once. On rotation or truncation a buffered partial line is emitted
-    as a line: the file it belonged to will never complete it.
+    (even inside a UTF-8 character: lines are decoded whole) is returned once. On rotation or
+    truncation a buffered partial line is a line: the file it belonged to will never complete it.
 
 Very long lines
-    A line longer than ``max_line_bytes`` (counting a trailing ``"\\r"``, excluding ``"\\n"``) is
-    returned as soon as the limit is reached, cut to ``max_line_bytes`` (backed off to a UTF-8
-    character boundary), ``stats.long_lines += 1``; the rest up to the next ``"\\n"`` is read and
-    discarded. Memory is bounded by ``max_line_bytes + chunk_bytes``.
+    A line longer than ``max_line_bytes`` (with a trailing ``"\\r"``, without ``"\\n"``) is returned
+    cut there (at a UTF-8 character boundary), ``stats.long_lines += 1``; the rest up to the next
+    ``"\\n"`` is dropped. Memory is bounded by ``max_line_bytes + chunk_bytes``.
 
 Encoding
-    Files are read in binary (``exporter.logs.fileopen``: on Windows a text-mode descriptor would
-    translate CRLF and stop at ``^Z`` while the offsets stay raw). The first bytes of each content
-    (after an open, a rotation or a truncation) tell its encoding (``exporter.logs.encoding``): UTF-8,
-    with or without a byte order mark, or UTF-16 (PowerShell 5.1's ``2>``), which is turned into UTF-8
-    before lines are split; offsets, fingerprints and byte counts stay in the file's own bytes. The
-    error record PowerShell 5.1 wraps around the first stderr line is taken off. Lines are decoded as
-    UTF-8 with ``errors="replace"``: invalid bytes become U+FFFD, never an exception. A trailing
-    ``"\\r"`` (CRLF) is stripped. Binary data (``exporter.logs.recognize``) is not split into lines:
-    said in ``unreadable``, so that the exporter shows the log as down, not as a quiet "up".
+    Files are read in binary (``exporter.logs.fileopen``: no text-mode CRLF or ``^Z``). The first bytes
+    of each content tell its encoding (``exporter.logs.encoding``): UTF-8, with or without a byte order
+    mark, or UTF-16 (PowerShell 5.1's ``2>``), turned into UTF-8 before lines are split (offsets and
+    counts stay in the file's bytes); PowerShell 5.1's error records are taken off. Lines are decoded
+    as UTF-8 with ``errors="replace"``, a trailing ``"\\r"`` stripped. Binary data (``recognize``) is
+    not split into lines but said in ``unreadable``: the exporter shows the log as down, not "up".
 
 File missing at start, unreadable, not a regular file
-    ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory,
-    FIFO or device at the path is refused without opening it (opening a FIFO could block or wake
-    its writer). Symlinks are followed: identity is the target's, so re-pointing the link counts
-    as a rotation.
+    ``poll`` returns ``[]`` and ``last_error`` says why; the next poll tries again. A directory, FIFO
+    or device is refused unopened (opening a FIFO could block or wake its writer). Symlinks are
+    followed: identity is the target's, so re-pointing the link is a rotation.
 
 Following the file as it changes (filesystem events, a timer, batching) is ``exporter.logs.follow``.
 """
@@ -117,16 +109,18 @@ import os
 import pathlib
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.logs import recognize
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
-from exporter.logs.fileopen import open_log
+from exporter.logs.fileopen import identity, open_log
+from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
+from exporter.logs.replaced import pread as _pread
 
 __all__ = ["LogTailer", "TailerStats"]
 
-_HEAD_BYTES = 64
-_TAIL_BYTES = 64
+_HEAD_BYTES = _TAIL_BYTES = FINGERPRINT_BYTES
 
 
 @dataclass
@@ -139,14 +133,7 @@ class TailerStats:
     rotations: int = 0  # path now names a different file (inode/device changed, or recreated after delete)
     opens: int = 0
     long_lines: int = 0  # lines cut at max_line_bytes
-    lost_bytes: int = 0  # bytes known to be lost (e.g. unread tail seen by stat before a truncation)
-
-
-def _pread(fd: int, size: int, offset: int) -> bytes:
-    if hasattr(os, "pread"):
-        return os.pread(fd, size, offset)  # one system call; a follower makes several per wake-up
-    os.lseek(fd, offset, os.SEEK_SET)  # Windows has no pread
-    return os.read(fd, size)
+    lost_bytes: int = 0  # bytes lost: seen by a look and never read, or estimated (see `replaced.Growth`)
 
 
 def _decode(line: bytes | bytearray) -> str:
@@ -164,28 +151,32 @@ class _File:
         self.offset = 0
         self.head = b""  # first bytes of the file, as we read them
         self.tail = b""  # last bytes before offset, as we read them
-        self.seen_size = 0  # largest st_size an fstat has shown for the current content
+        self.seen = Seen()  # the current content as the looks saw it: its largest size, its fingerprints
         self.partial = bytearray()
         self.discarding = False  # inside an over-long line, dropping bytes up to the next "\n"
         self.skip_nul = True  # at the start of the content: skip a copytruncate hole
         self.truncated_at: int | None = None  # our offset when the content was last truncated
         self.lost_counted = 0  # of the bytes lost at that truncation, those already counted
+        self.guess = 0  # ...and those estimated (`replaced.Growth`), if no hole measures them
         self.grown_at = 0.0  # when a read last found new bytes (time.monotonic; 0: never)
+        self.replaced = Replacements()  # what probes saw replace the content since it was last read
+        self.growth = Growth()  # its sizes at the last looks
         self._new_content()
 
     def _new_content(self) -> None:
         self.undecided = b""  # the first bytes, while too few to tell the encoding (at most 3)
         self.sniffed = False  # the encoding is known
         self.transcode: Transcoder | None = None  # UTF-16 to UTF-8; None: the bytes are UTF-8
-        self.record: PowerShellRecord | None = PowerShellRecord()  # None once past the first lines
+        self.record: PowerShellRecord | None = PowerShellRecord()  # None: the content starts with no record
         self.unreadable: str | None = None
 
     def reset(self) -> None:
         """The content starts again at offset 0 (truncated or rewritten)."""
         self.offset = 0
         self.head = self.tail = b""
-        self.seen_size = 0
+        self.seen = Seen()
         self.skip_nul = True
+        self.growth = Growth()
         self._new_content()
 
 
@@ -197,13 +188,13 @@ class LogTailer:
         path: str | os.PathLike[str],
         *,
         max_line_bytes: int = 1 << 20,
-        # 32 KiB (~300 lines, a few ms to parse): the follower yields to the event loop between reads,
-        # and a scrape waits for it several times (accept, request, live reads, response). 256 KiB
-        # made scrapes wait 150-270 ms during a 200,000 lines/s flood, 64 KiB 40-60 ms, 32 KiB 25-35 ms,
-        # at the same throughput; the smaller buffers also keep the peak RSS lower (bench/run.py).
+        # 32 KiB (~300 lines, a few ms to parse): the follower yields between reads, and a scrape waits for
+        # it several times. In a 200,000 lines/s flood scrapes waited 150-270 ms at 256 KiB, 40-60 ms at
+        # 64 KiB, 25-35 ms at 32 KiB, at the same throughput and a lower peak RSS (bench/run.py).
         chunk_bytes: int = 1 << 15,
         rotate_wait: float = 60.0,
         max_rotated: int = 4,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_line_bytes < 1 or chunk_bytes < 1:
             raise ValueError("max_line_bytes and chunk_bytes must be positive")
@@ -213,6 +204,7 @@ class LogTailer:
         self._chunk = chunk_bytes
         self._rotate_wait = rotate_wait
         self._max_rotated = max(0, max_rotated)
+        self._clock = clock
         self._file: _File | None = None
         self._rotated: list[_File] = []  # files the path named before, oldest first: still read to their end
         self._error: str | None = None
@@ -295,28 +287,42 @@ class LogTailer:
     def probe(self) -> int:
         """Between reads, without reading: the bytes not read yet (as `pending_bytes`), and the current
         file's size remembered (if its content is still the one read so far), so that a truncation
-        before the next read counts in ``lost_bytes`` what this probe saw and no read took."""
+        before the next read counts in ``lost_bytes`` what this probe saw and no read took. A file that
+        appeared while none was open is opened here: a restart before the read would leave it unseen."""
+        if self._file is None and not self._open():
+            return 0
         f = self._file
-        if f is None:  # waiting for the file: one that appeared is to be opened (and read) at once
-            try:
-                st = self.path.stat()
-            except OSError:
-                return 0
-            return max(1, st.st_size) if stat.S_ISREG(st.st_mode) else 0
+        assert f is not None
         with contextlib.suppress(OSError):
-            self._note_size(f, os.fstat(f.fd).st_size)
+            self._note_size(f, size := os.fstat(f.fd).st_size)
+            if not f.replaced:  # the probes' looks, evenly spaced, tell whether the writer is still at it
+                f.growth.look(self._clock(), size)
         return self.pending_bytes()
 
+    @property
+    def replaced(self) -> bool:
+        """A probe or `has_pending` saw the current file's content replaced (shrunk, or its fingerprints
+        changed) since the last read: the next read handles a truncation."""
+        return self._file is not None and bool(self._file.replaced)
+
     def _note_size(self, f: _File, size: int) -> None:
-        """Remember `size` as seen for the current content, unless the content was replaced meanwhile
-        (a size from a restarted server's new content would count its bytes as lost)."""
-        if size <= f.seen_size or size < f.offset:
-            return
+        """Remember `size` as seen for the current content; if the content was replaced meanwhile, what
+        replaced it instead (a size from a restarted server's new content would count its bytes as lost)."""
+        same = not f.replaced and size >= max(f.offset, f.seen.size)
+        if same and (size == f.seen.size or self._same_content(f, size)):
+            if size > f.seen.size:
+                f.seen.grow(f.fd, size)
+        else:
+            f.replaced.note(f.fd, size, self._clock())
+
+    def _same_content(self, f: _File, size: int) -> bool:
+        """The file still starts with what was read, and holds it up to our offset, and what a look saw beyond
+        it (a few preads: a content read only in part, or not at all, is known by what the looks saw)."""
         if f.head and _pread(f.fd, len(f.head), 0) != f.head:
-            return
+            return False
         if f.tail and f.offset > len(f.head) and _pread(f.fd, len(f.tail), f.offset - len(f.tail)) != f.tail:
-            return
-        f.seen_size = size
+            return False
+        return f.seen.size <= f.offset or f.seen.holds(f.fd, size)
 
     @property
     def unreadable(self) -> str | None:
@@ -382,25 +388,10 @@ class LogTailer:
             os.close(fd)
             self._error = f"log file {path} is not a regular file"
             return False
-        self._file = _File(fd, self._identity(before, st))
+        self._file = _File(fd, identity(path, before, st))
         self.stats.opens += 1
         self._error = None
         return True
-
-    def _identity(self, before: os.stat_result, opened: os.stat_result) -> tuple[int, int]:
-        """The (st_dev, st_ino) that later stat(path) calls will show while the path names our file.
-
-        Normally fstat(fd) and stat(path) agree. Some filesystems (overlayfs before Linux 4.19, where
-        open() returned the underlying file) disagree, and comparing the two would see a rotation
-        at every poll. So if the path did not change while we opened it, take the path's view.
-        """
-        try:
-            after = self.path.stat()
-        except OSError:
-            return (opened.st_dev, opened.st_ino)
-        if (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino):
-            return (after.st_dev, after.st_ino)
-        return (opened.st_dev, opened.st_ino)  # rotated while we opened: fd's view is the truth
 
     def _retire(self, f: _File, out: list[str]) -> None:
         """The path names another file now: keep reading this one as a rotated file (its writer may go on)."""
@@ -423,7 +414,7 @@ class LogTailer:
         if not self._rotated:
             return 0, True
         used, all_eof = 0, True
-        now = time.monotonic()
+        now = self._clock()
         current_grown = self._file.grown_at if self._file is not None else 0.0
         for r in list(self._rotated):
             try:
@@ -447,22 +438,26 @@ class LogTailer:
         return used, all_eof
 
     def _check_rewritten(self, f: _File, out: list[str]) -> None:
-        """Handle truncation or an in-place rewrite of the current file, counting what is known lost."""
+        """Handle truncation or an in-place rewrite of the current file, counting what is known lost:
+        what a look showed beyond our offset, and the contents probes saw replaced before this read."""
         fd, offset = f.fd, f.offset
         size = os.fstat(fd).st_size
-        rewritten = size < offset
-        if not rewritten and f.head:
-            rewritten = _pread(fd, len(f.head), 0) != f.head
-        if not rewritten and f.tail and offset > len(f.head):
-            rewritten = _pread(fd, len(f.tail), offset - len(f.tail)) != f.tail
+        rewritten = bool(f.replaced) or size < max(offset, f.seen.size) or not self._same_content(f, size)
         if rewritten:
-            lost = max(0, f.seen_size - offset)
-            self.stats.lost_bytes += lost
+            lost = max(0, f.seen.size - offset)
+            # What no look saw (written after the last one), estimated as of the first look that found it
+            # gone; counted at the first read of the new content, unless a copytruncate hole measures it.
+            guess = f.growth.unseen(f.replaced.found_at or self._clock())
+            missed, gone = f.replaced.settle(fd, size)
+            if f.truncated_at is not None:  # the content before was replaced before its first byte: no hole
+                gone += f.guess  # will measure the loss before it, its estimate counts
+            self.stats.lost_bytes += lost + gone
             self._flush_partial(f, out)
             f.reset()
-            f.truncated_at, f.lost_counted = offset, lost
-            self.stats.truncations += 1
-        f.seen_size = max(f.seen_size, size)
+            f.truncated_at, f.lost_counted, f.guess = offset, lost, guess
+            self.stats.truncations += 1 + missed
+        if size > f.seen.size:
+            f.seen.grow(fd, size)
 
     def _path_replaced(self, f: _File) -> bool:
         """At EOF: does the path now name a different file than the one we hold?"""
@@ -482,7 +477,7 @@ class LogTailer:
             if data:
                 self._consume(f, data, out)
                 total += len(data)
-                f.grown_at = time.monotonic()
+                f.grown_at = self._clock()
             if len(data) < want:  # a short read on a regular file means EOF (for now)
                 return total, True
         return total, False
@@ -504,7 +499,7 @@ class LogTailer:
                 # the hole ends where it was when the file was truncated, and what it wrote past our
                 # offset before that is only in the copy.
                 hole = offset + len(data) - len(text)
-                self.stats.lost_bytes += max(0, hole - f.truncated_at - f.lost_counted)
+                self.stats.lost_bytes += max(0, hole - f.truncated_at - f.lost_counted) if hole else f.guess
                 f.truncated_at = None
             data = text
         if not f.sniffed or f.transcode is not None:
@@ -514,7 +509,7 @@ class LogTailer:
         if f.record is None:
             self._split(f, data, out)
             return
-        start = len(out)  # PowerShell's error record, if any, is in the first lines of the content
+        start = len(out)  # PowerShell's error records: one opens the content, then one per run appended
         self._split(f, data, out)
         out[start:] = f.record.feed(out[start:])
         if f.record.done:

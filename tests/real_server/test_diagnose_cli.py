@@ -230,3 +230,22 @@ def _garbage_files(tmp: Path) -> Iterator[tuple[str, Path | str, str]]:
     zeros = tmp / "zeros.log"
     zeros.write_bytes(b"\x00" * 3_000_000)
     yield "only NUL bytes", zeros, "only NUL bytes"
+
+
+def test_a_report_to_a_file_is_utf8_whatever_the_code_page(tmp_path: Path) -> None:
+    """`diagnose LOG > report.txt` where standard output's encoding is cp1252 (Windows' ANSI code page):
+    the whole report, in UTF-8, the path as it is."""
+    log = tmp_path / "llama-server.log"
+    text = (FIXTURES / "exhaust-lv4" / "llama-server.log").read_text()
+    log.write_text(text.replace("models/tiny-llama.gguf", "C:/модели/模型-τ.gguf"), encoding="utf-8")
+    report = tmp_path / "report.txt"
+    with report.open("wb") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "exporter", "diagnose", str(log)],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONIOENCODING": "cp1252"},
+            timeout=120,
+        )
+    assert done.returncode == 1 and not done.stderr, done.stderr  # 1: the log holds a failure
+    assert "model 'C:/модели/模型-τ.gguf'" in report.read_text(encoding="utf-8")

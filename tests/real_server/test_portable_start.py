@@ -4,10 +4,12 @@ of the suite's configurations; the portable one itself is checked to take things
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,30 @@ def test_ctrl_c_stops_with_one_line_and_exit_code_0(configuration: str, tmp_path
     assert proc.wait(timeout=60) == 0
     output = exporter.output_file.read_text(errors="replace")
     assert "received SIGINT: stopping" in output and "Traceback" not in output and "KeyboardInterrupt" not in output
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_a_second_ctrl_c_while_stopping_ends_without_a_traceback(configuration: str, tmp_path: Path) -> None:
+    """Ctrl-C twice: the second comes once the first has started the stop (wherever the stop then is, up to
+    Python's own shutdown). The process ends: exit code 0 (the stop was done), 130 (ended at once), or
+    killed by the signal (Python's own end, where the handlers are the default again); never a traceback."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    exporter = ExporterProcess(
+        log, ["--nvml", "off", "--http", "off", "--proc", "off"], env=CONFIGURATIONS[configuration]
+    ).start()
+    proc = exporter._proc
+    assert proc is not None
+    proc.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60  # a hang guard
+    while "received SIGINT: stopping" not in exporter.output_file.read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.001)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) in (0, 130, -signal.SIGINT)
+    output = exporter.output_file.read_text(errors="replace")
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
 
 
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)

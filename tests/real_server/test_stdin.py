@@ -149,6 +149,23 @@ def test_a_regular_file_on_standard_input(tmp_path: Path) -> None:
         assert exporter.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) == 4
 
 
+def test_a_utf16_file_on_standard_input(tmp_path: Path) -> None:
+    """`type llama-server.stderr | llamacpp-exporter --log-file -` of PowerShell 5.1's `2>` file (UTF-16LE, its
+    error record): read as the UTF-8 log, through a pipe, every line counted, the record's lines not."""
+    from windows_logs import variant
+
+    capture = next(c for c in CAPTURES if c.parent.name == "exhaust-lv4")
+    data = capture.read_bytes()
+    with SourceExporter(["--log-file", "-"], workdir=tmp_path, name="utf16", stdin=subprocess.PIPE) as exporter:
+        assert exporter.stdin is not None
+        exporter.stdin.write(variant(data, "powershell51"))
+        exporter.stdin.close()
+        wait_for(lambda: exporter.sample("llamacpp_exporter_source_up", {"source": "log"}) == 0, timeout=30, what="EOF")
+        assert exporter.sample("llamacpp_exporter_log_lines_total") == count_lines(data)
+        assert exporter.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) == 4
+        assert exporter.sample("llamacpp_server_starts_total") == 1
+
+
 def test_dev_null_on_standard_input(tmp_path: Path) -> None:
     """systemd's StandardInput=null, `docker run` without -i: one warning, the log source down, still serving."""
     with SourceExporter(["--log-file", "-"], workdir=tmp_path, name="devnull", stdin=subprocess.DEVNULL) as exporter:

@@ -3,7 +3,8 @@ descriptors that Windows' `os.open` returns without `O_BINARY`.
 
 `variant` writes a real capture the ways it reaches a file on Windows: llama-server's own CRLF (its
 `--log-file` and its stderr are CRT text-mode streams), after a UTF-8 byte order mark, as PowerShell 5.1's
-`2>` writes it (UTF-16LE with a byte order mark, the first line wrapped as an error record).
+`2>` writes it (UTF-16LE with a byte order mark, the first line wrapped as an error record), and as a
+PowerShell 5.1 restart loop appends run after run (`2>>`: a record around each run's first line).
 
 `CrtTextMode` makes `os.open`/`os.read` behave as the MSVC C runtime does for the files under one folder:
 a descriptor opened without `O_BINARY` is in text mode, and its reads turn CRLF into LF and stop at a ^Z
@@ -23,14 +24,14 @@ VARIANTS = ("lf", "crlf", "utf8-bom", "utf16le-bom", "powershell51")
 PS_COMMAND = r".\llama-server.exe -m C:\models\model.gguf -c 262144 2> llama-server.stderr"
 
 
-def powershell51_record(first: str, exe: str = "llama-server.exe") -> list[str]:
+def powershell51_record(first: str, exe: str = "llama-server.exe", command: str = PS_COMMAND) -> list[str]:
     """The lines PowerShell 5.1 writes for a native program's first stderr line `first`."""
     shown = first if len(first) <= 30 else first[:14] + "..." + first[-13:]
     return [
         f"{exe} : {first}",
         "At line:1 char:1",
-        f"+ {PS_COMMAND}",
-        "+ " + "~" * len(PS_COMMAND),
+        f"+ {command}",
+        "+ " + "~" * len(command),
         f"    + CategoryInfo          : NotSpecified: ({shown}:String) [], RemoteException",
         "    + FullyQualifiedErrorId : NativeCommandError",
         " ",
@@ -54,6 +55,19 @@ def variant(data: bytes, kind: str) -> bytes:
         wrapped = "\r\n".join(powershell51_record(first)) + sep + rest
         return b"\xff\xfe" + wrapped.encode("utf-16-le")
     raise ValueError(kind)
+
+
+def powershell51_appended(runs: list[bytes]) -> list[bytes]:
+    """Each run's stderr (LF, as recorded) as a PowerShell 5.1 restart loop appends it (`2>>`): UTF-16LE,
+    a byte order mark at the start of the file only, every run's first line wrapped in an error record.
+    The pieces in order: the file is their concatenation."""
+    command = PS_COMMAND.replace("2>", "2>>")
+    out = []
+    for i, run in enumerate(runs):
+        first, sep, rest = run.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n").decode("utf-8").partition("\r\n")
+        wrapped = "\r\n".join(powershell51_record(first, command=command)) + sep + rest
+        out.append((b"\xff\xfe" if i == 0 else b"") + wrapped.encode("utf-16-le"))
+    return out
 
 
 O_TEXT = 0x4000  # the MSVC CRT's values

@@ -11,6 +11,7 @@ import io
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from paths import B11434
 
 from exporter import diagnose
 from exporter.diagnose import analyze, diagnose_file, render_text
+from exporter.diagnose.cli import main as diagnose_main
 
 FIXTURES = B11434
 
@@ -237,3 +239,30 @@ def test_console_script_dispatches_diagnose() -> None:
     from exporter.cli import main as cli_main
 
     assert cli_main(["diagnose", str(FIXTURES / "recover-purge-lv4" / "llama-server.log"), "--json"]) == 0
+
+
+def _non_latin_log(tmp_path: Path) -> Path:
+    """A real log whose model path cp1252 cannot encode (Cyrillic, Chinese, Greek)."""
+    log = tmp_path / "llama-server.log"
+    text = (B11434 / "exhaust-lv4" / "llama-server.log").read_text()
+    log.write_text(text.replace("models/tiny-llama.gguf", "C:/модели/模型-τ.gguf"), encoding="utf-8")
+    return log
+
+
+def test_a_report_on_a_console_replaces_what_its_code_page_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a console in cp1252 the characters it cannot show are replaced; the report is written whole."""
+
+    class Console(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    raw = io.BytesIO()
+    console = Console(raw, encoding="cp1252")
+    monkeypatch.setattr(sys, "stdout", console)
+    log = _non_latin_log(tmp_path)
+    assert diagnose_main([str(log)]) == 1
+    console.flush()
+    text = raw.getvalue().decode("cp1252")
+    assert "model 'C:/??????/??-?.gguf'" in text and "How runs ended" in text

@@ -82,7 +82,9 @@ def test_the_record_is_taken_off_also_from_a_script_and_with_a_drive_letter() ->
     lines = powershell51_record("build: 11434", exe=r"C:\llama\llama-server.exe")
     lines[1] = r"At C:\Users\me\run-llama.ps1:12 char:5"
     assert record.feed([*lines, "main: loading"]) == ["build: 11434", "main: loading"]
-    assert record.found and record.done
+    assert (
+        record.found and record.prefix == "C:\\llama\\llama-server.exe : " and not record.done
+    )  # watching for the next
 
 
 def test_a_held_first_line_is_read_when_the_file_is_truncated(tmp_path: Path) -> None:

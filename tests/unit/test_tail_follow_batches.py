@@ -202,6 +202,7 @@ async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path, monkeypatch: 
     """Without filesystem events (--fs-events false) the follower idles until its next look at the file
     (its size probe, made 60 s here): a scrape reads what was written meanwhile."""
     monkeypatch.setattr(follow_mod, "PROBE_INTERVAL", 60)
+    monkeypatch.setattr(follow_mod, "ACTIVE_SPAN", 0)  # not even in the second after a line
     p = tmp_path / "server.log"
     append(p, 0, 1)
     t, seen, stop, catch_up = LogTailer(p), Seen(), asyncio.Event(), CatchUp()

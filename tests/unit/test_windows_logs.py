@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from corpus_replay import CAPTURES, capture, exported, follow, truth_mismatches
 from paths import FIXTURES
-from windows_logs import O_BINARY, VARIANTS, CrtTextMode, variant
+from windows_logs import O_BINARY, VARIANTS, CrtTextMode, powershell51_appended, variant
 
 from exporter.diagnose.cli import main as diagnose_main
 from exporter.logs import fileopen
 from exporter.logs import tail as tail_mod
 from exporter.logs.tail import LogTailer
+from exporter.model.state import ServerState
+from exporter.pipeline import LogPipeline
 
 B11434 = [p for p in CAPTURES if p.parent.name == "b11434"]
 
@@ -111,6 +113,47 @@ def test_diagnose_json_equals_the_truth_in_every_windows_layout(
             report["lines"] = reports["lf"]["lines"]
             _unshift_lines(report)  # the line numbers of the file, where its first line is followed by six more
         assert report == reports["lf"], kind  # and every other figure as the plain log's
+
+
+RESTARTS = sorted(FIXTURES.glob("*/restart-kill9"))
+
+
+@pytest.mark.parametrize("folder", RESTARTS, ids=[p.parent.name for p in RESTARTS])
+def test_a_powershell51_restart_loop_appending_each_run_is_read_as_its_runs(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`2>>` in a restart loop: a record around the first line of every run, mid-file. Followed (each run
+    appended as it is written, the C runtime emulated) and read by diagnose: the starts, the runs and every
+    figure equal the truth, no line rejected, and none of the records' lines counted as read."""
+    recorded = capture(folder)
+    runs = [(folder / name).read_bytes() for name in recorded["logs"]]
+    pieces = powershell51_appended(runs)
+    plain_lines = sum(run.count(b"\n") for run in runs)
+    CrtTextMode(monkeypatch, tmp_path)
+    log = tmp_path / "llama-server.stderr"
+    log.write_bytes(b"")
+    state = ServerState()
+    tailer = LogTailer(log)
+    pipeline = LogPipeline(state, tailer)
+    pipeline.replay_existing()
+    for piece in pieces:
+        with log.open("ab") as f:
+            f.write(piece)
+        while tailer.has_pending():
+            pipeline.feed(tailer.poll())
+    pipeline.feed(tailer.poll())
+    tailer.close()
+    assert truth_mismatches(folder, exported(state)) == []
+    assert (tailer.stats.lines, tailer.stats.truncations, tailer.stats.lost_bytes) == (plain_lines, 0, 0)
+
+    report = _diagnose_json([str(log)], capsys)
+    assert report["runs_total"] == recorded["truth"]["starts"]
+    assert report["lines"] == plain_lines + 6 * len(runs)  # the file's lines, the records' included
+    plain = tmp_path / "plain.log"
+    plain.write_bytes(b"".join(runs))
+    expected = _diagnose_json([str(plain)], capsys)
+    for key in ("runs_total", "failures_total", "aborted_requests_total", "endings", "failed_starts_in_a_row"):
+        assert report[key] == expected[key], key
 
 
 def _unshift_lines(data: object) -> None:

@@ -103,7 +103,8 @@ EXPORTER_LOG_LOST_BYTES = Family(
     "llamacpp_exporter_log_lost_bytes_total",
     "counter",
     SERVER,
-    "Bytes known to be lost, e.g. written just before a copytruncate.",
+    "Bytes lost: written just before a copytruncate or a restart and never read (where no close event "
+    "is seen, what was written after the last look is estimated).",
 )
 
 EXPORTER_LOG_UNDERSTOOD = Family(

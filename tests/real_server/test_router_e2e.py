@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,9 @@ def test_one_router_two_models(stack: Any) -> None:
     )
     assert not [a for a in prom.alerts() if a["labels"].get("model") == "beta"]
     for exporter in (live, log_only):
+        # The clients' 500s can come before the router has copied the child's abort line into its log: wait
+        # for the line to be read (a hang guard, not a margin), then the figures.
+        wait_for(partial(_aborted_once, exporter), 60, what="alpha's abort line read")
         text = exporter.scrape()
         assert _log_view(_series(text, "beta")) == beta_before[exporter.url]
         alpha = _series(text, "alpha")
@@ -223,3 +227,7 @@ def test_one_router_two_models(stack: Any) -> None:
     assert live.sample("llamacpp_router_children") == 0
     assert live.sample("llamacpp_router_child_starts_total") == 2
     assert router.models() == {"alpha": "unloaded", "beta": "unloaded"}
+
+
+def _aborted_once(exporter: ExporterProcess) -> bool:
+    return _of(_series(exporter.scrape(), "alpha"), "llamacpp_context_exceeded_total") == {"": 1.0}

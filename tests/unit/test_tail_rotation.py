@@ -61,7 +61,7 @@ class Writer(threading.Thread):
     def _wait_seen(self, what: str, before: int) -> None:
         """Until the follower has noticed the operation: a second one before that would lose a whole file."""
         stats = self.tailer.stats
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120  # a hang guard: a host under load may take seconds to schedule the follower
         while (stats.rotations if what == "rotations" else stats.truncations) <= before:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the follower never saw the {what}")

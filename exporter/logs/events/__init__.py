@@ -1,0 +1,205 @@
+"""Events: what a llama-server log line means, as plain immutable values.
+
+`logs.parse.parse_line` turns one line into at most one of these; `state.ServerState.apply` consumes
+them. Field names follow llama-server's own wording. Slot ids are ints, task ids are ints (-1 = none).
+
+One module per family: `lifecycle` (a process's start, loading, ready, exit, line format), `slot` (slots,
+the pool's configuration, each task and its timings), `cache` (checkpoints and the prompt cache), `errors`
+(retries, failed decodes, aborted requests, crash causes, rejected lines), `router` (a router and its
+children). Everything is imported from here: `from exporter.logs import events as ev`.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from exporter.logs.events.cache import (
+    CheckpointConfig,
+    CheckpointCreated,
+    CheckpointRemoved,
+    CheckpointRestored,
+    CheckpointRestoreFailed,
+    CheckpointSuperseded,
+    FullReprocess,
+    PromptCacheCandidate,
+    PromptCacheLimit,
+    PromptCacheRemoved,
+    PromptCacheState,
+    PromptLoaded,
+    PromptSaved,
+)
+from exporter.logs.events.errors import (
+    FATAL_REASONS,
+    CrashCause,
+    DecodeFailed,
+    DecodeFatal,
+    KVRetry,
+    MemorySlotFailure,
+    Rejected,
+    RequestError,
+)
+from exporter.logs.events.lifecycle import (
+    BANNERS,
+    BuildInfo,
+    LineFormat,
+    MemoryProjection,
+    ModelLoadFailed,
+    ModelLoading,
+    ServerExiting,
+    ServerReady,
+    ServerStarting,
+    Verbosity,
+    banner_line,
+)
+from exporter.logs.events.router import (
+    ChildExited,
+    ChildSpawned,
+    ChildStopping,
+    RouterMode,
+)
+from exporter.logs.events.slot import (
+    AllSlotsIdle,
+    CachedTokens,
+    ContextParam,
+    GenerationProgress,
+    GenerationTiming,
+    IdleSlotPolicy,
+    IdleSlotSaved,
+    KVCacheSection,
+    KVCacheSize,
+    NewPrompt,
+    PerSlotCap,
+    PromptEvalTiming,
+    PromptProgress,
+    SlotCleared,
+    SlotCreated,
+    SlotPurged,
+    SlotReleased,
+    SlotSelected,
+    SlotsInitialized,
+    TaskStarted,
+    TimingsHead,
+)
+
+__all__ = [
+    "BANNERS",
+    "FATAL_REASONS",
+    "GENERIC",
+    "AllSlotsIdle",
+    "BuildInfo",
+    "CachedTokens",
+    "CheckpointConfig",
+    "CheckpointCreated",
+    "CheckpointRemoved",
+    "CheckpointRestoreFailed",
+    "CheckpointRestored",
+    "CheckpointSuperseded",
+    "ChildExited",
+    "ChildSpawned",
+    "ChildStopping",
+    "ContextParam",
+    "CrashCause",
+    "DecodeFailed",
+    "DecodeFatal",
+    "Event",
+    "FullReprocess",
+    "GenerationProgress",
+    "GenerationTiming",
+    "IdleSlotPolicy",
+    "IdleSlotSaved",
+    "KVCacheSection",
+    "KVCacheSize",
+    "KVRetry",
+    "LineFormat",
+    "MemoryProjection",
+    "MemorySlotFailure",
+    "ModelLoadFailed",
+    "ModelLoading",
+    "NewPrompt",
+    "PerSlotCap",
+    "PromptCacheCandidate",
+    "PromptCacheLimit",
+    "PromptCacheRemoved",
+    "PromptCacheState",
+    "PromptEvalTiming",
+    "PromptLoaded",
+    "PromptProgress",
+    "PromptSaved",
+    "Rejected",
+    "RequestError",
+    "RouterMode",
+    "ServerExiting",
+    "ServerReady",
+    "ServerStarting",
+    "SlotCleared",
+    "SlotCreated",
+    "SlotPurged",
+    "SlotReleased",
+    "SlotSelected",
+    "SlotsInitialized",
+    "TaskStarted",
+    "TimingsHead",
+    "Verbosity",
+    "banner_line",
+]
+
+#: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
+#: could not be read, and the format of lines.
+GENERIC: frozenset[type] = frozenset({ServerReady, ServerExiting, ModelLoading, Rejected, LineFormat, CrashCause})
+
+Event: TypeAlias = (
+    Rejected
+    | ServerStarting
+    | BuildInfo
+    | Verbosity
+    | ModelLoading
+    | ServerReady
+    | ServerExiting
+    | ModelLoadFailed
+    | MemoryProjection
+    | SlotsInitialized
+    | SlotCreated
+    | ContextParam
+    | KVCacheSize
+    | KVCacheSection
+    | PerSlotCap
+    | IdleSlotPolicy
+    | TaskStarted
+    | NewPrompt
+    | CachedTokens
+    | PromptProgress
+    | GenerationProgress
+    | SlotReleased
+    | SlotCleared
+    | SlotPurged
+    | IdleSlotSaved
+    | MemorySlotFailure
+    | KVRetry
+    | DecodeFatal
+    | DecodeFailed
+    | RequestError
+    | AllSlotsIdle
+    | CheckpointConfig
+    | CheckpointCreated
+    | CheckpointRemoved
+    | CheckpointSuperseded
+    | CheckpointRestored
+    | CheckpointRestoreFailed
+    | FullReprocess
+    | PromptCacheLimit
+    | PromptCacheState
+    | PromptSaved
+    | PromptCacheCandidate
+    | PromptLoaded
+    | PromptCacheRemoved
+    | SlotSelected
+    | PromptEvalTiming
+    | GenerationTiming
+    | TimingsHead
+    | LineFormat
+    | RouterMode
+    | ChildSpawned
+    | ChildStopping
+    | ChildExited
+    | CrashCause
+)

@@ -155,8 +155,9 @@ def _message(fast: bool = True) -> str:
     atomic = _atomic if fast else (lambda pattern, name: f"(?:{pattern})")
     # The slot line's head is never backtracked into: past it only a word of a rule or the end of the line
     # can follow, neither a space, so no shorter split of it could match where this one failed.
-    slot_head = atomic(
-        r"slot [^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
+    # (`slot ` outside it: a line that does not start so is passed over without entering the group.)
+    slot_head = "slot " + atomic(
+        r"[^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
         r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *",
         "slot_head",
     )
@@ -181,15 +182,16 @@ def _message(fast: bool = True) -> str:
     )
 
 
-def _scan(fast: bool = True) -> re.Pattern[str]:
-    """The scan over lines, each after a "\\n": its lead (group 1), then `_message`."""
+def compile_scan(fast: bool = True) -> re.Pattern[str]:
+    """The scan over lines, each after a "\\n": its lead (group 1), then `_message` (`fast=False`: the
+    reference without anchors, see there)."""
     lead = _atomic(_LEAD, "lead_") if fast else f"(?:{_LEAD})"
     return re.compile(r"\n(?P<lead>" + lead + ")" + _message(fast), re.MULTILINE | re.ASCII)
 
 
 _MESSAGE = _message()
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
-_SCAN_LINES = _scan()
+_SCAN_LINES = compile_scan()
 _SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
     f"s{i}": build for i, (_, _, build) in enumerate(SLOT_RULES)
 }
@@ -262,6 +264,11 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     return events
 
 
+def scan_events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
+    """The events `scan` (one of `compile_scan`'s) finds in `text`, lines each after a "\\n", with their formats."""
+    return _events(text, scan)
+
+
 def line_starts_with(text: str, char: str) -> bool:
     """Whether a line of `text` (lines separated by "\\n", the first one after it) starts with `char`.
 
@@ -296,8 +303,8 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
 
 def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:
     """`parse_lines` for a caller that has joined the lines already: `text` is "\n" + "\n".join(lines)."""
-    if not is_plain(text):
-        text = "\n" + "\n".join([unwrap_marked(line) for line in lines])
+    if not is_plain(text):  # only the lines that need it are unwrapped (the others lose a line end, if any)
+        text = "\n" + "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
     return _events(text, _SCAN_LINES)
 
 

@@ -3,7 +3,7 @@
 The scan (`exporter.logs.parse`) rejects a line before trying any rule when its message cannot start
 with a rule's leading word (the anchors, read from the rule table), and never backtracks into a line's
 lead, slot head, tag or function. The reference is the same rule table joined without any of that
-(`_scan(fast=False)`): each match, its span, the rule it names and every group it read must be the
+(`compile_scan(fast=False)`): each match, its span, the rule it names and every group it read must be the
 same, over the captures of every build and library in tests/fixtures, the demo logs shipped in
 exporter/data, and the hostile corpus (poison lines and seeded mutations of the captured lines).
 """
@@ -41,7 +41,7 @@ def _matches(scan: re.Pattern[str], text: str) -> list[tuple[tuple[int, int], st
     return [(m.span(), m.lastgroup, m.groupdict()) for m in scan.finditer(text)]
 
 
-REFERENCE = parse._scan(fast=False)
+FAST, REFERENCE = parse.compile_scan(), parse.compile_scan(fast=False)
 
 
 def test_the_captures_are_found() -> None:
@@ -53,10 +53,10 @@ def test_the_captures_are_found() -> None:
 @pytest.mark.parametrize("path", CAPTURES, ids=[str(p.relative_to(REPO)) for p in CAPTURES])
 def test_every_rule_on_every_captured_line_matches_the_same(path: Path) -> None:
     (text,) = _scanned("\n".join(_lines(path)))
-    fast = _matches(parse._SCAN_LINES, text)
+    fast = _matches(FAST, text)
     assert fast == _matches(REFERENCE, text)
     # and the events built from them (with each line's format) are the same too
-    assert parse._events(text, parse._SCAN_LINES) == parse._events(text, REFERENCE)
+    assert parse.scan_events(text, FAST) == parse.scan_events(text, REFERENCE)
 
 
 def test_every_rule_on_the_hostile_corpus_matches_the_same() -> None:
@@ -69,7 +69,7 @@ def test_every_rule_on_the_hostile_corpus_matches_the_same() -> None:
                 mutated = mutate(rng, mutated)
             lines.append(mutated)
     (text,) = _scanned("\n".join(lines))
-    fast = _matches(parse._SCAN_LINES, text)
+    fast = _matches(FAST, text)
     assert len(fast) > 1000  # the mutations leave most matching lines matching
     assert fast == _matches(REFERENCE, text)
-    assert parse._events(text, parse._SCAN_LINES) == parse._events(text, REFERENCE)
+    assert parse.scan_events(text, FAST) == parse.scan_events(text, REFERENCE)

@@ -298,7 +298,7 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
-    return parse_joined("\n" + "\n".join(lines), lines)
+    return parse_joined("\n".join(["", *lines]), lines)  # "\n" first, without copying the joined text again
 
 
 def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:

@@ -130,10 +130,14 @@ def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: 
     if not anchored:
         return "(?:" + "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules)) + ")"
     words = [word for words, _, _ in rules for word in words.split()]
-    rules_rx = "|".join(
-        f"(?=[{''.join(sorted({re.escape(w[0]) for w in ws.split()}))}]){rx}(?P<{tag}{i}>)"
-        for i, (ws, rx, _) in enumerate(rules)
-    )
+    # Neighbours with the same first letters share one look at them (the rules' order is kept).
+    runs: list[tuple[str, list[str]]] = []
+    for i, (ws, rx, _) in enumerate(rules):
+        firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
+        if not runs or runs[-1][0] != firsts:
+            runs.append((firsts, []))
+        runs[-1][1].append(f"{rx}(?P<{tag}{i}>)")
+    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
     return f"(?={_trie(words)})(?:{rules_rx})"
 
 
@@ -173,7 +177,10 @@ def _message(fast: bool = True) -> str:
         + ")|"
         + ABORT_RULE
         + "(?P<abort>)|"
-        + atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) " + other_tag + r"|) *-? *", "tag")
+        + atomic(
+            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + r") *-? *",
+            "tag",
+        )
         + "(?:"
         + atomic(r"\w+: +-? *", "function")
         + ")?"

@@ -101,16 +101,44 @@ def normalize(line: str) -> str:
     return _LEAD_RX.sub("", unwrap(line), count=1)
 
 
-def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str) -> str:
-    """`(?=word|…)(?:rule0(?P<tag0>)|rule1(?P<tag1>)|…)`.
+def _trie(words: Sequence[str]) -> str:
+    """A regex for "one of `words` starts here", written as a tree on the words' letters: the regex engine
+    skips an alternative by its first character without entering it, so a line is rejected after a
+    handful of character comparisons instead of one per word. A word that another one starts with covers
+    it (this is only ever a lookahead: what follows the shorter word is not read)."""
+    heads: dict[str, list[str]] = {}
+    for word in sorted(set(words)):
+        heads.setdefault(word[0], []).append(word[1:])
+    branches = []
+    for first, tails in heads.items():
+        if "" in tails:  # the one-letter word covers every longer word on this branch
+            branches.append(re.escape(first))
+        else:
+            branches.append(re.escape(first) + _trie(tails))
+    return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
 
-    The lookahead on the rules' leading words rejects most lines after a character or two, before
-    the rules are tried one by one. The empty group at the end of each rule closes last, so
-    `Match.lastgroup` names the rule that matched.
+
+def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:
+    """`(?=words)(?:(?=[f])rule0(?P<tag0>)|(?=[f])rule1(?P<tag1>)|…)`.
+
+    The rules' anchors, read from the rule table: the lookahead on all the rules' leading words (`_trie`)
+    rejects most lines after a character or two, before any rule is tried; a rule is then entered only
+    when the message starts with the first letter of one of its own words (`[f]`). Without `anchored`,
+    the bare alternatives: the same matches, found slower (the reference a test compares the scan with).
+    The empty group at the end of each rule closes last, so `Match.lastgroup` names the rule that matched.
     """
-    words = sorted({word for words, _, _ in rules for word in words.split()}, key=len, reverse=True)
-    rules_rx = "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules))
-    return f"(?={'|'.join(map(re.escape, words))})(?:{rules_rx})"
+    if not anchored:
+        return "(?:" + "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules)) + ")"
+    words = [word for words, _, _ in rules for word in words.split()]
+    # Neighbours with the same first letters share one look at them (the rules' order is kept).
+    runs: list[tuple[str, list[str]]] = []
+    for i, (ws, rx, _) in enumerate(rules):
+        firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
+        if not runs or runs[-1][0] != firsts:
+            runs.append((firsts, []))
+        runs[-1][1].append(f"{rx}(?P<{tag}{i}>)")
+    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
+    return f"(?={_trie(words)})(?:{rules_rx})"
 
 
 def _atomic(pattern: str, name: str) -> str:
@@ -120,28 +148,57 @@ def _atomic(pattern: str, name: str) -> str:
     return f"(?=(?P<{name}>{pattern}))(?P={name})"  # the same, spelled with a lookahead and a back-reference
 
 
-# One message: a slot line, or the text of any other line after its optional tag (`srv  function: `, or
-# up to the first `: ` of a `cmn`/`que`/`spec` line) and a ` - ` bullet, then either a library line's
-# `function: ` or not (`llama_context: n_ctx = …` and `build: 4747 (…)` are matched with their name).
-_MESSAGE = (
-    r"(?:slot [^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
-    r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *"
-    # A slot line with no message from `print_timings`: the head of a pre-b9230 timings entry. The message
-    # is empty, so the function field is all that tells it from other such lines (`slot reset:` at -v).
-    + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
-    + _alternatives(SLOT_RULES, "s")
-    + ")|"
-    + ABORT_RULE
-    + "(?P<abort>)|"
-    + _atomic(r"(?:srv [^\S\n]*\S{1,12}: |(?:cmn|que|spec) (?:[^:\n]|:(?! ))*: |) *-? *", "tag")
-    + "(?:"
-    + _atomic(r"\w+: +-? *", "function")
-    + ")?"
-    + _alternatives(TEXT_RULES, "t")
-    + ")"
-)
+def _message(fast: bool = True) -> str:
+    """One message: a slot line, or the text of any other line after its optional tag (`srv  function: `,
+    or up to the first `: ` of a `cmn`/`que`/`spec` line) and a ` - ` bullet, then either a library line's
+    `function: ` or not (`llama_context: n_ctx = …` and `build: 4747 (…)` are matched with their name).
+
+    Without `fast`: no anchors and no atomic groups, the reference the scan is tested against (the same
+    matches: everything `fast` adds only rejects sooner).
+    """
+    atomic = _atomic if fast else (lambda pattern, name: f"(?:{pattern})")
+    # The slot line's head is never backtracked into: past it only a word of a rule or the end of the line
+    # can follow, neither a space, so no shorter split of it could match where this one failed.
+    # (`slot ` outside it: a line that does not start so is passed over without entering the group.)
+    slot_head = "slot " + atomic(
+        r"[^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
+        r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *",
+        "slot_head",
+    )
+    # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
+    other_tag = r"[^:\n]*(?::(?! )[^:\n]*)*: " if fast else r"(?:[^:\n]|:(?! ))*: "
+    return (
+        "(?:"
+        + slot_head
+        # A slot line with no message from `print_timings`: the head of a pre-b9230 timings entry. The message
+        # is empty, so the function field is all that tells it from other such lines (`slot reset:` at -v).
+        + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
+        + _alternatives(SLOT_RULES, "s", fast)
+        + ")|"
+        + ABORT_RULE
+        + "(?P<abort>)|"
+        + atomic(
+            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + r") *-? *",
+            "tag",
+        )
+        + "(?:"
+        + atomic(r"\w+: +-? *", "function")
+        + ")?"
+        + _alternatives(TEXT_RULES, "t", fast)
+        + ")"
+    )
+
+
+def compile_scan(fast: bool = True) -> re.Pattern[str]:
+    """The scan over lines, each after a "\\n": its lead (group 1), then `_message` (`fast=False`: the
+    reference without anchors, see there)."""
+    lead = _atomic(_LEAD, "lead_") if fast else f"(?:{_LEAD})"
+    return re.compile(r"\n(?P<lead>" + lead + ")" + _message(fast), re.MULTILINE | re.ASCII)
+
+
+_MESSAGE = _message()
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
-_SCAN_LINES = re.compile(r"\n(?P<lead>" + _atomic(_LEAD, "lead_") + ")" + _MESSAGE, re.MULTILINE | re.ASCII)
+_SCAN_LINES = compile_scan()
 _SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
     f"s{i}": build for i, (_, _, build) in enumerate(SLOT_RULES)
 }
@@ -214,6 +271,11 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     return events
 
 
+def scan_events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
+    """The events `scan` (one of `compile_scan`'s) finds in `text`, lines each after a "\\n", with their formats."""
+    return _events(text, scan)
+
+
 def line_starts_with(text: str, char: str) -> bool:
     """Whether a line of `text` (lines separated by "\\n", the first one after it) starts with `char`.
 
@@ -243,13 +305,13 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
-    return parse_joined("\n" + "\n".join(lines), lines)
+    return parse_joined("\n".join(["", *lines]), lines)  # "\n" first, without copying the joined text again
 
 
 def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:
     """`parse_lines` for a caller that has joined the lines already: `text` is "\n" + "\n".join(lines)."""
-    if not is_plain(text):
-        text = "\n" + "\n".join([unwrap_marked(line) for line in lines])
+    if not is_plain(text):  # only the lines that need it are unwrapped (the others lose a line end, if any)
+        text = "\n" + "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
     return _events(text, _SCAN_LINES)
 
 

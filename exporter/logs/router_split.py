@@ -41,7 +41,7 @@ def router_port(line: str) -> int | None:
 
 def split_parse(lines: Sequence[str]) -> list[Part]:
     """The events of a batch of lines, in parts by where each line comes from (see the module's docstring)."""
-    text = "\n" + "\n".join(lines)
+    text = "\n".join(["", *lines])  # "\n" first, without copying the joined text again
     if not line_starts_with(text, "["):  # no line with a prefix: one part, one scan (the join is the parser's own)
         return [(None, parse_joined(text, lines))]
     parts: list[Part] = []

@@ -1,0 +1,75 @@
+"""The scan's anchors change no event: every rule on every line of every capture, with and without them.
+
+The scan (`exporter.logs.parse`) rejects a line before trying any rule when its message cannot start
+with a rule's leading word (the anchors, read from the rule table), and never backtracks into a line's
+lead, slot head, tag or function. The reference is the same rule table joined without any of that
+(`compile_scan(fast=False)`): each match, its span, the rule it names and every group it read must be the
+same, over the captures of every build and library in tests/fixtures, the demo logs shipped in
+exporter/data, and the hostile corpus (poison lines and seeded mutations of the captured lines).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+from hostile_lines import POISON, mutate
+from paths import FIXTURES, REPO
+
+from exporter.logs import parse
+
+#: Every log capture: each build's and library's runs, the router, foreign logs, the demo logs.
+CAPTURES = sorted(
+    [p for p in FIXTURES.rglob("*") if p.is_file() and p.suffix in (".log", ".jsonl", ".txt")]
+    + [p for p in FIXTURES.rglob("*") if p.is_file() and p.parent.name == "foreign"]
+    + sorted((REPO / "exporter" / "data").glob("*.log"))
+)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+
+
+def _scanned(text: str) -> list[str]:
+    """Every line of `text` as the scan reads it (unwrapped where it must be), one scan text."""
+    return ["\n" + "\n".join(parse.unwrap_marked(line) for line in text.split("\n"))]
+
+
+def _matches(scan: re.Pattern[str], text: str) -> list[tuple[tuple[int, int], str | None, dict[str, str | None]]]:
+    return [(m.span(), m.lastgroup, m.groupdict()) for m in scan.finditer(text)]
+
+
+FAST, REFERENCE = parse.compile_scan(), parse.compile_scan(fast=False)
+
+
+def test_the_captures_are_found() -> None:
+    names = {p.relative_to(FIXTURES).parts[0] for p in CAPTURES if p.is_relative_to(FIXTURES)}
+    assert {"b9093", "b10306", "b11434", "router", "foreign", "llama-cpp-python-0.3.16"} <= names
+    assert any(p.parent.name == "data" for p in CAPTURES)  # the demo logs
+
+
+@pytest.mark.parametrize("path", CAPTURES, ids=[str(p.relative_to(REPO)) for p in CAPTURES])
+def test_every_rule_on_every_captured_line_matches_the_same(path: Path) -> None:
+    (text,) = _scanned("\n".join(_lines(path)))
+    fast = _matches(FAST, text)
+    assert fast == _matches(REFERENCE, text)
+    # and the events built from them (with each line's format) are the same too
+    assert parse.scan_events(text, FAST) == parse.scan_events(text, REFERENCE)
+
+
+def test_every_rule_on_the_hostile_corpus_matches_the_same() -> None:
+    rng = random.Random(48)
+    lines = [line for line, _ in POISON]
+    for path in CAPTURES:
+        for line in _lines(path):
+            mutated = line
+            for _ in range(rng.randrange(1, 4)):
+                mutated = mutate(rng, mutated)
+            lines.append(mutated)
+    (text,) = _scanned("\n".join(lines))
+    fast = _matches(FAST, text)
+    assert len(fast) > 1000  # the mutations leave most matching lines matching
+    assert fast == _matches(REFERENCE, text)
+    assert parse.scan_events(text, FAST) == parse.scan_events(text, REFERENCE)

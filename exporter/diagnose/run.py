@@ -37,38 +37,16 @@ _JSONL_TIME = re.compile(r'^\{.*?"time":\s*(\d+)')
 # An abort has one release per slot; a bound keeps memory fixed even for a malformed log.
 _MAX_ABORT_LINES = 4096
 STAMP_FIRST = frozenset("0123456789{[\x1b")  # first characters of a line that may carry a time stamp
-# Sets of event types, tested with `type(e) in …`: events are final classes, and a set lookup is
-# cheaper than isinstance() on a tuple, for every event of a log that may hold millions.
-_PROGRESS = frozenset(
-    {
-        ev.GenerationProgress,
-        ev.PromptProgress,
-        ev.CachedTokens,
-        ev.SlotReleased,
-        ev.TaskStarted,
-        ev.NewPrompt,
-        ev.AllSlotsIdle,
-    }
-)
+# Sets of event types, tested with `type(e) in …` (cheaper than isinstance() on a tuple, for every event of a
+# log that may hold millions), derived from each kind's traits (`exporter.logs.event_class.Traits`).
+_PROGRESS = ev.PROGRESS
 # Events after which the forecast of the requests in flight may grow, or shrink.
-_DEMAND_GROWS = frozenset({ev.NewPrompt, ev.PromptProgress, ev.TaskStarted})
-_DEMAND_SHRINKS = frozenset({ev.SlotReleased, ev.DecodeFailed, ev.AllSlotsIdle})
+_DEMAND_GROWS = ev.DEMAND_GROWS
+_DEMAND_SHRINKS = ev.DEMAND_SHRINKS
 # Events after which the pool series (`diagnose --html`) takes a point.
-_SERIES = frozenset(
-    {
-        ev.GenerationProgress,
-        ev.PromptProgress,
-        ev.CachedTokens,
-        ev.NewPrompt,
-        ev.SlotReleased,
-        ev.SlotCleared,
-        ev.SlotPurged,
-        ev.DecodeFatal,
-        ev.AllSlotsIdle,
-    }
-)
+_SERIES = ev.SERIES_POINTS
 # What does not end an abort's trail of lines (the aborted requests' errors and releases).
-_ABORT_TRAIL = frozenset({ev.RequestError, ev.SlotReleased, ev.SlotCleared})
+_ABORT_TRAIL = ev.ABORT_TRAIL
 
 
 def elapsed_seconds(line: str) -> float | None:

@@ -1,4 +1,5 @@
-"""How an event class is made (`@event`): a slotted dataclass, immutable to the type checker, cheap to build.
+"""How an event class is made (`@event`): a slotted dataclass, immutable to the type checker, cheap to build,
+with its traits (`Traits`) declared once on the class.
 
 Every class in `exporter.logs.events` is made this way.
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar, cast
 
 _T = TypeVar("_T")
 
@@ -17,6 +18,39 @@ else:
 
     def dataclass_transform(**_: object) -> Callable[[_T], _T]:
         return lambda decorated: decorated
+
+
+class Traits(NamedTuple):
+    """What an event kind is to the model and to `diagnose`, declared on its class as `TRAITS = Traits(...)`.
+
+    Every set of kinds the consumers test (`type(e) in …`) is derived from these at import
+    (`exporter.logs.events`), so a new kind says once what it is. Whether a kind carries a slot is not
+    declared: it has a `slot` field (`carries_slot`), and the model bounds every such kind.
+    """
+
+    #: The requests in flight may grow after it (a prompt or progress), or shrink (a release, a failed decode).
+    demand: Literal["grows", "shrinks"] | None = None
+    #: A slot line about a task's progress (`diagnose` keeps its run's clock and slots current with it).
+    progress: bool = False
+    #: A slot line about the slot's current task, checked by the state's handlers for its provenance.
+    task_line: bool = False
+    #: The pool series (`diagnose --html`) takes a point after it.
+    series: bool = False
+    #: Part of an abort's trail of lines (the aborted requests' errors and releases): it does not end it.
+    abort_trail: bool = False
+
+
+NO_TRAITS = Traits()
+
+
+def traits(kind: type) -> Traits:
+    """The traits an event class declared (`NO_TRAITS` when it declared none)."""
+    return cast(Traits, kind.__dict__["TRAITS"])
+
+
+def carries_slot(kind: type) -> bool:
+    """The kind names a slot (a `slot` field): the model bounds it by the slots the running server has."""
+    return any(f.name == "slot" for f in fields(kind))
 
 
 @dataclass_transform(frozen_default=True)
@@ -35,6 +69,9 @@ def event(cls: type[_T]) -> type[_T]:
     if any(name in cls.__dict__ for name in ("__repr__", "__eq__", "__hash__")):
         raise TypeError(f"{cls.__name__}: an event class gets its __repr__, __eq__ and __hash__ from @event")
     made: Any = dataclass(slots=True, repr=False, eq=False)(cls)
+    if not isinstance(made.__dict__.get("TRAITS", NO_TRAITS), Traits):
+        raise TypeError(f"{cls.__name__}: TRAITS must be a Traits")
+    made.TRAITS = made.__dict__.get("TRAITS", NO_TRAITS)
     made.__repr__ = _repr(tuple(f.name for f in fields(made) if f.repr))
     made.__eq__ = _eq(tuple(f.name for f in fields(made) if f.compare))
     made.__hash__ = _hash(tuple(f.name for f in fields(made) if (f.compare if f.hash is None else f.hash)))

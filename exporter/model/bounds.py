@@ -85,3 +85,8 @@ CHECKS: dict[type[Any], Callable[[ServerRun, Any], bool]] = {
     ),
     ev.PerSlotCap: lambda run, e: e.requested <= MAX_TOKENS and e.cap <= MAX_TOKENS,
 }
+# Every kind that names a slot is bounded by the slots the run has, whether or not it is listed above: a new
+# slot-carrying kind cannot be applied unbounded.
+CHECKS.update(
+    {kind: lambda run, e: e.slot < (run.n_slots or MAX_SLOTS) for kind in ev.SLOT_KINDS if kind not in CHECKS}
+)

@@ -52,7 +52,7 @@ def _slot_processing(run: ServerRun, slot: int) -> bool:
 
 
 # Slot lines about a task (the bulk of a busy log, checked inline): the slot's task, or one that started.
-_PROGRESS = frozenset({ev.PromptProgress, ev.GenerationProgress, ev.CachedTokens, ev.SlotReleased})
+_PROGRESS = ev.TASK_LINES
 
 # The other rules for runs followed from their start: a line of these kinds must fit what the run said before.
 _FITS: dict[type[Any], Callable[[Provenance, ServerRun, Any], bool]] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TypeAlias
 
+from exporter.logs.event_class import carries_slot, traits
 from exporter.logs.events.cache import (
     CheckpointConfig,
     CheckpointCreated,
@@ -82,9 +83,17 @@ from exporter.logs.events.slot import (
 )
 
 __all__ = [
+    "ABORT_TRAIL",
     "BANNERS",
+    "DEMAND_GROWS",
+    "DEMAND_SHRINKS",
     "FATAL_REASONS",
     "GENERIC",
+    "KINDS",
+    "PROGRESS",
+    "SERIES_POINTS",
+    "SLOT_KINDS",
+    "TASK_LINES",
     "AllSlotsIdle",
     "BuildInfo",
     "CachedTokens",
@@ -203,3 +212,16 @@ Event: TypeAlias = (
     | ChildExited
     | CrashCause
 )
+
+#: Every event kind.
+KINDS: frozenset[type] = frozenset(getattr(Event, "__args__", ()))
+
+#: The sets the consumers test with `type(e) in …` (a set lookup: events are final classes), derived from
+#: each kind's `TRAITS` (`exporter.logs.event_class.Traits`) and fields, never listed by hand.
+SLOT_KINDS: frozenset[type] = frozenset(k for k in KINDS if carries_slot(k))
+DEMAND_GROWS: frozenset[type] = frozenset(k for k in KINDS if traits(k).demand == "grows")
+DEMAND_SHRINKS: frozenset[type] = frozenset(k for k in KINDS if traits(k).demand == "shrinks")
+PROGRESS: frozenset[type] = frozenset(k for k in KINDS if traits(k).progress)
+TASK_LINES: frozenset[type] = frozenset(k for k in KINDS if traits(k).task_line)
+SERIES_POINTS: frozenset[type] = frozenset(k for k in KINDS if traits(k).series)
+ABORT_TRAIL: frozenset[type] = frozenset(k for k in KINDS if traits(k).abort_trail)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.logs.event_class import event
+from exporter.logs.event_class import Traits, event
 
 
 @event
@@ -27,6 +27,8 @@ class DecodeFatal:
     `reason` is one of `context_exceeded`, `invalid_batch`, `compute_error`, `kv_cache_full` (pre-b5448).
     """
 
+    TRAITS = Traits(series=True)
+
     reason: str
 
 
@@ -34,12 +36,16 @@ class DecodeFatal:
 class DecodeFailed:
     """`decode() failed: Context size has been exceeded.` (b9752+), after every in-flight slot was aborted."""
 
+    TRAITS = Traits(demand="shrinks")
+
     message: str
 
 
 @event
 class RequestError:
     """`send_error: task id = N, error: MESSAGE`: one client request ended with a server error."""
+
+    TRAITS = Traits(abort_trail=True)
 
     task: int
     reason: str

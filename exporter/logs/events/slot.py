@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from exporter.logs.event_class import event
+from exporter.logs.event_class import Traits, event
 
 
 @event
@@ -80,6 +80,8 @@ class IdleSlotPolicy:
 class TaskStarted:
     """`processing task` / `processing task, is_child = 0`: the slot now has a task."""
 
+    TRAITS = Traits(demand="grows", progress=True)
+
     slot: int
     task: int
 
@@ -87,6 +89,8 @@ class TaskStarted:
 @event
 class NewPrompt:
     """`new prompt, n_ctx_slot = A, n_keep = B, task.n_tokens = C` (or `n_prompt_tokens = C`)."""
+
+    TRAITS = Traits(demand="grows", progress=True, series=True)
 
     slot: int
     task: int
@@ -97,6 +101,8 @@ class NewPrompt:
 @event
 class CachedTokens:
     """`cached n_tokens = N, memory_seq_rm [N, end)` and older `n_past = N …`/`kv cache rm [N, end)`: N tokens kept."""
+
+    TRAITS = Traits(progress=True, task_line=True, series=True)
 
     slot: int
     task: int
@@ -112,6 +118,8 @@ class PromptProgress:
     `progress` is the printed fraction of the prompt (None on `done` lines); `seconds` and `rate` are
     the b9151+ `t = T s / R tokens per second` (time since the prompt started, tokens / that time).
     """
+
+    TRAITS = Traits(demand="grows", progress=True, task_line=True, series=True)
 
     slot: int
     task: int
@@ -129,6 +137,8 @@ class GenerationProgress:
     `rate` is the most recent speed the line gives (tg_3s, b9706+, else the average tg), tokens/s.
     """
 
+    TRAITS = Traits(progress=True, task_line=True, series=True)
+
     slot: int
     task: int
     n_decoded: int
@@ -139,6 +149,8 @@ class GenerationProgress:
 class SlotReleased:
     """`stop processing: n_tokens = N, truncated = 0`: idle, but the slot still holds N cells."""
 
+    TRAITS = Traits(demand="shrinks", progress=True, task_line=True, series=True, abort_trail=True)
+
     slot: int
     task: int
     n_tokens: int
@@ -148,6 +160,8 @@ class SlotReleased:
 class SlotCleared:
     """`clearing prompt with N tokens` / `clearing slot with N tokens`: the slot holds nothing now."""
 
+    TRAITS = Traits(series=True, abort_trail=True)
+
     slot: int
     n_tokens: int
 
@@ -155,6 +169,8 @@ class SlotCleared:
 @event
 class SlotPurged:
     """`purging slot S with N tokens`: unified-KV pressure freed an idle slot (the retry may then succeed)."""
+
+    TRAITS = Traits(series=True)
 
     slot: int
     n_tokens: int
@@ -170,6 +186,8 @@ class IdleSlotSaved:
 @event
 class AllSlotsIdle:
     """`all slots are idle`."""
+
+    TRAITS = Traits(demand="shrinks", progress=True, series=True)
 
 
 @event

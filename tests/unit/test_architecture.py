@@ -9,6 +9,7 @@ The data flow is one folder per box (docs/architecture.md): `logs/` → `model/`
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -201,6 +202,14 @@ def test_the_metric_catalogue_is_a_leaf_over_the_model() -> None:
 
 def test_the_page_shows_the_tested_table() -> None:
     assert page_table() == ALLOWED
+
+
+def test_the_page_names_the_pure_parts_the_test_checks() -> None:
+    """The rule "the model is pure" names the same modules as PURE."""
+    rule = ARCHITECTURE_PAGE.read_text().split("- **The model is pure.**", 1)[1].split(") reaches", 1)[0]
+    paths = [p.removeprefix("exporter/").removesuffix(".py").removesuffix("/") for p in re.findall(r"`([^`]+)`", rule)]
+    named = {"exporter." + p.replace("/", ".") for p in paths}
+    assert named == set(PURE)
 
 
 def test_the_page_names_the_top_level_leaves_the_folders_use() -> None:

@@ -104,8 +104,8 @@ fi
 # Chromium and its driver: Debian's chromium and chromium-driver (one version: the driver refuses another
 # browser build), and those of their libraries that this host lacks (what `apt-get install -s` would
 # install), unpacked into $TOOLS/chromium; $TOOLS/bin/chromium and $TOOLS/bin/chromedriver run them with
-# those libraries on LD_LIBRARY_PATH. A chromium already on PATH is used as it is, with the chromedriver
-# on PATH. Done again when either does not run or their versions differ.
+# those libraries on LD_LIBRARY_PATH. A chromium and a chromedriver already on PATH are used as they are
+# (if of one version). Done again when either does not run or their versions differ.
 chromium_ok() {
     local browser driver
     browser="$("$TOOLS/bin/chromium" --headless --no-sandbox --version 2>/dev/null)" || return 1
@@ -114,11 +114,10 @@ chromium_ok() {
     [[ -n "$browser" && "$(awk '{print $2}' <<<"$browser")" == "$(awk '{print $2}' <<<"$driver")" ]]
 }
 if ! chromium_ok; then
-    if PATH="${PATH//"$TOOLS/bin"/}" command -v chromium >/dev/null; then
-        command -v chromedriver >/dev/null ||
-            die "chromium is on PATH but chromedriver is not: install the driver of its version (Debian, Ubuntu: apt-get install chromium-driver), or take chromium off PATH"
-        ln -sfn "$(PATH="${PATH//"$TOOLS/bin"/}" command -v chromium)" "$TOOLS/bin/chromium"
-        ln -sfn "$(PATH="${PATH//"$TOOLS/bin"/}" command -v chromedriver)" "$TOOLS/bin/chromedriver"
+    host_path="${PATH//"$TOOLS/bin"/}" # not the links this replaces
+    if PATH="$host_path" command -v chromium >/dev/null && PATH="$host_path" command -v chromedriver >/dev/null; then
+        ln -sfn "$(PATH="$host_path" command -v chromium)" "$TOOLS/bin/chromium"
+        ln -sfn "$(PATH="$host_path" command -v chromedriver)" "$TOOLS/bin/chromedriver"
     else
         need_apt
         # What `apt-get install` would add; not upgrades ("Inst libc6 [old] (new …)"): a newer libc

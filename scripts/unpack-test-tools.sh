@@ -7,11 +7,14 @@
 #   mtail                           (mtail; the bench's comparison)
 #   prometheus-node-exporter        (prometheus-node-exporter; reads the same --web.config.file)
 #   docker-compose 1.29.2           (docker-compose and its python3-* packages, run by /usr/bin/python3)
-#   chromium, headless              (chromium and those of its libraries this host lacks; the test
-#                                    that opens `diagnose --html` pages in a real browser)
+#   chromium, headless, chromedriver (chromium, chromium-driver of the same version, and those of
+#                                    their libraries this host lacks; the tests that open `diagnose
+#                                    --html` pages and the status page in a real browser, the latter
+#                                    driven by selenium through chromedriver)
 #
 # Each package is fetched with `apt-get download` and unpacked with `dpkg -x` into
-# $TOOLS/root; $TOOLS/bin holds one link (or, for docker-compose, a wrapper) per tool.
+# $TOOLS/root (chromium's into $TOOLS/chromium); $TOOLS/bin holds one link (or, for docker-compose,
+# chromium and chromedriver, a wrapper) per tool.
 # tests/conftest.py puts $TOOLS/bin first on PATH. Safe to run again: skipped when done.
 #
 # Env: LLAMACPP_EXPORTER_TOOLS (default ${XDG_CACHE_HOME:-~/.cache}/llamacpp-exporter/tools).
@@ -38,7 +41,7 @@ tmp=""
 trap 'rm -rf "${tmp:-}"' EXIT
 need_apt() {
     command -v apt-get >/dev/null && command -v dpkg >/dev/null ||
-        die "needs apt-get and dpkg (Debian or Ubuntu); elsewhere put promtool, prometheus, amtool, prometheus-alertmanager, mtail, docker-compose and chromium on PATH"
+        die "needs apt-get and dpkg (Debian or Ubuntu); elsewhere put promtool, prometheus, amtool, prometheus-alertmanager, mtail, docker-compose, chromium and chromedriver on PATH"
 }
 # apt_update WHY: fetch apt's package lists (a fresh machine, a container, may never have).
 apt_update() {
@@ -98,41 +101,61 @@ EOF
     echo "$want" >"$stamp"
 fi
 
-# Chromium: Debian's package, and those of its libraries that this host lacks (what `apt-get install
-# -s` would install), unpacked into $TOOLS/chromium; $TOOLS/bin/chromium runs it with them on
-# LD_LIBRARY_PATH. A chromium already on PATH is used as it is.
-if ! "$TOOLS/bin/chromium" --headless --no-sandbox --version >/dev/null 2>&1; then
-    rm -f "$TOOLS/bin/chromium"
-    if command -v chromium >/dev/null; then
-        ln -sfn "$(command -v chromium)" "$TOOLS/bin/chromium"
+# Chromium and its driver: Debian's chromium and chromium-driver (one version: the driver refuses another
+# browser build), and those of their libraries that this host lacks (what `apt-get install -s` would
+# install), unpacked into $TOOLS/chromium; $TOOLS/bin/chromium and $TOOLS/bin/chromedriver run them with
+# those libraries on LD_LIBRARY_PATH. A chromium and a chromedriver already on PATH are used as they are
+# (if of one version). Done again when either does not run or their versions differ.
+chromium_ok() {
+    local browser driver
+    browser="$("$TOOLS/bin/chromium" --headless --no-sandbox --version 2>/dev/null)" || return 1
+    driver="$("$TOOLS/bin/chromedriver" --version 2>/dev/null)" || return 1
+    # "Chromium 150.0.7871.100" and "ChromeDriver 150.0.7871.100 (…)": the same build.
+    [[ -n "$browser" && "$(awk '{print $2}' <<<"$browser")" == "$(awk '{print $2}' <<<"$driver")" ]]
+}
+if ! chromium_ok; then
+    host_path="${PATH//"$TOOLS/bin"/}" # not the links this replaces
+    if PATH="$host_path" command -v chromium >/dev/null && PATH="$host_path" command -v chromedriver >/dev/null; then
+        ln -sfn "$(PATH="$host_path" command -v chromium)" "$TOOLS/bin/chromium"
+        ln -sfn "$(PATH="$host_path" command -v chromedriver)" "$TOOLS/bin/chromedriver"
     else
         need_apt
         # What `apt-get install` would add; not upgrades ("Inst libc6 [old] (new …)"): a newer libc
         # next to the host's own loader would not run.
-        sim() { apt-get install -s --no-install-recommends chromium 2>/dev/null | awk '/^Inst / && $3 !~ /^\[/ {print $2}'; }
+        sim() {
+            apt-get install -s --no-install-recommends chromium chromium-driver 2>/dev/null |
+                awk '/^Inst / && $3 !~ /^\[/ {print $2}'
+        }
         missing="$(sim || true)"
         if [[ -z "$missing" ]]; then
             apt_update "apt-get cannot find chromium"
             missing="$(sim || true)"
-            [[ -n "$missing" ]] || die "apt-get cannot find a chromium package (Debian's); elsewhere put chromium on PATH or set CHROMIUM_BIN"
+            [[ -n "$missing" ]] || die "apt-get cannot find Debian's chromium and chromium-driver packages; elsewhere put chromium and chromedriver on PATH"
         fi
         rm -rf "${tmp:-}"
         tmp="$(mktemp -d)"
-        say "downloading chromium and $(($(wc -w <<<"$missing") - 1)) of its libraries into $TOOLS/chromium (≈120 MB, ≈400 MB unpacked)"
+        say "downloading chromium, chromium-driver and $(($(wc -w <<<"$missing") - 2)) of their libraries into $TOOLS/chromium (≈125 MB, ≈420 MB unpacked)"
         # shellcheck disable=SC2086 # one package name per word
         download "$tmp" $missing
-        rm -rf "$TOOLS/chromium"
-        mkdir -p "$TOOLS/chromium"
+        # Unpacked beside the old one, then swapped: a browser that runs meanwhile keeps its files.
+        rm -rf "$TOOLS/chromium.new" "$TOOLS/chromium.old"
+        mkdir -p "$TOOLS/chromium.new" "$TOOLS/bin"
         for deb in "$tmp"/*.deb; do
-            dpkg -x "$deb" "$TOOLS/chromium"
+            dpkg -x "$deb" "$TOOLS/chromium.new"
         done
-        [[ -x "$TOOLS/chromium/usr/lib/chromium/chromium" ]] || die "chromium is not in its Debian package"
-        libs="$(find "$TOOLS/chromium" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)"
-        cat >"$TOOLS/bin/chromium" <<EOF
+        [[ -x "$TOOLS/chromium.new/usr/lib/chromium/chromium" ]] || die "chromium is not in its Debian package"
+        [[ -x "$TOOLS/chromium.new/usr/bin/chromedriver" ]] || die "chromedriver is not in Debian's chromium-driver package"
+        libs="$(cd "$TOOLS/chromium.new" && find . -name '*.so*' -printf "$TOOLS/chromium/%h\n" | sed 's|/\./|/|' | sort -u | paste -sd:)"
+        [[ ! -e "$TOOLS/chromium" ]] || mv "$TOOLS/chromium" "$TOOLS/chromium.old"
+        mv "$TOOLS/chromium.new" "$TOOLS/chromium"
+        rm -rf "$TOOLS/chromium.old"
+        for tool in chromium:usr/lib/chromium/chromium chromedriver:usr/bin/chromedriver; do
+            cat >"$TOOLS/bin/${tool%%:*}" <<EOF
 #!/bin/sh
-LD_LIBRARY_PATH="${libs}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$TOOLS/chromium/usr/lib/chromium/chromium" "\$@"
+LD_LIBRARY_PATH="${libs}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$TOOLS/chromium/${tool#*:}" "\$@"
 EOF
-        chmod 755 "$TOOLS/bin/chromium"
+            chmod 755 "$TOOLS/bin/${tool%%:*}"
+        done
     fi
 fi
 
@@ -142,4 +165,5 @@ done
 "$TOOLS/bin/docker-compose" version --short >/dev/null 2>&1 ||
     die "$TOOLS/bin/docker-compose does not run (it needs /usr/bin/python3 from Debian or Ubuntu)"
 "$TOOLS/bin/chromium" --headless --no-sandbox --version >/dev/null 2>&1 || die "$TOOLS/bin/chromium does not run"
+chromium_ok || die "$TOOLS/bin/chromedriver does not run, or is not of chromium's version"
 say "tools in $TOOLS/bin: $("$TOOLS/bin/promtool" --version 2>&1 | head -1)"

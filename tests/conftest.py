@@ -1,4 +1,4 @@
-"""Shared fixtures: the real llama-server and promtool binaries, and tiny GGUF models.
+"""Shared fixtures: the real llama-server, promtool and Chromium binaries, a selenium Chrome, tiny GGUF models.
 
 A missing binary skips the tests that need it on a developer machine, but fails them under CI
 (env ``CI`` set), where scripts/test.sh has just fetched them: a skip there would hide a
@@ -19,8 +19,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -31,6 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 from llama_harness import find_llama_server
 from paths import TOOLS_BIN
 from tiny_gguf import write_tiny_gemma2, write_tiny_llama
+
+if TYPE_CHECKING:
+    from selenium.webdriver import Chrome
 
 # The test tools first on PATH, so a host's own (other) versions do not change what the tests check.
 if TOOLS_BIN.is_dir():
@@ -76,6 +80,30 @@ def chromium_bin() -> Path:
     if not found:
         _missing("chromium", "run scripts/unpack-test-tools.sh or set CHROMIUM_BIN")
     return Path(found)
+
+
+@pytest.fixture(scope="session")
+def chromedriver_bin() -> Path:
+    """Chromium's driver, of the same version: ``$CHROMEDRIVER_BIN``, then ``$PATH`` (the tools folder's first)."""
+    found = shutil.which(os.environ.get("CHROMEDRIVER_BIN") or "chromedriver")
+    if not found:
+        _missing("chromedriver", "run scripts/unpack-test-tools.sh or set CHROMEDRIVER_BIN")
+    return Path(found)
+
+
+@pytest.fixture
+def chrome(chromium_bin: Path, chromedriver_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chrome]:
+    """A headless Chrome driven by selenium on ``chromium_bin`` through ``chromedriver_bin`` (tests/support/browser.py)."""
+    try:
+        from browser import start_chrome
+    except ImportError:
+        _missing("selenium", "run scripts/bootstrap.sh --python-only (the test extra)")
+    home = tmp_path_factory.mktemp("chrome")
+    driver = start_chrome(chromium_bin, chromedriver_bin, home / "profile", home / "chromedriver.log")
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 @pytest.fixture(scope="session")

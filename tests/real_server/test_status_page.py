@@ -1,29 +1,31 @@
-"""The status page (`/`) in a real headless Chromium: the demo as a newcomer sees it, and hostile names.
+"""The status page (`/`) in a real browser: headless Chromium driven by selenium through chromedriver.
 
-Chromium is driven as tests/real_server/test_diagnose_html.py drives it: `--dump-dom` gives the page as the
-browser built it (after any script would have run), `--screenshot` what it shows. During `--demo`: the pool's
-fill on the page lies within 1 % of `/metrics` scraped just before and just after the browser loaded it; once
-the demo's first run has aborted its 4 requests, the page shows the overflow with each slot's released cells;
-both states are saved as screenshots (the overflow's is docs/status-page.png when UPDATE_SCREENSHOT=1). A log
-whose model and path carry `<script>` is shown as text: no script element, the title unchanged, the CSP
-header present. A real llama-server (b11434, `-c 512 -np 4 -kvu`) through an overflow and a kill -9: the
+The `chrome` fixture (tests/support/browser.py) runs Debian's chromium through Debian's chromedriver, both
+unpacked by scripts/unpack-test-tools.sh; nothing is downloaded. The page is read as the browser built it (its
+DOM, after any script would have run) and saved as screenshots. During `--demo`: the pool's fill on the page
+lies within 1 % of `/metrics` scraped just before the browser loaded it and just after the test read it; once
+the demo's first run has aborted its 4 requests, the page shows the overflow with each slot's released cells
+and the last hour's charts (SVG, drawn with a size); both states are saved as screenshots (the overflow's is
+docs/status-page.png when UPDATE_SCREENSHOT=1). A log whose model name and path carry `<script>`, quotes and
+`<svg onload=…>` is shown as text: no such element, no script ran (the variables and the title those would
+set are untouched), the CSP header present, and a script put into the page blocked by it, as the browser's
+console reports. A real llama-server (b11434, `-c 512 -np 4 -kvu`) through an overflow and a kill -9: the
 incident's cells per slot are the release lines', the page says down, then up, and shows the crash.
 
-Driven by the `chromium` binary itself, not selenium: Debian's chromium-driver is not among the tools the
-project's scripts unpack.
+Client names do not appear among the hostile input: the guard takes only names of letters, digits and
+`._-:@/+` (exporter/guard/clients.py), so none can carry markup.
 """
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import re
 import shutil
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 from exporter_process import ExporterProcess
@@ -33,6 +35,9 @@ from paths import B11434, REPO
 from PIL import Image
 
 from exporter.status.page import CSP
+
+if TYPE_CHECKING:
+    from selenium.webdriver import Chrome
 
 BAD = (0xC6, 0x28, 0x28)  # the page's red (light scheme): the 90 % line, the overflow, aborts
 SCREENSHOT = REPO / "docs" / "status-page.png"
@@ -48,28 +53,35 @@ class DemoExporter(ExporterProcess):
         return [*cmd[:i], *cmd[i + 2 :]]
 
 
-def _browser(chromium: Path, url: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args, url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "HOME": str(home)},  # Chromium's profile: not the user's
-    )
+class Page(NamedTuple):
+    """The page as the browser built it, read at one moment (the page reloads itself every few seconds)."""
+
+    html: str  # the DOM, serialised
+    text: str  # its text (textContent)
+    title: str
+    svgs: list[dict[str, float]]  # each chart's drawn size, and how many line and bar elements it has
 
 
-def _dom(chromium: Path, url: str, home: Path) -> str:
-    out = _browser(chromium, url, home, "--dump-dom")
-    assert out.returncode == 0 and "<html" in out.stdout, out.stderr[-2000:]
-    return out.stdout
+READ = """return [document.documentElement.outerHTML, document.body.textContent, document.title,
+    Array.from(document.querySelectorAll('svg'), s => ({width: s.getBoundingClientRect().width,
+        height: s.getBoundingClientRect().height, lines: s.querySelectorAll('polyline').length,
+        bars: s.querySelectorAll('.bars').length}))];"""
 
 
-def _screenshot(chromium: Path, url: str, home: Path, shot: Path) -> Image.Image:
-    out = _browser(chromium, url, home, f"--screenshot={shot}", "--window-size=1000,1700")
-    assert out.returncode == 0 and shot.exists(), out.stderr[-2000:]
+def _load(chrome: Chrome, url: str) -> Page:
+    """Load `url` (selenium waits for its load event) and read it in one script, so no reload splits the read."""
+    chrome.get(url)
+    html, text, title, svgs = chrome.execute_script(READ)
+    assert "<html" in html, html[:500]
+    return Page(html, text, title, svgs)
+
+
+def _screenshot(chrome: Chrome, shot: Path) -> Image.Image:
+    """What the window shows now, saved to `shot`."""
+    assert chrome.save_screenshot(str(shot)), shot
     with Image.open(shot) as img:
         rgb: Image.Image = img.convert("RGB")
+    assert list(rgb.size) == chrome.execute_script("return [innerWidth, innerHeight]"), rgb.size  # the viewport
     return rgb
 
 
@@ -78,8 +90,8 @@ def _fill(exporter: ExporterProcess) -> float:
     return value if value is not None else 0.0
 
 
-def _page_fill(dom: str) -> float:
-    m = re.search(r"([\d,]+) of ([\d,]+) cells \(([\d.]+) %\)", dom)
+def _page_fill(page: Page) -> float:
+    m = re.search(r"([\d,]+) of ([\d,]+) cells \(([\d.]+) %\)", page.text)
     assert m, "no pool figure on the page"
     return float(m[3]) / 100
 
@@ -96,71 +108,95 @@ def _reds(img: Image.Image) -> int:
     return sum(n for n, c in colours if max(abs(a - b) for a, b in zip(c, BAD, strict=True)) <= 16)
 
 
-def test_the_demo_on_the_page(tmp_path: Path, chromium_bin: Path) -> None:
+def test_the_demo_on_the_page(tmp_path: Path, chrome: Chrome) -> None:
     exporter = DemoExporter(tmp_path / "unused.log", ["--demo", "--demo-speed", "1"], ready_timeout=30)
     with exporter:
         url = exporter.url + "/"
-        # While the pool fills: the page's figure between two scrapes around the browser's load, within 1 %.
+        # While the pool fills: the page's figure lies between a scrape before the browser's load and one
+        # after the test read the page, within 1 %: whatever the page shows was served between the two.
         deadline = time.monotonic() + 60
         while _fill(exporter) < 0.2:
             assert time.monotonic() < deadline, "the demo's pool never filled"
             time.sleep(0.2)
         before = _fill(exporter)
-        dom = _dom(chromium_bin, url, tmp_path)
+        page = _load(chrome, url)
         after = _fill(exporter)
-        on_page = _page_fill(dom)
+        on_page = _page_fill(page)
         assert min(before, after) - 0.01 <= on_page <= max(before, after) + 0.01, (before, on_page, after)
-        assert "<script" not in dom and dom.count("<svg") >= 2  # the pool bar and the history
-        filling = _screenshot(chromium_bin, url, tmp_path, tmp_path / "filling.png")
+        assert page.title == "llamacpp-exporter" and "<script" not in page.html
+        assert len(page.svgs) >= 2 and all(s["width"] > 0 and s["height"] > 0 for s in page.svgs), page.svgs
+        filling = _screenshot(chrome, tmp_path / "filling.png")
         assert len(filling.getcolors(maxcolors=1 << 20) or []) > 20 and _reds(filling) > 20  # the 90 % line
 
         # The overflow: once /metrics counts the 4 aborted requests, the page shows them, slot by slot.
         while (exporter.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) or 0) < 4:
             assert time.monotonic() < deadline, "the demo never overflowed"
             time.sleep(0.2)
-        dom = _dom(chromium_bin, url, tmp_path)
-        text = html.unescape(re.sub(r"<[^>]+>", "", dom))
-        assert "pool overflow: 4 requests aborted" in text
-        assert "slots released 0: 8192, 1: 8192, 2: 8193, 3: 8192 (32769 cells, pool 32768)" in text
-        assert "largest holder slot 2 (8193 cells)" in text
-        assert "4 requests aborted, 32 retries" in text  # the counters since the exporter started
+        page = _load(chrome, url)
+        assert "pool overflow: 4 requests aborted" in page.text
+        assert "slots released 0: 8192, 1: 8192, 2: 8193, 3: 8192 (32769 cells, pool 32768)" in page.text
+        assert "largest holder slot 2 (8193 cells)" in page.text
+        assert "4 requests aborted, 32 retries" in page.text  # the counters since the exporter started
         # The last hour's charts: the ring takes a point every 10 s, so the aborts' bar comes with the next one.
         while _ring(exporter)[-1] < 4:
             assert time.monotonic() < deadline + 20, "the ring never took a point after the overflow"
             time.sleep(0.5)
-        dom = _dom(chromium_bin, url, tmp_path)
-        assert "<polyline" in dom and 'class="bars"' in dom  # the fill's line, the aborts' bar
-        overflow = _screenshot(chromium_bin, url, tmp_path, tmp_path / "overflow.png")
+        page = _load(chrome, url)
+        drawn = [s for s in page.svgs if s["width"] > 0 and s["height"] > 0]
+        assert any(s["lines"] for s in drawn) and any(s["bars"] for s in drawn), page.svgs  # the fill, the aborts
+        overflow = _screenshot(chrome, tmp_path / "overflow.png")
         assert _reds(overflow) > _reds(filling)  # the incident in red
         if os.environ.get("UPDATE_SCREENSHOT"):  # the README's: with a minute of history (its second fill)
             while (exporter.sample("llamacpp_kv_pool_usage_ratio") or 0) < 0.7 or time.monotonic() < deadline - 5:
                 assert time.monotonic() < deadline + 120, "the demo never filled its pool again"
                 time.sleep(0.2)
-            _screenshot(chromium_bin, url, tmp_path, tmp_path / "docs.png")
+            _load(chrome, url)
+            _screenshot(chrome, tmp_path / "docs.png")
             shutil.copyfile(tmp_path / "docs.png", SCREENSHOT)
         status, body = http_request(exporter.url + "/api/status")
         assert status == 200 and b'"schema": 1' in body
 
 
-HOSTILE = "<script>document.title='pwned'</script>\"'><b>"
+# Each would set a variable and the title if it ran: the model's name and a folder of the log's path.
+HOSTILE = "<script>window.pwned=1;document.title='pwned'</script>\"'><b>"
+HOSTILE_PATH = "logs <svg onload=\"window.pwned2=1;document.title='pwned2'\"> 'q"  # a file name has no '/'
+# Listens for CSP violations, then puts an inline script into the page: CSP must block it.
+INJECT = """document.addEventListener('securitypolicyviolation',
+    e => { window.violations = (window.violations || []).concat([e.violatedDirective]); });
+const s = document.createElement('script'); s.textContent = 'window.injected = 1'; document.body.appendChild(s);"""
 
 
-def test_hostile_names_are_text_and_no_script_runs(tmp_path: Path, chromium_bin: Path) -> None:
-    folder = tmp_path / "logs <svg onload=\"document.title='pwned2'\"> 'q"  # a file name has no '/'
+def test_hostile_names_are_text_and_no_script_runs(tmp_path: Path, chrome: Chrome) -> None:
+    folder = tmp_path / HOSTILE_PATH
     folder.mkdir()
     log = folder / "llama-server.log"
     text = (B11434 / "exhaust-lv4" / "llama-server.log").read_text(encoding="utf-8")
     log.write_text(text.replace("loading model 'models/tiny-llama.gguf'", f"loading model '{HOSTILE}'", 1))
     with ExporterProcess(log, ["--nvml", "off", "--proc", "off", "--http", "off"]) as exporter:
-        with urllib.request.urlopen(exporter.url + "/", timeout=10) as resp:
+        with urllib.request.urlopen(exporter.url + "/", timeout=10) as resp:  # selenium does not see headers
             assert resp.status == 200
             assert resp.headers["Content-Security-Policy"] == CSP  # no script at all, nothing from elsewhere
         assert "script-src 'none'" in CSP and "default-src 'none'" in CSP
-        dom = _dom(chromium_bin, exporter.url + "/", tmp_path)
-        assert "<script" not in dom and "<b>" not in dom  # shown as text, not made into elements
-        assert "<title>llamacpp-exporter</title>" in dom  # no script changed the title
-        assert html.escape(HOSTILE, quote=False) in dom  # the model's name, as text
-        assert "<svg onload" not in dom and "&lt;svg onload=" in dom  # the log's path, as text
+        page = _load(chrome, exporter.url + "/")
+        # Shown as text, not made into elements: no script, no <b>, nothing with an onload attribute.
+        found = chrome.execute_script(
+            "return [document.scripts.length, document.querySelectorAll('b, [onload]').length,"
+            " typeof window.pwned, typeof window.pwned2]"
+        )
+        assert found == [0, 0, "undefined", "undefined"]  # and neither script ran
+        assert page.title == "llamacpp-exporter"  # unchanged by any script
+        assert HOSTILE in page.text and HOSTILE_PATH in page.text  # the model's name and the path, as text
+        _screenshot(chrome, tmp_path / "hostile.png")
+        # The browser enforces the header: a script put into the page is refused, and its console says why.
+        chrome.execute_script(INJECT)
+        wait_for(lambda: chrome.execute_script("return window.violations"), timeout=10, what="a CSP violation")
+        assert chrome.execute_script("return [window.violations, typeof window.injected]") == [
+            ["script-src-elem"],
+            "undefined",
+        ]
+        log = chrome.get_log("browser")  # type: ignore[no-untyped-call]  # untyped in selenium
+        console = [entry["message"] for entry in log if entry["source"] == "security"]
+        assert any("violates the following Content Security Policy directive 'script-src 'none''" in m for m in console)
 
 
 SEED_ARGS = ["-c", "512", "-np", "4", "-kvu", "-lv", "4", "--metrics", "-t", "2"]
@@ -175,7 +211,7 @@ def _status(exporter: ExporterProcess) -> dict[str, object]:
 
 @pytest.mark.llama_server
 def test_a_real_server_through_an_overflow_and_a_restart(
-    llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path, chromium_bin: Path
+    llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path, chrome: Chrome
 ) -> None:
     """b11434 `-c 512 -np 4 -kvu`: four requests overflow the pool; the page's incident holds the cells of the
     release lines; kill -9 and a restart: the page says down, then up again, and the crash is an incident."""
@@ -203,8 +239,9 @@ def test_a_real_server_through_an_overflow_and_a_restart(
 
         server.kill9()
         wait_for(lambda: _status(exporter)["state"] == "down", timeout=15, what="down on /api/status")
-        dom = _dom(chromium_bin, exporter.url + "/", tmp_path)
-        assert 'class="badge down"' in dom
+        page = _load(chrome, exporter.url + "/")
+        assert 'class="badge down"' in page.html
+        _screenshot(chrome, tmp_path / "down.png")
         server.start()
         wait_for(lambda: _status(exporter)["state"] == "up", timeout=30, what="up again on /api/status")
         wait_for(
@@ -212,9 +249,7 @@ def test_a_real_server_through_an_overflow_and_a_restart(
             timeout=15,
             what="the crash as an incident",
         )
-        dom = _dom(chromium_bin, exporter.url + "/", tmp_path)
-        text = html.unescape(re.sub(r"<[^>]+>", "", dom))
-        assert (
-            'class="badge up"' in dom and "crash: cause unknown" in text and "pool overflow: 4 requests aborted" in text
-        )
-        _screenshot(chromium_bin, exporter.url + "/", tmp_path, tmp_path / "restarted.png")
+        page = _load(chrome, exporter.url + "/")
+        assert 'class="badge up"' in page.html
+        assert "crash: cause unknown" in page.text and "pool overflow: 4 requests aborted" in page.text
+        _screenshot(chrome, tmp_path / "restarted.png")

@@ -83,17 +83,19 @@ def line_chart(
     value written in its corner (`fmt`)."""
     known = [v for v in values if v is not None]
     if not t or not known:
-        return f'<p class="mute">{html.escape(label)}: not known in this hour.</p>'
+        return _unknown(label)
     scale_top = top if top is not None else (max(known) * 1.1 or 1.0)
     out = [
         f'<svg viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" height="{CHART_H}" role="img">',
         f"<title>{html.escape(label)}: last {html.escape(fmt(known[-1]))}</title>",
         f'<line class="axis" x1="0" y1="{CHART_H - 0.5}" x2="{CHART_W}" y2="{CHART_H - 0.5}"/>',
-        f'<text x="{CHART_W - 2}" y="{CHART_H - 4}" text-anchor="end">{html.escape(fmt(known[-1]))}</text>',
+        f'<text x="{CHART_W - 2}" y="{CHART_H - 4}" text-anchor="end">now {html.escape(fmt(known[-1]))}</text>',
     ]
     if limit is not None:
-        y = _f(CHART_H - 1 - limit / scale_top * (CHART_H - 2))
-        out.append(f'<line class="limit" x1="0" y1="{y}" x2="{CHART_W}" y2="{y}"/>')
+        y = CHART_H - 1 - limit / scale_top * (CHART_H - 2)
+        out.append(f'<line class="limit" x1="0" y1="{_f(y)}" x2="{CHART_W}" y2="{_f(y)}"/>')
+        # The line's value under it, at the left: the chart has no other axis.
+        out.append(f'<text x="2" y="{_f(y + 10)}">{html.escape(fmt(limit))}</text>')
     for run in _points(t, values, scale_top):
         if len(run) == 1:
             run = [run[0], (run[0][0] + 1, run[0][1])]
@@ -105,7 +107,7 @@ def line_chart(
 def bar_chart(t: Sequence[float], cumulative: Sequence[float | None], *, label: str) -> str:
     """Bars of the increase of a counter between points (requests aborted in each step)."""
     if not t:
-        return f'<p class="mute">{html.escape(label)}: not known in this hour.</p>'
+        return _unknown(label)
     deltas: list[float] = []
     prev: float | None = None
     for v in cumulative:
@@ -128,3 +130,13 @@ def bar_chart(t: Sequence[float], cumulative: Sequence[float | None], *, label: 
         out.append(f'<text x="{_f(x + 4)}" y="{_f(CHART_H - 3 - h)}">{d:.0f}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def _unknown(label: str) -> str:
+    """A chart's place with nothing known to draw: the same size, so the charts beside it stay in line."""
+    return (
+        f'<svg viewBox="0 0 {CHART_W} {CHART_H}" width="{CHART_W}" height="{CHART_H}" role="img">'
+        f"<title>{html.escape(label)}: not known in this hour</title>"
+        f'<line class="axis" x1="0" y1="{CHART_H - 0.5}" x2="{CHART_W}" y2="{CHART_H - 0.5}"/>'
+        f'<text x="{CHART_W / 2:g}" y="{CHART_H / 2:g}" text-anchor="middle">not known in this hour</text></svg>'
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -25,8 +25,10 @@ from exporter.metrics.families import histogram
 from exporter.model.histogram import Histogram
 from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS
 
-#: Outcomes of a generation request (a request may count under more than one: queued, then admitted).
-OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized")
+#: Outcomes of a generation request (a request may count under more than one: queued, then admitted). A
+#: type: mypy rejects a count of any other; `OUTCOMES`, the label values, is made from it.
+Outcome = Literal["admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 #: Seconds a request waited in the queue: from a moment to the longest wait a client tolerates.
 WAIT_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -48,7 +50,7 @@ class GuardBooks:
         """A request's prompt, counted exactly by the server's tokenizer."""
         self.prompts.observe(tokens)
 
-    def count(self, outcome: str) -> None:
+    def count(self, outcome: Outcome) -> None:
         self.outcomes[outcome] += 1
         if self.clients is not None:
             self.clients.count(outcome)

@@ -17,7 +17,7 @@ from exporter.diagnose.guard_log import join_guard_log
 from exporter.guard.access_log import AccessLog
 from exporter.guard.accounting import Accounting, Record, handling
 from exporter.guard.admission import Ticket
-from exporter.guard.books import GuardBooks
+from exporter.guard.books import GuardBooks, Outcome
 from exporter.guard.client_metrics import ClientCollector
 from exporter.guard.clients import ClientNamer, KeysFileError, key_digest, parse_keys_file, user_agent_product
 from exporter.guard.preempt import SlotView
@@ -75,7 +75,7 @@ def test_a_keys_file_holds_digests_never_keys() -> None:
 # ---------------------------------------------------------------------------------------------- books
 
 
-def _handled(accounting: Accounting, client: str, ticket: Ticket, outcomes: list[str]) -> Record:
+def _handled(accounting: Accounting, client: str, ticket: Ticket, outcomes: list[Outcome]) -> Record:
     """A request handled to its end, its counts made from inside its handler's context (as the proxy does)."""
     record = Record(f"r{ticket.id}", client, "/completion", 0.0, 0.0)
     books = GuardBooks(clients=accounting)

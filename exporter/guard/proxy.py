@@ -4,7 +4,10 @@ sized and admitted first (see `exporter.guard.admission`). I/O only; the decisio
 Transparency: the method, the path and query, every end-to-end header (`Authorization` included) and
 the body go upstream unchanged; the status, headers and body come back unchanged, streamed chunk by
 chunk as they arrive (an SSE stream is never buffered). Only hop-by-hop headers are dropped, as any
-HTTP proxy must. Bodies are never logged.
+HTTP proxy must (`exporter.guard.relay` sends and streams). Bodies are never logged.
+
+A generation request goes through four steps, one method each: size (`_size`), decide (`_decide`, which
+matches every `DecisionKind`), wait (in `_decide`, `_wait`) and send (`_send_admitted`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, RetryBudget, Ticket, assert_never
@@ -30,18 +32,14 @@ from exporter.guard.clients import ClientNamer
 from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
 from exporter.guard.preempting import Preemption, PreemptionHost, Preemptor, Run
+from exporter.guard.relay import Preempted, Relay, Unanswered
 from exporter.guard.sizing import GENERATION_ROUTES, MESSAGES_ROUTES, Plan, plan, server_path
 from exporter.guard.upstream import (
-    HOP_BY_HOP,
     ServerNotReady,
     Sizer,
-    copy_answer,
-    end_stream,
-    end_to_end,
     error_response,
     read_body,
     sizing_headers,
-    why_unreachable,
 )
 from exporter.model.forecast import Measured
 from exporter.settings import GuardArea
@@ -93,19 +91,6 @@ class GuardSettings:
 MAX_RETRIES = 1
 
 
-class _Unanswered(Exception):
-    """llama-server could not take the request, or died before any byte of its answer reached the client."""
-
-    def __init__(self, why: str, sent: bool) -> None:
-        super().__init__(why)
-        self.why = why
-        self.sent = sent  # whether llama-server may have started on it (then a resend is a retry)
-
-
-class _Preempted(Exception):
-    """The guard stopped this request before any byte of its answer reached the client."""
-
-
 @dataclass
 class _Guarded:
     """One generation request on its way through the guard: what it asks, and its place in the books."""
@@ -153,6 +138,7 @@ class Guard:
         # Requests admitted on their prompt's byte bound, not yet counted exactly: id → what counting needs.
         self._unsized: dict[int, tuple[Ticket, Plan, bytes, Mapping[str, str]]] = {}
         self.watch = ServerWatch(lambda: self.session, settings.upstream)
+        self.relay = Relay(lambda: self.session, settings.upstream, self.books, self.watch)
         self.retries = RetryBudget(settings.retry_ratio, settings.retry_floor)
         make = preemption or (lambda host: Preemption(host, settings, self.books, self.accounting))
         self.preemption = make(self)
@@ -240,7 +226,7 @@ class Guard:
         if p is None:
             if request.method == "POST" and path in GENERATION_ROUTES:
                 self.books.count("unsized")
-            return await self._forward(request, raw)
+            return await self.relay.forward(request, raw)
         g = await self._ticket(request, raw, p)
         answer = await self._size(g)
         if answer is None:
@@ -285,7 +271,7 @@ class Guard:
                     return self._not_ready(g.books)
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
-                return await self._forward(g.request, g.raw)
+                return await self.relay.forward(g.request, g.raw)
         if not quick or p.exact:
             self.books.sized(ticket.prompt)
         return None
@@ -308,7 +294,7 @@ class Guard:
                 return None
             case "forward":
                 self.books.count("refused")
-                return await self._forward(g.request, g.raw)
+                return await self.relay.forward(g.request, g.raw)
             case "refuse":
                 self.books.count("refused")
                 log.info("guard: refused a request to %s: %s", g.request.path, decision.reason)
@@ -343,15 +329,15 @@ class Guard:
         run = Run(g.ticket, asyncio.Event(), anthropic=g.plan.route in MESSAGES_ROUTES)
         self.preemption.start(run)
         try:
-            return await self._forward(g.request, g.raw, run)
-        except _Unanswered as gone:
+            return await self.relay.forward(g.request, g.raw, run)
+        except Unanswered as gone:
             self.preemption.end(g.ticket.id)
             return self._unanswered(g, gone)
-        except _Preempted:
+        except Preempted:
             self.preemption.end(g.ticket.id)
             return await self._replay(g)
 
-    def _unanswered(self, g: _Guarded, gone: _Unanswered) -> web.Response | None:
+    def _unanswered(self, g: _Guarded, gone: Unanswered) -> web.Response | None:
         """llama-server did not answer a send: None to send it again, or the answer when it may not be."""
         ticket, books = g.ticket, g.books
         self.watch.down(gone.why)
@@ -499,155 +485,3 @@ class Guard:
         self._unsized.pop(ticket_id, None)
         for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
             self.wake(admitted)
-
-    async def _send(self, request: web.Request, raw: bytes, run: Run | None) -> aiohttp.ClientResponse:
-        """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
-        sending = self.session.request(
-            request.method,
-            # The path and query byte for byte, as the client sent them: never normalised, never re-encoded.
-            URL(self.settings.upstream + request.raw_path, encoded=True),
-            headers=end_to_end(request.headers),
-            data=raw if raw else None,
-            allow_redirects=False,
-        )
-        if run is None:
-            return await sending
-        # A task that a stop cancels (`_consider`): cancelling closes the connection, llama-server sees it and
-        # cancels its task.
-        task = run.sending = asyncio.ensure_future(sending)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if not run.stop.is_set() or _cancelling():
-                raise  # the client went away
-            log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
-            raise _Preempted from None
-        finally:
-            run.sending = None
-
-    async def _forward(self, request: web.Request, raw: bytes, run: Run | None = None) -> web.StreamResponse:
-        """Send the request upstream as it came; stream the answer back as it comes."""
-        upstream = await self._open(request, raw, run)
-        if isinstance(upstream, web.Response):
-            return upstream
-        done = False
-        try:
-            if run is not None and upstream.status == 503:
-                # llama-server loading its model answers every request so, before reading it: it waits here.
-                data = await upstream.read()
-                if b"Loading model" in data:
-                    raise _Unanswered("is loading its model", sent=False)
-                return copy_answer(upstream, data)
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for k, v in upstream.headers.items():
-                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length":
-                    response.headers.add(k, v)
-            if run is not None:
-                # A complete answer (not a stream) is never stopped: it has already been generated.
-                run.streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-                run.upstream = upstream
-                if run.stop.is_set() and run.streaming:
-                    raise _Preempted  # stopped before the client got a byte: replayed
-            # llama-server sends a stream's head at once and its first event after the prompt is read: the
-            # head waits for that event, so that until then the client has no byte and the request can be
-            # sent again (or replayed) if llama-server dies (or the guard stops it) meanwhile.
-            first = await self._first_event(upstream, run) if run is not None and run.streaming else b""
-            await response.prepare(request)
-            done = await self._relay(request, response, upstream, first, run)
-            return response
-        finally:
-            if done:
-                upstream.release()  # the connection is reused
-            else:
-                upstream.close()  # cancels the server's task: llama-server sees its connection close
-
-    async def _open(self, request: web.Request, raw: bytes, run: Run | None) -> aiohttp.ClientResponse | web.Response:
-        """The upstream answer's head; a 502 when llama-server did not answer (`_Unanswered` for a `run`: it is
-        sent again)."""
-        try:
-            return await self._send(request, raw, run)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            why = f"cannot be reached: {why_unreachable(exc)}"
-            if run is not None:
-                raise _Unanswered(why, sent=False) from None  # it never had the request: sent when it is back
-            self.books.count("failed")
-            return error_response(502, f"llama-server at {self.settings.upstream} {why}", "unavailable_error")
-        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-            what = type(exc).__name__
-            if run is not None:
-                raise _Unanswered(f"broke the connection before answering: {what}", sent=True) from None
-            self.books.count("failed")
-            return error_response(
-                502, f"llama-server at {self.settings.upstream} failed before answering: {what}", "unavailable_error"
-            )
-
-    async def _relay(
-        self,
-        request: web.Request,
-        response: web.StreamResponse,
-        upstream: aiohttp.ClientResponse,
-        first: bytes,
-        run: Run | None,
-    ) -> bool:
-        """Stream the answer's body to the client as it comes; True when it came whole (the connection may be
-        reused), False when it was broken off, stopped, or the client left."""
-        try:
-            if first:
-                await response.write(first)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-            await self._broken_off(request, response, run, type(exc).__name__)
-            return False
-        except ConnectionError:
-            return False  # the client left mid-answer: closing upstream cancels the server's task
-        if run is not None and run.stop.is_set() and run.streaming:
-            await self._end_stopped_stream(response, run)
-            return False
-        await response.write_eof()
-        return True
-
-    async def _broken_off(self, request: web.Request, response: web.StreamResponse, run: Run | None, what: str) -> None:
-        """llama-server's answer broke off after the client had its head: end it as cleanly as the client can
-        still be told (a stream the guard stopped says so)."""
-        if run is not None and run.stop.is_set():
-            await self._end_stopped_stream(response, run)
-            return
-        self.books.count("failed")
-        log.warning("guard: llama-server broke off its answer to %s: %s", request.path, what)
-        self.watch.down(f"it broke off an answer: {what}")
-        if response.headers.get("Content-Type", "").startswith("text/event-stream"):
-            # A stream that has begun: ended with an error event and a clean end of the body.
-            upstream = self.settings.upstream
-            message = f"llama-server at {upstream} broke off this stream ({what}): it stopped or restarted"
-            await end_stream(response, message, request.path in MESSAGES_ROUTES)
-        elif request.transport is not None:
-            # A whole answer cut short: all the client can still be told is that the connection ends here.
-            request.transport.close()
-
-    async def _first_event(self, upstream: aiohttp.ClientResponse, run: Run) -> bytes:
-        """The first bytes of a stream's body; `_Preempted` or `_Unanswered` when it ends before them."""
-        try:
-            first = await upstream.content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-            if run.stop.is_set():
-                raise _Preempted from None
-            raise _Unanswered(f"broke off a stream before its first event: {type(exc).__name__}", sent=True) from None
-        if run.stop.is_set():
-            raise _Preempted  # the guard closed it meanwhile: whatever came, the client has none of it
-        return first
-
-    async def _end_stopped_stream(self, response: web.StreamResponse, run: Run) -> None:
-        """End a stream the guard stopped with an error event, in llama-server's own form, that says why."""
-        message = (
-            "stopped by the guard so that the other requests could finish: the KV pool was about to "
-            "overflow; send it again, or with a smaller max_tokens"
-        )
-        await end_stream(response, message, run.anthropic)
-
-
-def _cancelling() -> bool:
-    """Whether the running task itself is being cancelled (Python 3.11+ can tell; 3.10 cannot: False)."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return bool(cancelling()) if cancelling is not None else False

@@ -8,7 +8,9 @@ keeps its memory savings and no request is aborted because another one outgrew i
 - `admission`: the books and the queue (pure);
 - `sizing`: what a request's body asks for (pure);
 - `pools`: the pools it admits against (one server's, or a router's per model);
-- `proxy`: the aiohttp server and client (I/O);
+- `proxy`: the aiohttp server, a request's steps (I/O); `relay`: the aiohttp client, answers streamed back;
+- `preempt`: which request to stop when the slots are about to outgrow the pool (pure); `preempting`: the
+  `/slots` loop that stops it, an object the proxy is given;
 - `upstream`: the headers it passes, the errors it answers with, prompts counted by the server;
 - `books`: its counts and their families on `/metrics`;
 - `clients`, `accounting`, `client_metrics`, `access_log`: who sent each request, the books by client and

@@ -28,6 +28,7 @@ from exporter.guard.admission import Ticket
 from exporter.guard.clients import ClientNamer
 from exporter.guard.preempt import SlotView
 from exporter.guard.sizing import GENERATION_ROUTES
+from exporter.metrics.catalogue.guard import Outcome
 
 
 class _LiveSlot(Protocol):
@@ -136,13 +137,13 @@ class Accounting:
             record.ticket, record.model, record.budget = ticket, model, budget
             self.records[ticket.id] = record
 
-    def count(self, outcome: str) -> None:
+    def count(self, outcome: Outcome) -> None:
         """An outcome of the request being handled (from `GuardBooks.count`; none outside a handler)."""
         record = _current.get()
         if record is not None:
             self._count(record, outcome)
 
-    def count_for(self, ticket_id: int, outcome: str) -> None:
+    def count_for(self, ticket_id: int, outcome: Outcome) -> None:
         """An outcome of a request the monitor acted on (its handler runs elsewhere)."""
         record = self.records.get(ticket_id)
         if record is not None:
@@ -158,7 +159,7 @@ class Accounting:
             b.wait_sum += seconds
             b.wait_count += 1
 
-    def _count(self, record: Record, outcome: str) -> None:
+    def _count(self, record: Record, outcome: Outcome) -> None:
         record.outcomes.append(outcome)
         self.books(record.client).outcomes[outcome] += 1
 

@@ -28,8 +28,10 @@ slot's whole window; a request that has shown it generates past its budget (`ove
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal, NoReturn
 
 #: The longest `Retry-After` the guard suggests: the `openai` SDK ignores longer ones and comes back sooner.
 RETRY_AFTER_MAX = 60
@@ -93,6 +95,20 @@ class Ticket:
         return total
 
 
+#: What admission does with a request: send it (`admit`), hold it (`queue`), pass it on for the server to
+#: refuse in its own words (`forward`), or answer it itself (`refuse`). A caller matches every kind
+#: (`assert_never` after the last one): mypy --strict then rejects a kind left unhandled or misspelt.
+DecisionKind = Literal["admit", "queue", "forward", "refuse"]
+
+if sys.version_info >= (3, 11):
+    from typing import assert_never
+else:  # pragma: no cover - the same check, for Python 3.10
+
+    def assert_never(value: NoReturn) -> NoReturn:
+        """A value mypy has narrowed to nothing: every case before this call has been handled."""
+        raise AssertionError(f"unhandled: {value!r}")
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do with a request: `admit`, `queue`, `forward` (the server refuses it itself), `refuse`.
@@ -100,7 +116,7 @@ class Decision:
     `status`, `reason` and `retry_after` come with `refuse` (and with a `forward` whose `reason` says why).
     """
 
-    kind: str
+    kind: DecisionKind
     status: int = 200
     reason: str = ""
     retry_after: int | None = None

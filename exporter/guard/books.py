@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from exporter.guard.admission import Admission
 from exporter.metrics.catalogue import guard as c
-from exporter.metrics.catalogue.guard import OUTCOMES
+from exporter.metrics.catalogue.guard import OUTCOMES, Outcome
 from exporter.model.histogram import Histogram
 from exporter.model.request_sizes import REQUEST_TOKEN_BUCKETS
 
@@ -47,7 +47,7 @@ class GuardBooks:
         """A request's prompt, counted exactly by the server's tokenizer."""
         self.prompts.observe(tokens)
 
-    def count(self, outcome: str) -> None:
+    def count(self, outcome: Outcome) -> None:
         self.outcomes[outcome] += 1
         if self.clients is not None:
             self.clients.count(outcome)

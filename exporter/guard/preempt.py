@@ -38,6 +38,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.model.forecast import cells_ahead
+from exporter.model.live import LiveSlot, parse_slots
+
 
 @dataclass
 class Sight:
@@ -106,12 +109,13 @@ class SlotView:
     reading: bool = False
 
     def ahead(self, horizon: float) -> int:
-        """The cells it will hold `horizon` seconds from now: its speed, within its budget and window."""
-        grow = int(self.rate * horizon + 0.5)
+        """The cells it will hold `horizon` seconds from now: its speed, within its budget and window (the
+        forecast's fill model, `cells_ahead`)."""
+        most = self.window
         if self.remaining is not None:
-            grow = min(grow, self.remaining)
-        cells = self.held + grow
-        return min(cells, self.window) if self.window is not None else cells
+            budget = self.held + self.remaining
+            most = budget if most is None else min(most, budget)
+        return cells_ahead(self.held, self.rate, horizon, most)
 
 
 @dataclass(frozen=True)
@@ -129,51 +133,44 @@ LastRead = tuple[int, float, int | None]
 
 
 def slot_views(body: Any, before: dict[int, LastRead], now: float) -> list[SlotView]:
-    """The processing slots of a `/slots` answer; `before` (slot → its last read) gives their speed and is updated."""
-    out: list[SlotView] = []
-    if not isinstance(body, list):
-        return out
-    for s in body:
-        if not isinstance(s, dict) or not s.get("is_processing") or not isinstance(s.get("id"), int):
-            continue
-        held = s.get("n_prompt_tokens")
-        if not isinstance(held, int):
-            continue
-        processed, cached = s.get("n_prompt_tokens_processed"), s.get("n_prompt_tokens_cache")
-        nxt = s.get("next_token")
-        first = nxt[0] if isinstance(nxt, list) and nxt and isinstance(nxt[0], dict) else nxt
-        decoded = first.get("n_decoded") if isinstance(first, dict) else None
-        # Nothing generated yet: the prompt is still being read (a build without n_decoded: processed still 0).
-        reading = decoded == 0 if isinstance(decoded, int) else processed == 0 and held > 0
-        prompt = None
-        if isinstance(processed, int) and isinstance(cached, int) and not reading:
-            prompt = processed + cached
-        params = s.get("params")
-        n_predict = params.get("n_predict") if isinstance(params, dict) else None
-        last = before.get(s["id"])
-        rate = (held - last[0]) / (now - last[1]) if last is not None and now > last[1] and held >= last[0] else 0.0
-        task = s.get("id_task")
-        task = task if isinstance(task, int) and not isinstance(task, bool) else None
-        generating = task if prompt is not None and held > prompt else None
-        steady = generating is not None and last is not None and last[2] == generating
-        before[s["id"]] = (held, now, generating)
-        remain = first.get("n_remain") if isinstance(first, dict) else None
-        window = s.get("n_ctx")
-        out.append(
-            SlotView(
-                s["id"],
-                held,
-                prompt,
-                n_predict if isinstance(n_predict, int) else None,
-                rate,
-                remain if isinstance(remain, int) and remain >= 0 else None,
-                window if isinstance(window, int) and window > 0 else None,
-                task,
-                steady,
-                reading=reading,
-            )
-        )
-    return out
+    """The processing slots of a `/slots` answer (read by the model's one parser, `parse_slots`; nothing from an
+    answer that is no list of slots); `before` (slot → its last read) gives their speed and is updated."""
+    try:
+        read = parse_slots(body)
+    except ValueError:
+        return []
+    return [view for s in read if (view := _view(s, before, now)) is not None]
+
+
+def _view(s: LiveSlot, before: dict[int, LastRead], now: float) -> SlotView | None:
+    """One slot of a read, if it is processing; its speed from its last read in `before` (updated)."""
+    held = s.tokens
+    if not s.processing or held is None:
+        return None
+    processed = s.n_processed
+    # Nothing generated yet: the prompt is still being read (a build without n_decoded: processed still 0).
+    reading = s.n_decoded == 0 if s.n_decoded is not None else processed == 0 and held > 0
+    prompt = None
+    if processed is not None and s.n_cached is not None and not reading:
+        prompt = processed + s.n_cached
+    last = before.get(s.id)
+    rate = (held - last[0]) / (now - last[1]) if last is not None and now > last[1] and held >= last[0] else 0.0
+    generating = s.task if prompt is not None and held > prompt else None
+    steady = generating is not None and last is not None and last[2] == generating
+    before[s.id] = (held, now, generating)
+    remain, window = s.n_remain, s.n_ctx
+    return SlotView(
+        s.id,
+        held,
+        prompt,
+        s.n_predict,
+        rate,
+        remain if remain is not None and remain >= 0 else None,
+        window if window is not None and window > 0 else None,
+        s.task,
+        steady,
+        reading=reading,
+    )
 
 
 def match(

@@ -1,17 +1,23 @@
-"""The guard's preemption loop, mixed into `Guard`: while requests run it reads `/slots`, learns what the
-slots say of each request (its speed, a budget it overran), counts unknown budgets as whole windows while
-it cannot see in time, and stops one request when the slots are about to outgrow the pool (the choice is
-`exporter.guard.preempt`'s). I/O."""
+"""The guard's preemption loop, an object the guard is given: while requests run it reads `/slots`, learns
+what the slots say of each request (its speed, a budget it overran), counts unknown budgets as whole windows
+while it cannot see in time, and stops one request when the slots are about to outgrow the pool (the choice
+is `exporter.guard.preempt`'s). I/O.
+
+Two narrow interfaces join it to the guard: `Preemptor`, what the guard asks of preemption (watch a request
+from its send to its end, the measured speed of a pool), and `PreemptionHost`, what preemption asks of the
+guard (a pool's books and limit, and what follows when they change).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import aiohttp
@@ -20,9 +26,6 @@ from exporter.guard.accounting import Accounting
 from exporter.guard.admission import Admission, Pool, Speed, Ticket
 from exporter.guard.books import GuardBooks
 from exporter.guard.preempt import LastRead, Running, Sight, SlotView, choose_victim, match, projected, slot_views
-
-if TYPE_CHECKING:
-    from exporter.guard.proxy import GuardSettings
 
 log = logging.getLogger("exporter.guard.proxy")
 
@@ -47,40 +50,103 @@ def placeable(runs: Iterable[Run]) -> list[Running]:
     ]
 
 
-class Preempting:
-    """What `Guard` gives its preemption loop, and the loop."""
+class Preemptor(Protocol):
+    """What the guard asks of preemption."""
 
-    settings: GuardSettings
-    books: GuardBooks
-    accounting: Accounting
-    admissions: dict[str | None, Admission]
-    sight: Sight
-    _runs: dict[int, Run]
-    _monitor: asyncio.Task[None] | None
-    _quiet_until: float
-    _speeds: dict[str | None, dict[int, LastRead]]
-    _speed: dict[str | None, Speed]
-    _pending: dict[str | None, tuple[int, float]]
-    _slots_refused: bool
+    def start(self, run: Run) -> None:
+        """`run` was sent upstream: watch it (and the slots) until `end`."""
+
+    def end(self, ticket_id: int) -> None:
+        """The request `ticket_id` is no longer upstream (answered, failed, stopped or gone)."""
+
+    def speed(self, key: str | None) -> Speed | None:
+        """How fast the requests of pool `key` generate, as last measured (None: not yet)."""
+
+    async def close(self) -> None:
+        """Stop watching."""
+
+
+class PreemptionHost(Protocol):
+    """What preemption asks of the guard: the books and limit of a pool, and what follows when they change."""
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        raise NotImplementedError
+    def session(self) -> aiohttp.ClientSession: ...
 
-    def admission(self, key: str | None) -> Admission:
-        raise NotImplementedError
+    @property
+    def admissions(self) -> Mapping[str | None, Admission]: ...
 
-    def pool(self, key: str | None = None) -> Pool:
-        raise NotImplementedError
+    def admission(self, key: str | None) -> Admission: ...
 
-    def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
-        raise NotImplementedError
+    def pool(self, key: str | None = None) -> Pool: ...
 
-    def _wake(self, admitted: Ticket) -> None:
-        raise NotImplementedError
+    def refine_if_tight(self, key: str | None, used: int | None = None) -> None:
+        """Count exactly the prompts admitted on their bound, if the books (or `used`) come near the limit."""
 
-    def _refine_all(self, key: str | None) -> None:
-        raise NotImplementedError
+    def refine_all(self, key: str | None) -> None:
+        """Count exactly every prompt of pool `key` admitted on its bound."""
+
+    def wake(self, admitted: Ticket) -> None:
+        """`admitted` left the queue for the pool: its handler sends it."""
+
+
+class PreemptSettings(Protocol):
+    """The guard's settings that preemption reads (`GuardSettings` has them)."""
+
+    @property
+    def upstream(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def poll_interval(self) -> float: ...
+    @property
+    def quiet(self) -> float: ...
+    @property
+    def horizon(self) -> float: ...
+    @property
+    def blind_after(self) -> float: ...
+    @property
+    def admission(self) -> bool: ...
+
+
+class Preemption:
+    """The preemption loop of one guard (a `Preemptor`): reads `/slots` while requests run."""
+
+    def __init__(
+        self, host: PreemptionHost, settings: PreemptSettings, books: GuardBooks, accounting: Accounting
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.books = books
+        self.accounting = accounting
+        self.sight = Sight(settings.horizon, settings.blind_after)
+        self.runs: dict[int, Run] = {}  # the requests upstream, by ticket id
+        self._monitor: asyncio.Task[None] | None = None
+        # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
+        self._quiet_until = 0.0
+        self._speeds: dict[str | None, dict[int, LastRead]] = {}
+        self._speed: dict[str | None, Speed] = {}  # pool → how fast its requests generate, last measured
+        self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
+        self._slots_refused = False  # said once: /slots wants a key the guard does not have
+
+    # ------------------------------------------------------------------ the guard's side (`Preemptor`)
+
+    def start(self, run: Run) -> None:
+        self.runs[run.ticket.id] = run
+        self._ensure_monitor()
+
+    def end(self, ticket_id: int) -> None:
+        self.runs.pop(ticket_id, None)
+
+    def speed(self, key: str | None) -> Speed | None:
+        return self._speed.get(key)
+
+    async def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
+
+    # ------------------------------------------------------------------ the loop
 
     def _ensure_monitor(self) -> None:
         if self._monitor is None or self._monitor.done():
@@ -91,16 +157,16 @@ class Preempting:
         """While requests run: read `/slots`, stop one request when the slots are about to outgrow the pool."""
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
         timeout = aiohttp.ClientTimeout(total=10 * self.settings.poll_interval)
-        while self._runs:
+        while self.runs:
             now = time.monotonic()
             due = now + max(self.settings.poll_interval, self._quiet_until - now)
             await asyncio.sleep(due - now)
-            for key in {r.ticket.key for r in self._runs.values()}:
+            for key in {r.ticket.key for r in self.runs.values()}:
                 # A router's model: its own /slots, without waking a model that is not loaded.
                 query = "" if key is None else "?" + urlencode({"model": key, "autoload": "false"})
                 url = self.settings.upstream + "/slots" + query
                 try:
-                    async with self.session.get(url, headers=headers, timeout=timeout) as resp:
+                    async with self.host.session.get(url, headers=headers, timeout=timeout) as resp:
                         body = await resp.json(content_type=None) if resp.status == 200 else None
                         if resp.status in (401, 403) and not self._slots_refused:
                             self._slots_refused = True
@@ -124,7 +190,7 @@ class Preempting:
         if not self.settings.admission:
             return  # admission off: nothing is held back, so there is nothing to count more cautiously
         blind = self.sight.blind
-        for key, books in self.admissions.items():
+        for key, books in self.host.admissions.items():
             if books.cautious != blind:
                 log.warning(
                     "guard: its reads of /slots lag %.1f s: %s",
@@ -133,14 +199,14 @@ class Preempting:
                     if blind
                     else "they are timely again; requests without max_tokens count as their default budget",
                 )
-            for admitted in books.set_cautious(blind, self.pool(key), time.monotonic()):
-                self._wake(admitted)
+            for admitted in books.set_cautious(blind, self.host.pool(key), time.monotonic()):
+                self.host.wake(admitted)
 
     def _consider(self, key: str | None, body: Any, now: float) -> None:
         speeds = self._speeds.setdefault(key, {})
         slots = slot_views(body, speeds, now)
-        limit = self.pool(key).limit
-        runs = [r for r in self._runs.values() if not r.stop.is_set() and r.ticket.key == key]
+        limit = self.host.pool(key).limit
+        runs = [r for r in self.runs.values() if not r.stop.is_set() and r.ticket.key == key]
         # A stream's closed connection is noticed at its next token; a request that waits for its whole
         # answer only after a second in which no result came for anyone, which never comes while a stream
         # runs. So while streams run, only a stream is stopped.
@@ -148,7 +214,7 @@ class Preempting:
             runs = [r for r in runs if r.streaming]
         running = placeable(runs)
         horizon = self.sight.horizon
-        self._refine_if_tight(key, projected(slots, horizon))
+        self.host.refine_if_tight(key, projected(slots, horizon))
         self._learn(key, slots, horizon)
         self._account(key, slots)
         if limit is None or now < self._quiet_until or not self.settings.admission:
@@ -164,7 +230,7 @@ class Preempting:
         if chosen is None:
             return
         victim, why = chosen
-        run = self._runs[victim]
+        run = self.runs[victim]
         self._quiet_until = now + self.settings.quiet + self.sight.lag
         self._pending[key] = (len(slots), now)
         run.stop.set()
@@ -178,22 +244,22 @@ class Preempting:
 
     def _account(self, key: str | None, slots: list[SlotView]) -> None:
         """Tell the books by client where each request of pool `key` runs now (all of them, streams or not)."""
-        runs = [r for r in self._runs.values() if r.ticket.key == key]
+        runs = [r for r in self.runs.values() if r.ticket.key == key]
         matched = match(slots, placeable(runs), self.accounting.known())
         self.accounting.placed([r.ticket.id for r in runs], matched)
         if len(matched) < len(slots):
             # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run
             # for a read of /slots already (a short one never gets here): count it exactly, to place it next time.
-            self._refine_all(key)
+            self.host.refine_all(key)
 
     def _learn(self, key: str | None, slots: list[SlotView], horizon: float) -> None:
         """What the slots say of the requests: a request past its budget counts its window from now on, and
         what it will hold; how fast they generate, and when each would end at its whole budget."""
-        books, pool = self.admission(key), self.pool(key)
-        running = placeable(r for r in self._runs.values() if r.ticket.key == key and not r.stop.is_set())
+        books, pool = self.host.admission(key), self.host.pool(key)
+        running = placeable(r for r in self.runs.values() if r.ticket.key == key and not r.stop.is_set())
         ends_in: dict[int, float] = {}
         for rid, slot in match(slots, running).items():
-            t = self._runs[rid].ticket
+            t = self.runs[rid].ticket
             generated = slot.held - (slot.prompt or slot.held)
             if generated > t.budget:
                 books.overran(t, pool)

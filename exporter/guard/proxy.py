@@ -4,7 +4,10 @@ sized and admitted first (see `exporter.guard.admission`). I/O only; the decisio
 Transparency: the method, the path and query, every end-to-end header (`Authorization` included) and
 the body go upstream unchanged; the status, headers and body come back unchanged, streamed chunk by
 chunk as they arrive (an SSE stream is never buffered). Only hop-by-hop headers are dropped, as any
-HTTP proxy must. Bodies are never logged.
+HTTP proxy must (`exporter.guard.relay` sends and streams). Bodies are never logged.
+
+A generation request goes through four steps, one method each: size (`_size`), decide (`_decide`, which
+matches every `DecisionKind`), wait (in `_decide`, `_wait`) and send (`_send_admitted`).
 """
 
 from __future__ import annotations
@@ -21,28 +24,22 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
-from yarl import URL
 
 from exporter.guard.accounting import Accounting
-from exporter.guard.admission import Admission, Pool, RetryBudget, Speed, Ticket
+from exporter.guard.admission import Admission, Pool, RetryBudget, Ticket, assert_never
 from exporter.guard.books import GuardBooks
 from exporter.guard.clients import ClientNamer
 from exporter.guard.health import ServerWatch
 from exporter.guard.pools import OnePool, Pools
-from exporter.guard.preempt import LastRead, Sight
-from exporter.guard.preempting import Preempting, Run
+from exporter.guard.preempting import Preemption, PreemptionHost, Preemptor, Run
+from exporter.guard.relay import Preempted, Relay, Unanswered
 from exporter.guard.sizing import GENERATION_ROUTES, MESSAGES_ROUTES, Plan, plan, server_path
 from exporter.guard.upstream import (
-    HOP_BY_HOP,
     ServerNotReady,
     Sizer,
-    copy_answer,
-    end_stream,
-    end_to_end,
     error_response,
     read_body,
     sizing_headers,
-    why_unreachable,
 )
 from exporter.model.forecast import Measured
 from exporter.settings import GuardArea
@@ -94,24 +91,38 @@ class GuardSettings:
 MAX_RETRIES = 1
 
 
-class _Unanswered(Exception):
-    """llama-server could not take the request, or died before any byte of its answer reached the client."""
+@dataclass
+class _Guarded:
+    """One generation request on its way through the guard: what it asks, and its place in the books."""
 
-    def __init__(self, why: str, sent: bool) -> None:
-        super().__init__(why)
-        self.why = why
-        self.sent = sent  # whether llama-server may have started on it (then a resend is a retry)
+    request: web.Request
+    raw: bytes  # its body
+    plan: Plan
+    headers: Mapping[str, str]  # for the guard's own calls about it (sizing, /props)
+    ticket: Ticket
+    books: Admission  # its pool's
+    bound: int | None  # its prompt's byte bound (`Plan.bound`)
+    on_bound: bool = False  # admitted on its prompt's byte bound: its exact size is counted while it runs
+    retried: int = 0  # times sent again after llama-server died under it
+
+    @property
+    def key(self) -> str | None:
+        return self.ticket.key
 
 
-class _Preempted(Exception):
-    """The guard stopped this request before any byte of its answer reached the client."""
+class Guard:
+    """The proxy and its books, one `Admission` per pool (per model behind a router).
 
-
-class Guard(Preempting):
-    """The proxy and its books, one `Admission` per pool (per model behind a router)."""
+    Preemption is an object of its own, a `Preemptor` that `preemption` makes for the guard (by default the
+    `/slots` loop of `exporter.guard.preempting`); the guard is its `PreemptionHost`.
+    """
 
     def __init__(
-        self, settings: GuardSettings, pools: Pools | Callable[[], Pool], accounting: Accounting | None = None
+        self,
+        settings: GuardSettings,
+        pools: Pools | Callable[[], Pool],
+        accounting: Accounting | None = None,
+        preemption: Callable[[PreemptionHost], Preemptor] | None = None,
     ) -> None:
         self.settings = settings
         self.pools: Pools = pools if not callable(pools) else OnePool(pools)
@@ -123,20 +134,14 @@ class Guard(Preempting):
         self._waiters: dict[int, asyncio.Future[bool]] = {}  # queued request → admitted (True) or expired
         self._session: aiohttp.ClientSession | None = None
         self._props_window: dict[str | None, int] = {}
-        self._runs: dict[int, Run] = {}
-        # No second stop until the first one has taken effect (llama-server's polling second, then a batch).
-        self._quiet_until = 0.0
-        self._speeds: dict[str | None, dict[int, LastRead]] = {}
-        self._monitor: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         # Requests admitted on their prompt's byte bound, not yet counted exactly: id → what counting needs.
         self._unsized: dict[int, tuple[Ticket, Plan, bytes, Mapping[str, str]]] = {}
-        self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
-        self._slots_refused = False  # said once: /slots wants a key the guard does not have
         self.watch = ServerWatch(lambda: self.session, settings.upstream)
+        self.relay = Relay(lambda: self.session, settings.upstream, self.books, self.watch)
         self.retries = RetryBudget(settings.retry_ratio, settings.retry_floor)
-        self.sight = Sight(settings.horizon, settings.blind_after)
-        self._speed: dict[str | None, Speed] = {}  # pool → how fast its requests generate, last measured
+        make = preemption or (lambda host: Preemption(host, settings, self.books, self.accounting))
+        self.preemption = make(self)
 
     # ------------------------------------------------------------------ pool
 
@@ -204,27 +209,32 @@ class Guard(Preempting):
 
     async def close(self) -> None:
         await self.watch.close()
-        if self._monitor is not None:
-            self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+        await self.preemption.close()
         if self._session is not None:
             await self._session.close()
 
     # ------------------------------------------------------------------ requests
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
-        if isinstance(body, web.Response):
-            return body
-        raw = body
+        """One request: passed on as it came, or, a generation request, sized, decided, waited and sent."""
+        raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout)
+        if isinstance(raw, web.Response):
+            return raw
         # Routed as llama-server routes it: the path as sent, escapes decoded, dot segments kept.
         path = server_path(request.raw_path)
         p = plan(path, raw) if request.method == "POST" else None
         if p is None:
             if request.method == "POST" and path in GENERATION_ROUTES:
                 self.books.count("unsized")
-            return await self._forward(request, raw)
+            return await self.relay.forward(request, raw)
+        g = await self._ticket(request, raw, p)
+        answer = await self._size(g)
+        if answer is None:
+            answer = await self._decide(g)
+        return answer if answer is not None else await self._send_admitted(g)
+
+    async def _ticket(self, request: web.Request, raw: bytes, p: Plan) -> _Guarded:
+        """A generation request's place in the books, its prompt counted at its byte bound for now."""
         headers = sizing_headers(request.headers, self.settings.api_key)
         budget = p.budget if p.budget is not None else self.settings.default_budget
         key = self.pools.key(p.model)
@@ -235,102 +245,136 @@ class Guard(Preempting):
         )
         ticket.budget_known = p.budget is not None
         self.accounting.bind(ticket, p.model, budget)
-        books = self.admission(key)
+        return _Guarded(request, raw, p, headers, ticket, self.admission(key), bound)
+
+    async def _size(self, g: _Guarded) -> web.StreamResponse | None:
+        """Step 1, size: the prompt counted with the server's tokenizer, unless the bound will do. None: sized;
+        else the answer (a 503 after waiting for the server, or the server's own, for a body it cannot size)."""
+        p, ticket, key, bound = g.plan, g.ticket, g.key, g.bound
         # A request that fits even at the most tokens its text can make is admitted without waiting for the
         # tokenizer (a load that always fits never waits for it); its exact size follows while it runs.
-        quick = bound is not None and (p.exact or books.admits_now(ticket, self.pool(key)))
+        quick = bound is not None and (p.exact or g.books.admits_now(ticket, self.pool(key)))
         quick = quick or not self.settings.admission  # admission off: nothing waits, not even for the tokenizer
+        g.on_bound = quick and not p.exact
         while not quick:
             # While llama-server restarts or loads, the request waits for it (within its queue timeout).
             refused = await self._server_back(ticket)
             if refused is not None:
                 return refused
             try:
-                ticket.prompt = await self._sizer(key, p.model if key is not None else None).prompt_tokens(
-                    p, raw, headers
-                )
+                sizer = self._sizer(key, p.model if key is not None else None)
+                ticket.prompt = await sizer.prompt_tokens(p, g.raw, g.headers)
                 break
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, TimeoutError, ServerNotReady) as exc:
                 self.watch.down(f"sizing a request: {type(exc).__name__}")
-                if books.timed_out(ticket, time.monotonic()):
-                    return self._not_ready(books)
+                if g.books.timed_out(ticket, time.monotonic()):
+                    return self._not_ready(g.books)
             except (aiohttp.ClientError, ValueError):
                 self.books.count("unsized")  # the server refuses to size it, and will refuse it too, in its words
-                return await self._forward(request, raw)
+                return await self.relay.forward(g.request, g.raw)
         if not quick or p.exact:
             self.books.sized(ticket.prompt)
+        return None
+
+    async def _decide(self, g: _Guarded) -> web.StreamResponse | None:
+        """Steps 2 and 3, decide and wait: None once the request is admitted (at once or after its wait in the
+        queue); else its answer (refused, or passed on for llama-server to refuse)."""
+        ticket, key = g.ticket, g.key
         if self.settings.admission:
-            decision = books.offer(ticket, self.pool(key), time.monotonic(), self._speed.get(key))
+            decision = g.books.offer(ticket, self.pool(key), time.monotonic(), self.preemption.speed(key))
         else:
-            decision = books.take(ticket, self.pool(key), time.monotonic())
-        if quick and not p.exact and decision.kind == "admit":
+            decision = g.books.take(ticket, self.pool(key), time.monotonic())
+        kind = decision.kind
+        if g.on_bound and kind == "admit":
             ticket.exact = False
-            self._unsized[ticket.id] = (ticket, p, raw, headers)
-        self._refine_if_tight(key)
-        if decision.kind == "forward":
-            self.books.count("refused")
-            return await self._forward(request, raw)
-        if decision.kind == "refuse":
-            self.books.count("refused")
-            log.info("guard: refused a request to %s: %s", request.path, decision.reason)
-            return error_response(decision.status, decision.reason, decision.error_type, decision.retry_after)
-        if decision.kind == "queue":
-            self.books.count("queued")
-            refused = await self._wait(ticket)
-            if refused is not None:
-                return refused
+            self._unsized[ticket.id] = (ticket, g.plan, g.raw, g.headers)
+        self.refine_if_tight(key)
+        match kind:
+            case "admit":
+                return None
+            case "forward":
+                self.books.count("refused")
+                return await self.relay.forward(g.request, g.raw)
+            case "refuse":
+                self.books.count("refused")
+                log.info("guard: refused a request to %s: %s", g.request.path, decision.reason)
+                return error_response(decision.status, decision.reason, decision.error_type, decision.retry_after)
+            case "queue":
+                self.books.count("queued")
+                return await self._wait(ticket)
+            case _:
+                return assert_never(kind)
+
+    async def _send_admitted(self, g: _Guarded) -> web.StreamResponse:
+        """Step 4, send: the admitted request upstream, sent again when llama-server died under it, replayed
+        when the guard stopped it, until it is answered; its place in the books is given back at the end."""
         self.books.count("admitted")
-        ticket.n_predict = p.budget if p.budget is not None else -1
+        ticket = g.ticket
+        ticket.n_predict = g.plan.budget if g.plan.budget is not None else -1
         self.retries.sent(time.monotonic())
-        retried = 0
         try:
             while True:
-                refused = await self._server_back(ticket)
-                if refused is not None:
-                    return refused
-                run = Run(ticket, asyncio.Event(), anthropic=p.route in MESSAGES_ROUTES)
-                self._runs[ticket.id] = run
-                self._ensure_monitor()
-                try:
-                    return await self._forward(request, raw, run)
-                except _Unanswered as gone:
-                    self._runs.pop(ticket.id, None)
-                    self.watch.down(gone.why)
-                    if not gone.sent:
-                        # llama-server never took it: sent again once it is ready, no retry.
-                        if books.timed_out(ticket, time.monotonic()):
-                            return self._not_ready(books)
-                        continue
-                    if retried >= MAX_RETRIES or not self.retries.allow(time.monotonic()):
-                        self.books.count("failed")
-                        return error_response(
-                            502,
-                            f"llama-server at {self.settings.upstream} failed before answering ({gone.why}); "
-                            "the guard's retries are spent",
-                            "unavailable_error",
-                        )
-                    retried += 1
-                    books.new_wait(ticket)  # its wait for the server starts now
-                    self.books.count("retried")
-                    log.warning("guard: sending request %d again: llama-server %s", ticket.id, gone.why)
-                except _Preempted:
-                    self._runs.pop(ticket.id, None)
-                    # It has shown it generates past its budget: replayed alone in its slot's window.
-                    pool = self.pool(key)
-                    window = pool.slot_window or pool.limit or ticket.prompt + ticket.budget
-                    books.requeue(ticket, pool, window, time.monotonic())
-                    refused = await self._wait(ticket)
-                    if refused is not None:
-                        return refused
-                    self.books.count("replayed")
+                answer = await self._attempt(g)
+                if answer is not None:
+                    return answer
         finally:
-            self._runs.pop(ticket.id, None)
-            self._release(key, ticket.id)
+            self.preemption.end(ticket.id)
+            self._release(g.key, ticket.id)
+
+    async def _attempt(self, g: _Guarded) -> web.StreamResponse | None:
+        """One send of an admitted request: its answer, or None to send it again."""
+        refused = await self._server_back(g.ticket)
+        if refused is not None:
+            return refused
+        run = Run(g.ticket, asyncio.Event(), anthropic=g.plan.route in MESSAGES_ROUTES)
+        self.preemption.start(run)
+        try:
+            return await self.relay.forward(g.request, g.raw, run)
+        except Unanswered as gone:
+            self.preemption.end(g.ticket.id)
+            return self._unanswered(g, gone)
+        except Preempted:
+            self.preemption.end(g.ticket.id)
+            return await self._replay(g)
+
+    def _unanswered(self, g: _Guarded, gone: Unanswered) -> web.Response | None:
+        """llama-server did not answer a send: None to send it again, or the answer when it may not be."""
+        ticket, books = g.ticket, g.books
+        self.watch.down(gone.why)
+        if not gone.sent:
+            # llama-server never took it: sent again once it is ready, no retry.
+            return self._not_ready(books) if books.timed_out(ticket, time.monotonic()) else None
+        if g.retried >= MAX_RETRIES or not self.retries.allow(time.monotonic()):
+            self.books.count("failed")
+            return error_response(
+                502,
+                f"llama-server at {self.settings.upstream} failed before answering ({gone.why}); "
+                "the guard's retries are spent",
+                "unavailable_error",
+            )
+        g.retried += 1
+        books.new_wait(ticket)  # its wait for the server starts now
+        self.books.count("retried")
+        log.warning("guard: sending request %d again: llama-server %s", ticket.id, gone.why)
+        return None
+
+    async def _replay(self, g: _Guarded) -> web.StreamResponse | None:
+        """The guard stopped the request before its client had a byte: None once it may be sent again."""
+        # It has shown it generates past its budget: replayed alone in its slot's window.
+        ticket = g.ticket
+        pool = self.pool(g.key)
+        window = pool.slot_window or pool.limit or ticket.prompt + ticket.budget
+        g.books.requeue(ticket, pool, window, time.monotonic())
+        refused = await self._wait(ticket)
+        if refused is not None:
+            return refused
+        self.books.count("replayed")
+        return None
 
     def _sizer(self, key: str | None, model: str | None) -> Sizer:
         return Sizer(self.session, self.settings.upstream, model, self.pool(key).slot_window)
 
-    def _refine_if_tight(self, key: str | None, used: int | None = None) -> None:
+    def refine_if_tight(self, key: str | None, used: int | None = None) -> None:
         """Count exactly the prompts admitted on their bound, once the exact counts can matter: the books
         (or `used`, the slots' projection) pass half the pool, or a request waits. Below that the bound
         admits the same requests, and a load that always fits pays no tokenizer call."""
@@ -338,9 +382,9 @@ class Guard(Preempting):
         limit = self.pool(key).limit
         tight = bool(books.queue) or (limit is not None and 2 * max(books.demand, used or 0) >= limit)
         if tight:
-            self._refine_all(key)
+            self.refine_all(key)
 
-    def _refine_all(self, key: str | None) -> None:
+    def refine_all(self, key: str | None) -> None:
         """Count exactly, in the background, every prompt of pool `key` admitted on its bound."""
         for tid in [t for t, (ticket, *_) in self._unsized.items() if ticket.key == key]:
             ticket, p, raw, headers = self._unsized.pop(tid)
@@ -358,7 +402,7 @@ class Guard(Preempting):
                 books = self.admission(ticket.key)
                 if ticket.id in books.in_flight:
                     for admitted in books.resize(ticket, prompt, self.pool(ticket.key), time.monotonic()):
-                        self._wake(admitted)
+                        self.wake(admitted)
 
         task = asyncio.create_task(refine())
         self._background.add(task)
@@ -390,7 +434,7 @@ class Guard(Preempting):
             retry_after=books.retry_after(),
         )
 
-    def _wake(self, admitted: Ticket) -> None:
+    def wake(self, admitted: Ticket) -> None:
         fut = self._waiters.get(admitted.id)
         if fut is not None and not fut.done():
             fut.set_result(True)
@@ -440,133 +484,4 @@ class Guard(Preempting):
     def _release(self, key: str | None, ticket_id: int) -> None:
         self._unsized.pop(ticket_id, None)
         for admitted in self.admission(key).release(ticket_id, self.pool(key), time.monotonic()):
-            self._wake(admitted)
-
-    async def _send(self, request: web.Request, raw: bytes, run: Run | None) -> aiohttp.ClientResponse:
-        """The upstream request until its answer's headers arrive; `_Preempted` when the guard stops it first."""
-        sending = self.session.request(
-            request.method,
-            # The path and query byte for byte, as the client sent them: never normalised, never re-encoded.
-            URL(self.settings.upstream + request.raw_path, encoded=True),
-            headers=end_to_end(request.headers),
-            data=raw if raw else None,
-            allow_redirects=False,
-        )
-        if run is None:
-            return await sending
-        # A task that a stop cancels (`_consider`): cancelling closes the connection, llama-server sees it and
-        # cancels its task.
-        task = run.sending = asyncio.ensure_future(sending)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if not run.stop.is_set() or _cancelling():
-                raise  # the client went away
-            log.debug("guard: closed the upstream connection of request %d", run.ticket.id)
-            raise _Preempted from None
-        finally:
-            run.sending = None
-
-    async def _forward(self, request: web.Request, raw: bytes, run: Run | None = None) -> web.StreamResponse:
-        """Send the request upstream as it came; stream the answer back as it comes."""
-        upstream_url = self.settings.upstream
-        try:
-            upstream = await self._send(request, raw, run)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            why = f"cannot be reached: {why_unreachable(exc)}"
-            if run is not None:
-                raise _Unanswered(why, sent=False) from None  # it never had the request: sent when it is back
-            self.books.count("failed")
-            return error_response(502, f"llama-server at {upstream_url} {why}", "unavailable_error")
-        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-            what = type(exc).__name__
-            if run is not None:
-                raise _Unanswered(f"broke the connection before answering: {what}", sent=True) from None
-            self.books.count("failed")
-            return error_response(
-                502, f"llama-server at {upstream_url} failed before answering: {what}", "unavailable_error"
-            )
-        done = False
-        try:
-            if run is not None and upstream.status == 503:
-                # llama-server loading its model answers every request so, before reading it: it waits here.
-                data = await upstream.read()
-                if b"Loading model" in data:
-                    raise _Unanswered("is loading its model", sent=False)
-                return copy_answer(upstream, data)
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for k, v in upstream.headers.items():
-                if k.lower() not in HOP_BY_HOP or k.lower() == "content-length":
-                    response.headers.add(k, v)
-            if run is not None:
-                # A complete answer (not a stream) is never stopped: it has already been generated.
-                run.streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-                run.upstream = upstream
-                if run.stop.is_set() and run.streaming:
-                    raise _Preempted  # stopped before the client got a byte: replayed
-            # llama-server sends a stream's head at once and its first event after the prompt is read: the
-            # head waits for that event, so that until then the client has no byte and the request can be
-            # sent again (or replayed) if llama-server dies (or the guard stops it) meanwhile.
-            first = await self._first_event(upstream, run) if run is not None and run.streaming else b""
-            await response.prepare(request)
-            try:
-                if first:
-                    await response.write(first)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-            except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-                if run is not None and run.stop.is_set():
-                    await self._end_stopped_stream(response, run)
-                    return response
-                self.books.count("failed")
-                what = type(exc).__name__
-                log.warning("guard: llama-server broke off its answer to %s: %s", request.path, what)
-                self.watch.down(f"it broke off an answer: {what}")
-                if response.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    # A stream that has begun: ended with an error event and a clean end of the body.
-                    message = f"llama-server at {upstream_url} broke off this stream ({what}): it stopped or restarted"
-                    await end_stream(response, message, request.path in MESSAGES_ROUTES)
-                elif request.transport is not None:
-                    # A whole answer cut short: all the client can still be told is that the connection ends here.
-                    request.transport.close()
-                return response
-            except ConnectionError:
-                return response  # the client left mid-answer: closing upstream (below) cancels the server's task
-            if run is not None and run.stop.is_set() and run.streaming:
-                await self._end_stopped_stream(response, run)
-                return response
-            await response.write_eof()
-            done = True
-            return response
-        finally:
-            if done:
-                upstream.release()  # the connection is reused
-            else:
-                upstream.close()  # cancels the server's task: llama-server sees its connection close
-
-    async def _first_event(self, upstream: aiohttp.ClientResponse, run: Run) -> bytes:
-        """The first bytes of a stream's body; `_Preempted` or `_Unanswered` when it ends before them."""
-        try:
-            first = await upstream.content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError) as exc:
-            if run.stop.is_set():
-                raise _Preempted from None
-            raise _Unanswered(f"broke off a stream before its first event: {type(exc).__name__}", sent=True) from None
-        if run.stop.is_set():
-            raise _Preempted  # the guard closed it meanwhile: whatever came, the client has none of it
-        return first
-
-    async def _end_stopped_stream(self, response: web.StreamResponse, run: Run) -> None:
-        """End a stream the guard stopped with an error event, in llama-server's own form, that says why."""
-        message = (
-            "stopped by the guard so that the other requests could finish: the KV pool was about to "
-            "overflow; send it again, or with a smaller max_tokens"
-        )
-        await end_stream(response, message, run.anthropic)
-
-
-def _cancelling() -> bool:
-    """Whether the running task itself is being cancelled (Python 3.11+ can tell; 3.10 cannot: False)."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return bool(cancelling()) if cancelling is not None else False
+            self.wake(admitted)

@@ -19,6 +19,9 @@ requests in flight tell much more, and earlier:
 - **time to full**: at the current fill speed (each slot's latest prompt-processing or generation
   speed as llama-server printed it), the seconds until the requests in flight fill the pool; None
   when nothing fills or when the requests in flight cannot fill it even at their limits.
+- **the fill model** (`cells_ahead`, `seconds_to_fill`): a slot adds its speed's worth of cells a second,
+  up to what it may hold at most. The forecast's time to full and the guard's projection of the slots
+  (`exporter.guard.preempt`, with its own speeds from `/slots` and its own horizon) are both this model.
 
 - **measured at arrival**: a proxy in front of the server (the guard) counts each prompt with the
   server's own tokenizer before sending it, long before the default verbosity's log says it (with the
@@ -58,6 +61,29 @@ HORIZONS = ("prompt", "limits", "max")
 SIZE_SOURCES = ("new_prompt", "progress", "held")
 # Unified KV builds that free idle slots before failing a batch (try_purge_idle_slots, #16302).
 _FREES_IDLE_SLOTS_SINCE = 6925
+
+
+def cells_ahead(held: int, rate: float, seconds: float, most: int | None = None) -> int:
+    """The fill model: the cells a slot holding `held` and adding `rate` a second holds `seconds` from now,
+    never past `most` (what it may hold at most: its budget, its window).
+
+    >>> cells_ahead(300, 20.0, 2.0), cells_ahead(300, 20.0, 2.0, most=320)
+    (340, 320)
+    """
+    cells = held + int(rate * seconds + 0.5)
+    return min(cells, most) if most is not None else cells
+
+
+def seconds_to_fill(cells: int, held: int, rate: float) -> float | None:
+    """The fill model backwards: seconds until slots holding `held` and adding `rate` a second hold `cells`
+    (0 when they already do); None when nothing fills.
+
+    >>> seconds_to_fill(1000, 300, 100.0), seconds_to_fill(1000, 300, 0.0)
+    (7.0, None)
+    """
+    if rate <= 0:
+        return None
+    return max(0.0, (cells - held) / rate)
 
 
 @dataclass(frozen=True)
@@ -149,10 +175,10 @@ class Forecast:
     @property
     def eta_seconds(self) -> float | None:
         """Seconds until the pool is full at the current fill speed; None when it is not filling towards full."""
-        rate, capacity = self.fill_rate, self.capacity
-        if not capacity or rate <= 0 or self.max_demand < capacity:
+        capacity = self.capacity
+        if not capacity or self.max_demand < capacity:
             return None
-        return max(0.0, (capacity - self.held) / rate)
+        return seconds_to_fill(capacity, self.held, self.fill_rate)
 
     def sources(self) -> dict[str, int]:
         """Number of processing slots sized by each source."""

@@ -6,6 +6,9 @@ each read and that `exporter.metrics` renders.
   (`sources.procfs` or `sources.psutil_reader`);
 - `HttpSnapshot` (`LiveSlot` per entry of `/slots`): llama-server's `/health`, `/slots`, `/props` and
   `/metrics` (`sources.server_http`).
+
+`parse_slots` is the one reading of a `/slots` answer, the exporter's (`sources.server_http`) and the
+guard's (`guard.preempt`).
 """
 
 from __future__ import annotations
@@ -111,6 +114,9 @@ class LiveSlot:
     n_predict: int | None = None  # params.n_predict (-1 = unlimited)
     n_cached: int | None = None  # n_prompt_tokens_cache (b9276+): the prompt's prefix reused from the cache
     task: int | None = None  # id_task: the slot's task (its last one while idle)
+    # n_prompt_tokens_processed: the prompt's part read without the cache (whole once it generates; while it
+    # reads, b11434's trails n_prompt_tokens by a batch)
+    n_processed: int | None = None
 
     @property
     def generation_budget(self) -> int | None:
@@ -120,6 +126,53 @@ class LiveSlot:
         if self.n_predict is not None and self.n_predict >= 0:
             return max(0, self.n_predict - (self.n_decoded or 0))
         return None
+
+
+def json_int(value: object) -> int | None:
+    """`value` if it is a JSON integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_slots(body: object) -> tuple[LiveSlot, ...]:
+    """Parse a `/slots` body; raises ValueError when it is not a list of slot objects. The one reading of
+    `/slots`: the exporter's scrape (`sources.server_http`) and the guard's preemption (`guard.preempt`) both
+    use it."""
+    if not isinstance(body, list):
+        raise ValueError("expected a JSON array")
+    slots = []
+    for i, item in enumerate(body):
+        if not isinstance(item, dict):
+            raise ValueError(f"entry {i} is not an object")
+        processing = item.get("is_processing")
+        if not isinstance(processing, bool):
+            state = item.get("state")  # b2357-b4028: 0 idle, 1 busy
+            processing = bool(state) if isinstance(state, int) else None
+        next_token = item.get("next_token")
+        if isinstance(next_token, list):  # b6890+: an array of one object
+            next_token = next_token[0] if next_token else None
+        n_decoded = json_int(next_token.get("n_decoded")) if isinstance(next_token, dict) else None
+        n_remain = json_int(next_token.get("n_remain")) if isinstance(next_token, dict) else None
+        params = item.get("params")
+        n_predict = json_int((params if isinstance(params, dict) else item).get("n_predict"))
+        slot_id = json_int(item.get("id"))
+        tokens = json_int(item.get("n_prompt_tokens"))
+        if tokens is None and "id_task" not in item and processing is False:
+            tokens = 0  # b6890+ lists only id/n_ctx/is_processing for a slot that never had a task
+        slots.append(
+            LiveSlot(
+                id=i if slot_id is None else slot_id,
+                n_ctx=json_int(item.get("n_ctx")),
+                processing=processing,
+                tokens=tokens,
+                n_decoded=n_decoded,
+                n_remain=n_remain,
+                n_predict=n_predict,
+                n_cached=json_int(item.get("n_prompt_tokens_cache")),
+                n_processed=json_int(item.get("n_prompt_tokens_processed")),
+                task=json_int(item.get("id_task")),
+            )
+        )
+    return tuple(slots)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from exporter.model.live import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot, LiveSlot
+from exporter.model.live import ENDPOINTS, ROUTER_ENDPOINTS, HttpSnapshot, LiveSlot, json_int, parse_slots
 
 _BUILD = re.compile(r"^b?(\d+)")
 #: A larger answer is not read (llama-server's /slots is ~1-2 KiB a slot; /props a few KiB).
@@ -66,49 +66,6 @@ def redact(text: str, url: str) -> str:
     return text.replace(url, redact_url(url)).replace(password, "***")
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def parse_slots(body: object) -> tuple[LiveSlot, ...]:
-    """Parse a `/slots` body; raises ValueError when it is not a list of slot objects."""
-    if not isinstance(body, list):
-        raise ValueError("expected a JSON array")
-    slots = []
-    for i, item in enumerate(body):
-        if not isinstance(item, dict):
-            raise ValueError(f"entry {i} is not an object")
-        processing = item.get("is_processing")
-        if not isinstance(processing, bool):
-            state = item.get("state")  # b2357-b4028: 0 idle, 1 busy
-            processing = bool(state) if isinstance(state, int) else None
-        next_token = item.get("next_token")
-        if isinstance(next_token, list):  # b6890+: an array of one object
-            next_token = next_token[0] if next_token else None
-        n_decoded = _int(next_token.get("n_decoded")) if isinstance(next_token, dict) else None
-        n_remain = _int(next_token.get("n_remain")) if isinstance(next_token, dict) else None
-        params = item.get("params")
-        n_predict = _int(params.get("n_predict")) if isinstance(params, dict) else _int(item.get("n_predict"))
-        slot_id = _int(item.get("id"))
-        tokens = _int(item.get("n_prompt_tokens"))
-        if tokens is None and "id_task" not in item and processing is False:
-            tokens = 0  # b6890+ lists only id/n_ctx/is_processing for a slot that never had a task
-        slots.append(
-            LiveSlot(
-                id=i if slot_id is None else slot_id,
-                n_ctx=_int(item.get("n_ctx")),
-                processing=processing,
-                tokens=tokens,
-                n_decoded=n_decoded,
-                n_remain=n_remain,
-                n_predict=n_predict,
-                n_cached=_int(item.get("n_prompt_tokens_cache")),
-                task=_int(item.get("id_task")),
-            )
-        )
-    return tuple(slots)
-
-
 def parse_models(body: object) -> dict[str, str]:
     """Model id → status value from a router's `/models` body; raises ValueError when it is not one."""
     data = body.get("data") if isinstance(body, dict) else None
@@ -133,9 +90,9 @@ def parse_props(body: object) -> tuple[int | None, int | None, int | None, str |
     if isinstance(info, str) and (m := _BUILD.match(info)) and int(m[1]) > 0:
         build = int(m[1])
     settings = body.get("default_generation_settings")
-    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    n_ctx = json_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
     model = body.get("model_path")
-    return build, _int(body.get("total_slots")), n_ctx, model if isinstance(model, str) and model else None
+    return build, json_int(body.get("total_slots")), n_ctx, model if isinstance(model, str) and model else None
 
 
 class ServerHttpReader:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.guard.admission import Admission, Pool, Ticket
 from exporter.guard.books import GuardBooks, GuardCollector
 from exporter.logs.parse import parse_line
+from exporter.metrics.catalogue.guard import Outcome
 from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.forecast import KVForecastCollector
 from exporter.metrics.live import live_collectors
@@ -109,7 +110,14 @@ def guard_collector() -> GuardCollector:
     6 refused, 3 preempted and replayed; waits of 0.5 s (240), 2.5 s (120) and 20.75 s (240); now one request of
     400 + 100 tokens in flight and one waiting, on a pool of 1000 cells."""
     books = GuardBooks()
-    for outcome, n in (("admitted", 120), ("queued", 60), ("refused", 6), ("preempted", 3), ("replayed", 3)):
+    counts: tuple[tuple[Outcome, int], ...] = (
+        ("admitted", 120),
+        ("queued", 60),
+        ("refused", 6),
+        ("preempted", 3),
+        ("replayed", 3),
+    )
+    for outcome, n in counts:
         for _ in range(n):
             books.count(outcome)
     for seconds, n in ((0.5, 240), (2.5, 120), (20.75, 240)):

@@ -212,6 +212,26 @@ def test_the_page_names_the_pure_parts_the_test_checks() -> None:
     assert named == set(PURE)
 
 
+def test_the_page_names_every_module() -> None:
+    """Every module of the package is on the page: by its path, by its folder's package (`logs/events/`), or by
+    its name in its folder's row of "Where things are" (`guard/`: `sizing`, `admission`, …)."""
+    page = ARCHITECTURE_PAGE.read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
+    unnamed = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.name == "__init__.py" and len(rel.parts) <= 2:
+            continue  # a folder's own package: the folder is what the page names
+        named = f"`{rel.as_posix()}`" in page or (len(rel.parts) == 1 and f"`{rel.name}`" in page)
+        named = named or (len(rel.parts) >= 3 and f"`{rel.parent.as_posix()}/`" in page)
+        named = named or any(
+            f"`{rel.parts[0]}/" in row and (f"`{rel.stem}`" in row or f"`{rel.name}`" in row) for row in rows
+        )
+        if not named:
+            unnamed.append(rel.as_posix())
+    assert unnamed == []
+
+
 def test_the_page_names_the_top_level_leaves_the_folders_use() -> None:
     text = ARCHITECTURE_PAGE.read_text().split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
     named = {t for m in MODULES if box(m) is not None for t in import_targets(m) if box(t) is None}

@@ -16,12 +16,11 @@ from paths import B11434
 from exporter.logs import events as ev
 from exporter.logs.parse import normalize, parse_message
 from exporter.model.forecast import forecast
-from exporter.model.live import HttpSnapshot
+from exporter.model.live import HttpSnapshot, parse_slots
 from exporter.model.run import ServerRun
 from exporter.model.slot import SlotState
 from exporter.model.state import ServerState
 from exporter.model.view import merge_view
-from exporter.sources.server_http import parse_slots
 
 FIXTURES = B11434
 LV4_CAPTURES = sorted(p.name for p in FIXTURES.iterdir() if "lv4" in p.name)

@@ -21,6 +21,7 @@ from exporter.guard.books import GuardBooks
 from exporter.guard.client_metrics import ClientCollector
 from exporter.guard.clients import ClientNamer, KeysFileError, key_digest, parse_keys_file, user_agent_product
 from exporter.guard.preempt import SlotView
+from exporter.metrics.catalogue.guard import Outcome
 from exporter.model.live import LiveSlot
 
 # ---------------------------------------------------------------------------------------------- names
@@ -75,7 +76,7 @@ def test_a_keys_file_holds_digests_never_keys() -> None:
 # ---------------------------------------------------------------------------------------------- books
 
 
-def _handled(accounting: Accounting, client: str, ticket: Ticket, outcomes: list[str]) -> Record:
+def _handled(accounting: Accounting, client: str, ticket: Ticket, outcomes: list[Outcome]) -> Record:
     """A request handled to its end, its counts made from inside its handler's context (as the proxy does)."""
     record = Record(f"r{ticket.id}", client, "/completion", 0.0, 0.0)
     books = GuardBooks(clients=accounting)

@@ -23,6 +23,7 @@ from yarl import URL
 
 from exporter.guard import GuardSettings, RunningGuard, start_guard
 from exporter.guard.admission import Admission, Pool
+from exporter.guard.preempting import Preemption
 from exporter.guard.upstream import CUT_MARGIN, PREFIX_CHARS_PER_TOKEN
 from exporter.settings import GuardArea
 
@@ -359,9 +360,9 @@ async def test_a_stream_that_has_begun_is_stopped_with_an_error_event_and_a_clea
         await r.up.arrived("a")
         b = r.post("/completion", {"prompt": prompt(301), "stream": True, "tag": "b", "script": "stream-hold"})
         await r.up.arrived("b")
-        await until(
-            lambda: all(run.streaming for run in r.guard.guard._runs.values()) and len(r.guard.guard._runs) == 2
-        )
+        preemption = r.guard.guard.preemption
+        assert isinstance(preemption, Preemption)
+        await until(lambda: all(run.streaming for run in preemption.runs.values()) and len(preemption.runs) == 2)
         r.up.slots = [_slot(0, 530, 300), _slot(1, 520, 301)]
         await r.up.was_cancelled("a")
         status, body, _ = await a

@@ -27,13 +27,13 @@ from exporter.metrics.exporter_health import ExporterCollector
 from exporter.metrics.live import live_collectors
 from exporter.metrics.server_log import ServerLogCollector
 from exporter.metrics.servers import log_collectors
-from exporter.model.live import HttpSnapshot
+from exporter.model.live import HttpSnapshot, parse_slots
 from exporter.model.server_cmdline import parse_command_line
 from exporter.model.state import ServerState
 from exporter.model.view import ServerView, merge_view
 from exporter.sources import server_http
 from exporter.sources.live import LiveSources
-from exporter.sources.server_http import ServerHttpReader, parse_props, parse_slots
+from exporter.sources.server_http import ServerHttpReader, parse_props
 from exporter.unit import ServerUnit
 
 FIXTURES = B11434

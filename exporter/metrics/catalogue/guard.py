@@ -3,11 +3,15 @@ and access log."""
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from exporter.metrics.catalogue.family import CLIENT, GUARD, Family
 
 #: Outcomes of a generation request through the guard (a request may count under more than one: queued,
 #: then admitted).
-OUTCOMES = ("admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized")
+#: A type: mypy rejects a count of any other outcome; `OUTCOMES`, the label values, is made from it.
+Outcome = Literal["admitted", "queued", "refused", "preempted", "replayed", "retried", "failed", "unsized"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 #: Why the guard's access log dropped a line.
 DROP_REASONS = ("queue_full", "write_error")
 

@@ -122,10 +122,13 @@ def log_families(exposition: str) -> str:
     return "".join(b for b in blocks if b and not NOT_LOG_FAMILIES.match(b.split(" ", 3)[2]))
 
 
-def log_exposition(logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool = True, replayed: bool = False) -> str:
-    """The log collectors' families after the exporter, started on an empty log in `tmp`, followed `logs`
-    (the bytes of one server run each, in order) as the server wrote them. `replayed`: the exporter starts
-    after the server instead, on the file as the runs left it, and replays it without counting."""
+@contextlib.contextmanager
+def followed(
+    logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool = True, replayed: bool = False
+) -> Iterator[Assembly]:
+    """The exporter, started on an empty log in `tmp`, after it followed `logs` (the bytes of one server run
+    each, in order) as the server wrote them. `replayed`: the exporter starts after the server instead, on
+    the file as the runs left it, and replays it without counting."""
     path = tmp / "llama-server.log"
     path.write_bytes(b"")
     if replayed:
@@ -134,4 +137,10 @@ def log_exposition(logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool
     with assembled(path) as exporter:
         for log in logs:
             exporter.write(log, truncate=truncated_at_start)
+        yield exporter
+
+
+def log_exposition(logs: Sequence[bytes], tmp: Path, *, truncated_at_start: bool = True, replayed: bool = False) -> str:
+    """The log collectors' families after the exporter followed `logs` (`followed`)."""
+    with followed(logs, tmp, truncated_at_start=truncated_at_start, replayed=replayed) as exporter:
         return log_families(exporter.scrape())

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from assembly import assembled
 from expositions import guard_collector, state_until
 from fake_nvml import GIB, FakeNvml, h200
 from log_goldens import CAPTURES, Capture
@@ -49,17 +48,7 @@ Emitted = dict[str, list[Metric]]
 
 def capture_families(capture: Capture, tmp: Path) -> list[Metric]:
     """The families of one scrape of the assembled exporter after it followed `capture` (as its golden)."""
-    logs = [(capture.folder / name).read_bytes() for name in capture.logs]
-    if capture.until is not None:
-        logs[-1] = b"".join(logs[-1].splitlines(keepends=True)[: capture.until])
-    path = tmp / "llama-server.log"
-    path.write_bytes(b"")
-    if capture.replayed:
-        path.write_bytes(logs[-1] if capture.truncated_at_start else b"".join(logs))
-        logs = []
-    with assembled(path) as exporter:
-        for log in logs:
-            exporter.write(log, truncate=capture.truncated_at_start)
+    with capture.followed(tmp) as exporter:
         exporter.refresh()
         return list(exporter.collector.collect())
 

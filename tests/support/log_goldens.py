@@ -14,6 +14,7 @@ says which logs the server wrote in order and whether each start truncated the f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
 
-from assembly import log_exposition
+from assembly import Assembly, followed, log_exposition
 from paths import FIXTURES
 
 GOLDEN = FIXTURES / "golden"
@@ -51,11 +52,19 @@ class Capture:
     def golden(self) -> Path:
         return GOLDEN / f"{self.id}.prom"
 
-    def exposition(self, tmp: Path) -> str:
+    def run_logs(self) -> list[bytes]:
+        """The bytes of each server run the exporter follows, the last cut at `until`."""
         logs = [(self.folder / name).read_bytes() for name in self.logs]
         if self.until is not None:
             logs[-1] = b"".join(logs[-1].splitlines(keepends=True)[: self.until])
-        return log_exposition(logs, tmp, truncated_at_start=self.truncated_at_start, replayed=self.replayed)
+        return logs
+
+    def followed(self, tmp: Path) -> contextlib.AbstractContextManager[Assembly]:
+        """The assembled exporter after it followed this capture, as its golden file is made."""
+        return followed(self.run_logs(), tmp, truncated_at_start=self.truncated_at_start, replayed=self.replayed)
+
+    def exposition(self, tmp: Path) -> str:
+        return log_exposition(self.run_logs(), tmp, truncated_at_start=self.truncated_at_start, replayed=self.replayed)
 
 
 def _capture(folder: Path) -> Capture:

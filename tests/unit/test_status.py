@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from assembly import assembled
 from log_goldens import CAPTURES, Capture
 from paths import REPO
 from prometheus_client import CollectorRegistry
@@ -45,17 +44,7 @@ def _samples(exposition: str) -> dict[frozenset[tuple[str, str]], Samples]:
 
 def _scrape_and_document(capture: Capture, tmp: Path) -> tuple[str, dict[str, object]]:
     """A scrape of the exporter that followed the capture (as its golden file is made), then the document."""
-    logs = [(capture.folder / name).read_bytes() for name in capture.logs]
-    if capture.until is not None:
-        logs[-1] = b"".join(logs[-1].splitlines(keepends=True)[: capture.until])
-    path = tmp / "llama-server.log"
-    path.write_bytes(b"")
-    if capture.replayed:
-        path.write_bytes(logs[-1] if capture.truncated_at_start else b"".join(logs))
-        logs = []
-    with assembled(path) as exporter:
-        for log in logs:
-            exporter.write(log, truncate=capture.truncated_at_start)
+    with capture.followed(tmp) as exporter:
         exposition = exporter.scrape()
         source = StatusSource(exporter.servers, clock=lambda: 1_764_000_000.0)
         source.sample()

@@ -48,10 +48,10 @@ def _rate(text: str | None) -> float | None:
     return value if value > 0 else None
 
 
-def _timing(prompt: str | None, ms: str, tokens: str, continuation: bool = False) -> ev.Event:
-    if prompt:
-        return ev.PromptEvalTiming(float(ms), int(tokens), continuation)
-    return ev.GenerationTiming(float(ms), int(tokens), continuation)
+def _timing(kind: str | None, ms: str, tokens: str, slot: int = -1) -> ev.Event:
+    """A `print_timing` line: `prompt eval time`, `eval time` or `total time` (`slot` -1: a continuation line)."""
+    cls = ev.PromptEvalTiming if kind == "prompt " else ev.TotalTiming if kind == "total " else ev.GenerationTiming
+    return cls(float(ms), int(tokens), slot < 0, slot)
 
 
 _M = re.Match[str]
@@ -69,9 +69,10 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
         lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]), _rate(m["tg_3s"] or m["tg"])),
     ),
     (
-        "prompt eval",
-        r"(?P<slot_prompt>prompt )?eval time = +(?P<slot_ms>[\d.]+) ms / +(?P<slot_tokens>\d+) tokens",
-        lambda s, t, m: _timing(m["slot_prompt"], m["slot_ms"], m["slot_tokens"]),
+        "prompt eval total",
+        r"(?:(?P<slot_prompt>prompt )?eval |(?P<slot_total>total ))time = +(?P<slot_ms>[\d.]+) ms / +"
+        r"(?P<slot_tokens>\d+) tokens",
+        lambda s, t, m: _timing(m["slot_prompt"] or m["slot_total"], m["slot_ms"], m["slot_tokens"], s),
     ),
     (
         "created saved",
@@ -318,9 +319,10 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     ("verbosity", r"verbosity = (?P<verbosity>\d+) \(adjust with", lambda m: ev.Verbosity(int(m["verbosity"]))),
     # Pre-b9230 timings are continuation lines without a slot tag.
     (
-        "prompt eval",
-        r"(?P<text_prompt>prompt )?eval time = +(?P<text_ms>[\d.]+) ms / +(?P<text_tokens>\d+) tokens",
-        lambda m: _timing(m["text_prompt"], m["text_ms"], m["text_tokens"], continuation=True),
+        "prompt eval total",
+        r"(?:(?P<text_prompt>prompt )?eval |(?P<text_total>total ))time = +(?P<text_ms>[\d.]+) ms / +"
+        r"(?P<text_tokens>\d+) tokens",
+        lambda m: _timing(m["text_prompt"] or m["text_total"], m["text_ms"], m["text_tokens"]),
     ),
     (
         "cache",

@@ -43,7 +43,7 @@ RECENT_TASKS = 4096
 
 # Lines that start a server (the state resets on the first of them): they may set a new format.
 _STARTS = ev.BANNERS
-_TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
+_TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming, ev.TotalTiming})
 
 
 def _slot_processing(run: ServerRun, slot: int) -> bool:
@@ -96,7 +96,7 @@ class Provenance:
     banners_reformat: bool  # any start banner may set a new format (sources without files)
     from_start: bool  # the run was followed from its start banner
     tasks: dict[int, None]  # tasks started in this run (the latest RECENT_TASKS), in order
-    timings: int  # timings continuation lines still believed after a `TimingsHead` (its next two lines)
+    timings: int  # timings continuation lines still believed after a `TimingsHead` (its next three lines)
     failing: bool  # a decode failed fatally and no task started since
 
     def __init__(self) -> None:
@@ -175,7 +175,7 @@ class Provenance:
             self.run_format = self.line_format
             self.new_file = False
         if kind is ev.TimingsHead:
-            self.timings = 2  # `prompt eval time`, then `eval time`
+            self.timings = 3  # `prompt eval time`, `eval time`, then `total time`
         elif kind is ev.TaskStarted or kind is ev.NewPrompt:
             self._started(e.task)
         elif kind is ev.DecodeFatal:

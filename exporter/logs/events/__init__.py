@@ -79,6 +79,7 @@ from exporter.logs.events.slot import (
     SlotsInitialized,
     TaskStarted,
     TimingsHead,
+    TotalTiming,
 )
 
 __all__ = [
@@ -139,6 +140,7 @@ __all__ = [
     "SlotsInitialized",
     "TaskStarted",
     "TimingsHead",
+    "TotalTiming",
     "Verbosity",
     "banner_line",
 ]
@@ -195,6 +197,7 @@ Event: TypeAlias = (
     | SlotSelected
     | PromptEvalTiming
     | GenerationTiming
+    | TotalTiming
     | TimingsHead
     | LineFormat
     | RouterMode

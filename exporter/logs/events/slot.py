@@ -190,22 +190,37 @@ class PromptEvalTiming:
     ms: float
     tokens: int
     continuation: bool = field(default=False, compare=False)
+    # The slot the line names (b9230+); -1 on a continuation line: the `TimingsHead` before it names it.
+    slot: int = field(default=-1, compare=False, repr=False)
 
 
 @event
 class GenerationTiming:
-    """`eval time = X ms / N tokens`: token generation of one request (`continuation`: see `PromptEvalTiming`)."""
+    """`eval time = X ms / N tokens`: generation of one request (`continuation`, `slot`: as `PromptEvalTiming`)."""
 
     ms: float
     tokens: int
     continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
+
+
+@event
+class TotalTiming:
+    """`total time = X ms / N tokens`: prompt evaluation plus generation of one request, the last timings line
+    (`continuation`, `slot`: see `PromptEvalTiming`)."""
+
+    ms: float
+    tokens: int
+    continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
 
 
 @event
 class TimingsHead:
     """`slot print_timing: id 0 | task 42 | ` and nothing more: the first line of a timings entry before b9230.
 
-    Its continuation lines (`prompt eval time = …`, `eval time = …`) follow without slot tag or prefix.
+    Its continuation lines (`prompt eval time = …`, `eval time = …`, `total time = …`) follow without slot tag
+    or prefix.
     """
 
     slot: int

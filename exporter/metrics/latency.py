@@ -12,7 +12,8 @@ from exporter.model.view import ServerView
 
 
 class LatencyCollector(Collector):
-    """Time to first token by cache outcome, per output token, end to end, tokens per request, cache reuse.
+    """Time to first token by cache outcome, per output token, end to end, tokens per request, cache reuse, why
+    requests ended, speculative decoding.
 
     # HELP llamacpp_time_to_first_token_seconds Time to first token of each finished request as the log …
     # TYPE llamacpp_time_to_first_token_seconds histogram
@@ -34,3 +35,6 @@ class LatencyCollector(Collector):
         yield c.REQUEST_GENERATION_TOKENS.histogram(lat.generation_tokens)
         yield c.PROMPT_CACHED_TOKENS.counter(lat.cached_tokens)
         yield c.PROMPT_REPROCESSED_TOKENS.counter(lat.reprocessed_tokens)
+        yield c.REQUEST_FINISH_REASONS.counts(lat.finish_reasons)
+        yield c.SPEC_DECODE_DRAFT_TOKENS.counter(lat.draft_generated)
+        yield c.SPEC_DECODE_ACCEPTED_TOKENS.counter(lat.draft_accepted)

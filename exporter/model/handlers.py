@@ -213,6 +213,7 @@ def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
     run = st.run
     if st.counting:
         st.requests_aborted[e.reason] += 1
+        st.latency.finish_reasons["cancelled" if e.reason == "cancelled" else "error"] += 1
         if e.reason in ev.FATAL_REASONS:
             st.incidents.aborted(e.reason, st.pool_capacity()[0])
     if e.reason in ev.FATAL_REASONS:
@@ -376,6 +377,19 @@ def _on_total_timing(st: ServerState, e: ev.TotalTiming) -> None:
         st.latency.finished(e.ms)
 
 
+def _on_draft_acceptance(st: ServerState, e: ev.DraftAcceptance) -> None:
+    if st.counting:
+        st.latency.draft_accepted += e.accepted
+        st.latency.draft_generated += e.generated
+
+
+def _on_generation_stopped(st: ServerState, e: ev.GenerationStopped) -> None:
+    if not st.provenance.knows(e.task) and st.run.slot(e.slot).task != e.task:
+        raise NotOwnLine
+    if st.counting:
+        st.latency.finish_reasons[e.reason] += 1
+
+
 def _reused(s: SlotState, how: str) -> None:
     """A slot's line said how its prompt is reused; the first in `CACHE_OUTCOMES`' order stands."""
     if s.reuse is None or CACHE_OUTCOMES.index(how) < CACHE_OUTCOMES.index(s.reuse):
@@ -507,6 +521,8 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.PromptEvalTiming: _on_prompt_eval_timing,
     ev.GenerationTiming: _on_generation_timing,
     ev.TotalTiming: _on_total_timing,
+    ev.DraftAcceptance: _on_draft_acceptance,
+    ev.GenerationStopped: _on_generation_stopped,
     ev.CheckpointConfig: _on_checkpoint_config,
     ev.CheckpointCreated: _on_checkpoint_created,
     ev.CheckpointRemoved: _on_checkpoint_removed,

@@ -28,6 +28,7 @@ Buckets are fixed per family, the same for every server, so that histograms of s
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from exporter.model.histogram import Histogram
@@ -51,6 +52,15 @@ DURATION_BUCKETS: tuple[float, ...] = (
 )
 #: Tokens per request (prompt evaluated, generated): 1 to 1Mi, each bucket 4 times the last; 11 buckets.
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(11))
+
+
+#: Why a request ended: how llama-server's debug lines say it stopped generating (`stopped by EOS`, `… by limit`,
+#: `… by time limit`, `… by indentation limit`, `… due to running out of context capacity`), or the error it
+#: ended with (`send_error`: `cancelled`, or any other reason: `error`).
+FINISH_REASONS: tuple[str, ...] = (
+    *("eos", "limit", "time_limit", "indentation_limit", "context_capacity"),
+    *("cancelled", "error"),
+)
 
 
 def cache_outcome(reuse: str | None, cached_tokens: int | None, evaluated: int, prompt_loaded: bool = False) -> str:
@@ -92,6 +102,9 @@ class RequestLatency:
     generation_tokens: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))  # per request
     cached_tokens: int = 0  # prompt tokens served from a cache (the slot's, a prompt-cache entry, a checkpoint)
     reprocessed_tokens: int = 0  # prompt tokens evaluated again by a full re-processing
+    finish_reasons: Counter[str] = field(default_factory=Counter)  # FINISH_REASONS
+    draft_accepted: int = 0  # speculative decoding: draft tokens the target model accepted
+    draft_generated: int = 0  # draft tokens the draft model generated
     head_slot: int = field(default=-1, compare=False)  # the last `TimingsHead`'s slot (continuations name none)
 
     def prompt_evaluated(self, outcome: str, ms: float, tokens: int, cached: int | None) -> None:

@@ -98,3 +98,54 @@ def test_a_replayed_log_observes_nothing() -> None:
         if event is not None:
             state.apply(event)
     assert all(h.count == 0 for h in state.latency.ttft.values()) and state.latency.duration.count == 0
+
+
+# b11434's format string (`strings llama-server` of the b11434 build; print_timing, after `total time`).
+_DRAFT_B11434 = (
+    "slot %12.*s: id %2d | task %d | draft acceptance = %0.5f (%5d accepted / %5d generated), mean len = %5.2f"
+)
+
+
+def _draft_line(prefix: str, slot: int, task: int, accepted: int, generated: int) -> str:
+    fmt = _DRAFT_B11434.replace("%12.*s", "%12s")  # Python's % has no `.*` precision from an argument
+    return prefix + fmt % ("print_timing", slot, task, accepted / generated, accepted, generated, 2.5)
+
+
+def test_speculative_decoding_counts_the_draft_tokens_printed_with_each_requests_timings() -> None:
+    lines: list[str] = []
+    drafts = iter([(30, 40), (7, 9), (0, 3), (12, 12), (1, 2)])
+    for line in LOG:
+        lines.append(line)
+        if m := re.match(r"(\S+ I )slot print_timing: id +(\d+) \| task (\d+) \| +total time", line):
+            lines.append(_draft_line(m[1], int(m[2]), int(m[3]), *next(drafts)))
+    state = _state(lines)
+    assert (state.latency.draft_accepted, state.latency.draft_generated) == (30 + 7 + 0 + 12 + 1, 40 + 9 + 3 + 12 + 2)
+    written = (
+        r"I slot print_timing: id  0 \| task 2 \| draft acceptance = 0\.75000 \(   30 accepted /    40 generated\)"
+    )
+    assert any(re.search(written, line) for line in lines)
+
+
+def test_the_older_draft_line_is_believed_after_its_timings_only() -> None:
+    """Before b9230 the summary is its own untagged line, after a head of its own or right after the timings."""
+    head = "slot print_timing: id  0 | task 2 | "
+    old = [
+        head,
+        "prompt eval time =       4.21 ms /   240 tokens (    0.02 ms per token, 56980.06 tokens per second)",
+        "       eval time =      10.00 ms /     8 tokens (    1.25 ms per token,   800.00 tokens per second)",
+        "      total time =      14.21 ms /   248 tokens",
+        head,
+        "draft acceptance rate = 0.75000 (   30 accepted /    40 generated)",
+    ]
+    lines = LOG[:180] + [line for line in LOG[180:] if "print_timing" not in line]
+    at = next(i for i, line in enumerate(lines) if "task 2 | stop processing" in line)
+    state = _state(lines[:at] + [line.split(" I ", 1)[-1] if line.startswith("0.") else line for line in old])
+    assert (state.latency.draft_accepted, state.latency.draft_generated) == (30, 40)
+    assert state.latency.duration.count == 1
+
+
+def test_finish_reasons_are_counted_from_the_stopped_lines_and_errors() -> None:
+    path = B11434.parent / "b9093" / "checkpoints" / "llama-server.log"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    state = _state(lines)
+    assert state.latency.finish_reasons == {"limit": sum("stopped by limit" in line for line in lines)} == {"limit": 5}

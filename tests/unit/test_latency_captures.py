@@ -106,3 +106,31 @@ def test_the_captures_hold_finished_requests_of_every_build() -> None:
 @pytest.mark.parametrize("capture", [c for c in CAPTURES if c.replayed], ids=lambda c: c.id)
 def test_a_replayed_log_counts_no_request(capture: Capture) -> None:
     assert all(n == 0 for n, _ in _exposed(capture).values())
+
+
+_STOPPED = re.compile(r"\| stopped (?:by (EOS|limit|time limit|indentation limit)\b|due to running out of context)")
+_WORDS = {"EOS": "eos", "limit": "limit", "time limit": "time_limit", "indentation limit": "indentation_limit"}
+
+
+@pytest.mark.parametrize(
+    "capture", [c for c in CAPTURES if not c.replayed and c.id not in _NO_SERVER], ids=lambda c: c.id
+)
+def test_finish_reasons_count_every_stopped_line_and_error(capture: Capture) -> None:
+    lines: list[str] = []
+    for i, name in enumerate(capture.logs):
+        text = (capture.folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines += text[: capture.until] if i == len(capture.logs) - 1 and capture.until is not None else text
+    expected: dict[str, float] = {}
+    for line in lines:
+        if m := _STOPPED.search(line):
+            reason = _WORDS[m[1]] if m[1] else "context_capacity"
+            expected[reason] = expected.get(reason, 0) + 1
+        elif "send_error: task id = " in line:
+            reason = "cancelled" if "cancel" in line.lower() else "error"
+            expected[reason] = expected.get(reason, 0) + 1
+    families = {f.name: f for f in text_string_to_metric_families(capture.golden.read_text(encoding="utf-8"))}
+    exposed: dict[str, float] = {}
+    for s in families["llamacpp_request_finish_reasons"].samples:
+        if s.value:
+            exposed[s.labels["reason"]] = exposed.get(s.labels["reason"], 0) + s.value
+    assert exposed == expected

@@ -61,7 +61,9 @@ from exporter.logs.events.slot import (
     AllSlotsIdle,
     CachedTokens,
     ContextParam,
+    DraftAcceptance,
     GenerationProgress,
+    GenerationStopped,
     GenerationTiming,
     IdleSlotPolicy,
     IdleSlotSaved,
@@ -102,9 +104,11 @@ __all__ = [
     "CrashCause",
     "DecodeFailed",
     "DecodeFatal",
+    "DraftAcceptance",
     "Event",
     "FullReprocess",
     "GenerationProgress",
+    "GenerationStopped",
     "GenerationTiming",
     "IdleSlotPolicy",
     "IdleSlotSaved",
@@ -198,6 +202,8 @@ Event: TypeAlias = (
     | PromptEvalTiming
     | GenerationTiming
     | TotalTiming
+    | DraftAcceptance
+    | GenerationStopped
     | TimingsHead
     | LineFormat
     | RouterMode

@@ -216,6 +216,28 @@ class TotalTiming:
 
 
 @event
+class DraftAcceptance:
+    """Speculative decoding of one request, printed with its timings: `draft acceptance = R (A accepted / G
+    generated), mean len = L` (b11434, slot-tagged); before, `draft acceptance rate = R (A accepted / G
+    generated)` on a line of its own after the timings (`continuation`, `slot`: as `PromptEvalTiming`)."""
+
+    accepted: int
+    generated: int
+    continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
+
+
+@event
+class GenerationStopped:
+    """Why a request stopped generating, at debug verbosity: `stopped by EOS`, `stopped by limit, …`, `stopped by
+    time limit, …`, `stopped by indentation limit, …`, `stopped due to running out of context capacity, …`."""
+
+    slot: int
+    task: int
+    reason: str  # eos | limit | time_limit | indentation_limit | context_capacity
+
+
+@event
 class TimingsHead:
     """`slot print_timing: id 0 | task 42 | ` and nothing more: the first line of a timings entry before b9230.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from exporter.metrics.catalogue.family import SERVER, Family
 from exporter.model.forecast import HORIZONS, SIZE_SOURCES
-from exporter.model.latency import CACHE_OUTCOMES
+from exporter.model.latency import CACHE_OUTCOMES, FINISH_REASONS
 from exporter.model.run import CRASH_CAUSES
 
 #: How a KV retry cascade ended.
@@ -381,6 +381,30 @@ PROMPT_REPROCESSED_TOKENS = Family(
     "counter",
     SERVER,
     "Prompt tokens evaluated again from scratch by a 'forcing full prompt re-processing'.",
+)
+
+REQUEST_FINISH_REASONS = Family(
+    "llamacpp_request_finish_reasons_total",
+    "counter",
+    SERVER,
+    "Requests by why they ended: how they stopped generating (llama-server's 'stopped by …' debug lines: eos, "
+    "limit, time_limit, indentation_limit, context_capacity), or the error they ended with (cancelled, error).",
+    labels=("reason",),
+    values={"reason": FINISH_REASONS},
+)
+
+SPEC_DECODE_DRAFT_TOKENS = Family(
+    "llamacpp_spec_decode_draft_tokens_total",
+    "counter",
+    SERVER,
+    "Speculative decoding: draft tokens generated for finished requests ('draft acceptance' lines).",
+)
+
+SPEC_DECODE_ACCEPTED_TOKENS = Family(
+    "llamacpp_spec_decode_accepted_tokens_total",
+    "counter",
+    SERVER,
+    "Speculative decoding: draft tokens the model accepted, of finished requests ('draft acceptance' lines).",
 )
 
 

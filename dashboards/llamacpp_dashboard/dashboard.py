@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from llamacpp_dashboard import glance, gpu, guard, kv_pool, memory, requests, server
+from llamacpp_dashboard import glance, gpu, guard, kv_pool, latency, memory, requests, server
 from llamacpp_dashboard.layout import Layout
 from llamacpp_dashboard.panels import BLUE, ORANGE, RED
 from llamacpp_dashboard.query import DS, selectors
@@ -20,6 +20,7 @@ ROWS: tuple[Callable[[Layout], None], ...] = (
     memory.memory,
     gpu.gpu,
     requests.requests,
+    latency.latency,
     requests.request_sizes,
     server.server,
     server.router,

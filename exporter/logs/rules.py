@@ -48,13 +48,15 @@ def _rate(text: str | None) -> float | None:
     return value if value > 0 else None
 
 
-def _timing(prompt: str | None, ms: str, tokens: str, continuation: bool = False) -> ev.Event:
-    if prompt:
-        return ev.PromptEvalTiming(float(ms), int(tokens), continuation)
-    return ev.GenerationTiming(float(ms), int(tokens), continuation)
+def _timing(kind: str | None, ms: str, tokens: str, slot: int = -1) -> ev.Event:
+    """A `print_timing` line: `prompt eval time`, `eval time` or `total time` (`slot` -1: a continuation line)."""
+    cls = ev.PromptEvalTiming if kind == "prompt " else ev.TotalTiming if kind == "total " else ev.GenerationTiming
+    return cls(float(ms), int(tokens), slot < 0, slot)
 
 
 _M = re.Match[str]
+# `stopped by …` (llama-server's debug lines) → the bounded finish reason.
+_STOPPED = {"EOS": "eos", "limit": "limit", "time limit": "time_limit", "indentation limit": "indentation_limit"}
 # The crash cause of a buffer type's name (`CUDA0`, `Vulkan0`, `MTL0`) in ggml-backend's allocation failure.
 _OOM_CAUSE: dict[str, str] = {"CUDA": "cuda_out_of_memory", "ROCm": "cuda_out_of_memory", "MUSA": "cuda_out_of_memory"}
 _OOM_CAUSE.update(Metal="metal_out_of_memory", MTL="metal_out_of_memory", Vulkan="vulkan_out_of_memory")
@@ -69,9 +71,20 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
         lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]), _rate(m["tg_3s"] or m["tg"])),
     ),
     (
-        "prompt eval",
-        r"(?P<slot_prompt>prompt )?eval time = +(?P<slot_ms>[\d.]+) ms / +(?P<slot_tokens>\d+) tokens",
-        lambda s, t, m: _timing(m["slot_prompt"], m["slot_ms"], m["slot_tokens"]),
+        "prompt eval total",
+        r"(?:(?P<slot_prompt>prompt )?eval |(?P<slot_total>total ))time = +(?P<slot_ms>[\d.]+) ms / +"
+        r"(?P<slot_tokens>\d+) tokens",
+        lambda s, t, m: _timing(m["slot_prompt"] or m["slot_total"], m["slot_ms"], m["slot_tokens"], s),
+    ),
+    (
+        "draft",
+        r"draft acceptance(?: rate)? = [\d.]+ \( *(?P<slot_accepted>\d+) accepted / +(?P<slot_drafted>\d+) generated\)",
+        lambda s, t, m: ev.DraftAcceptance(int(m["slot_accepted"]), int(m["slot_drafted"]), False, s),
+    ),
+    (
+        "stopped",
+        r"stopped (?:by (?P<stop_by>EOS|limit|time limit|indentation limit)\b|due to running out of context capacity)",
+        lambda s, t, m: ev.GenerationStopped(s, t, _STOPPED.get(m["stop_by"], "context_capacity")),
     ),
     (
         "created saved",
@@ -318,9 +331,15 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     ("verbosity", r"verbosity = (?P<verbosity>\d+) \(adjust with", lambda m: ev.Verbosity(int(m["verbosity"]))),
     # Pre-b9230 timings are continuation lines without a slot tag.
     (
-        "prompt eval",
-        r"(?P<text_prompt>prompt )?eval time = +(?P<text_ms>[\d.]+) ms / +(?P<text_tokens>\d+) tokens",
-        lambda m: _timing(m["text_prompt"], m["text_ms"], m["text_tokens"], continuation=True),
+        "prompt eval total",
+        r"(?:(?P<text_prompt>prompt )?eval |(?P<text_total>total ))time = +(?P<text_ms>[\d.]+) ms / +"
+        r"(?P<text_tokens>\d+) tokens",
+        lambda m: _timing(m["text_prompt"] or m["text_total"], m["text_ms"], m["text_tokens"]),
+    ),
+    (
+        "draft",
+        r"draft acceptance rate = [\d.]+ \( *(?P<text_accepted>\d+) accepted / +(?P<text_drafted>\d+) generated\)",
+        lambda m: ev.DraftAcceptance(int(m["text_accepted"]), int(m["text_drafted"]), True),
     ),
     (
         "cache",

@@ -32,6 +32,7 @@ from exporter.metrics.catalogue import live as c
 from exporter.metrics.catalogue.family import HOST
 from exporter.metrics.checkpoints import CheckpointCacheCollector
 from exporter.metrics.forecast import KVForecastCollector
+from exporter.metrics.latency import LatencyCollector
 from exporter.metrics.requests import RequestSizeCollector
 from exporter.metrics.server_log import ServerLogCollector, rejected_lines_family, server_starts_family
 from exporter.model.live import NvmlSnapshot
@@ -50,6 +51,7 @@ def log_collectors(view: Callable[[], ServerView]) -> list[Collector]:
         KVForecastCollector(view),
         CheckpointCacheCollector(view),
         RequestSizeCollector(view),
+        LatencyCollector(view),
     ]
 
 

@@ -51,8 +51,12 @@ CHECKS: dict[type[Any], Callable[[ServerRun, Any], bool]] = {
     ),
     ev.KVRetry: lambda run, e: e.offset <= MAX_TOKENS and e.n_batch <= MAX_TOKENS,
     ev.MemorySlotFailure: lambda run, e: e.batch_size <= MAX_TOKENS,
-    ev.PromptEvalTiming: lambda run, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
-    ev.GenerationTiming: lambda run, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS,
+    ev.PromptEvalTiming: lambda run, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS and e.slot < MAX_SLOTS,
+    ev.GenerationTiming: lambda run, e: e.ms <= _MAX_MS and e.tokens <= MAX_TOKENS and e.slot < MAX_SLOTS,
+    ev.DraftAcceptance: lambda run, e: e.accepted <= e.generated <= MAX_TOKENS and e.slot < MAX_SLOTS,
+    ev.GenerationStopped: lambda run, e: e.slot < (run.n_slots or MAX_SLOTS),
+    # A total counts prompt and generated tokens, and its time is theirs together.
+    ev.TotalTiming: lambda run, e: e.ms <= 2 * _MAX_MS and e.tokens <= 2 * MAX_TOKENS and e.slot < MAX_SLOTS,
     ev.CheckpointConfig: lambda run, e: e.max_per_slot <= MAX_CHECKPOINTS,
     ev.CheckpointCreated: lambda run, e: (
         e.slot < (run.n_slots or MAX_SLOTS)

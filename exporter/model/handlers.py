@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.logs import events as ev
 from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
+from exporter.model.latency import CACHE_OUTCOMES, cache_outcome
 from exporter.model.provenance import CHECKED, NotOwnLine
 from exporter.model.run import CRASH_CAUSES, ServerRun
 from exporter.model.slot import Checkpoint, SlotState
@@ -118,6 +119,7 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
         if s.task == e.task and s.prompt_size is not None:
             st.request_prompt_tokens.observe(s.prompt_size)
     s.processing, s.task, s.cache_base = False, -1, None
+    s.reuse, s.prompt_loaded = None, False
     s.turns += 1
     s.new_task()
     aborted = e.task in run.aborted_tasks
@@ -158,7 +160,7 @@ def _on_task_started(st: ServerState, e: ev.TaskStarted) -> None:
     s = run.slot(e.slot)
     s.new_task()
     _request_started(st, s, e.task)
-    s.processing, s.task, s.cache_base = True, e.task, None
+    s.processing, s.task, s.cache_base, s.reuse = True, e.task, None, None
     s.prompt_tokens, s.phase = 0, "prompt"
     if run.clears_idle_slots():
         for other_id, other in run.slots.items():
@@ -174,7 +176,7 @@ def _on_new_prompt(st: ServerState, e: ev.NewPrompt) -> None:
     if s.task != e.task:
         s.new_task()
     _request_started(st, s, e.task)
-    s.processing, s.task, s.cache_base = True, e.task, None
+    s.processing, s.task, s.cache_base, s.reuse = True, e.task, None, None
     s.prompt_tokens = e.n_prompt_tokens
     s.prompt_size, s.prompt_size_source, s.phase = e.n_prompt_tokens, "new_prompt", "prompt"
     s.prompt_rate = run.prompt_throughput  # its turn: it is read at the server's current prompt speed
@@ -211,6 +213,7 @@ def _on_request_error(st: ServerState, e: ev.RequestError) -> None:
     run = st.run
     if st.counting:
         st.requests_aborted[e.reason] += 1
+        st.latency.finish_reasons["cancelled" if e.reason == "cancelled" else "error"] += 1
         if e.reason in ev.FATAL_REASONS:
             st.incidents.aborted(e.reason, st.pool_capacity()[0])
     if e.reason in ev.FATAL_REASONS:
@@ -241,7 +244,7 @@ def _on_idle_slot_saved(st: ServerState, e: ev.IdleSlotSaved) -> None:
 
 
 def _on_timings_head(st: ServerState, e: ev.TimingsHead) -> None:
-    pass  # the timings lines that follow carry the figures (and `provenance` believes them)
+    st.latency.head_slot = e.slot  # the timings lines that follow carry the figures, without a slot tag
 
 
 def _on_server_starting(st: ServerState, e: ev.ServerStarting) -> None:
@@ -355,11 +358,42 @@ def _on_prompt_eval_timing(st: ServerState, e: ev.PromptEvalTiming) -> None:
         return
     st.prompt_eval_seconds.observe(e.ms / 1000.0)
     st.prompt_tokens += e.tokens
+    s = st.run.slots.get(e.slot if e.slot >= 0 else st.latency.head_slot)
+    if s is None:
+        st.latency.prompt_evaluated("unknown", e.ms, e.tokens, None)
+        return
+    outcome = cache_outcome(s.reuse, s.cache_base, e.tokens, s.prompt_loaded)
+    st.latency.prompt_evaluated(outcome, e.ms, e.tokens, s.cache_base)
 
 
 def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:
     if st.counting:
         st.generated_tokens += e.tokens
+        st.latency.generated(e.ms, e.tokens)
+
+
+def _on_total_timing(st: ServerState, e: ev.TotalTiming) -> None:
+    if st.counting:
+        st.latency.finished(e.ms)
+
+
+def _on_draft_acceptance(st: ServerState, e: ev.DraftAcceptance) -> None:
+    if st.counting:
+        st.latency.draft_accepted += e.accepted
+        st.latency.draft_generated += e.generated
+
+
+def _on_generation_stopped(st: ServerState, e: ev.GenerationStopped) -> None:
+    if not st.provenance.knows(e.task) and st.run.slot(e.slot).task != e.task:
+        raise NotOwnLine
+    if st.counting:
+        st.latency.finish_reasons[e.reason] += 1
+
+
+def _reused(s: SlotState, how: str) -> None:
+    """A slot's line said how its prompt is reused; the first in `CACHE_OUTCOMES`' order stands."""
+    if s.reuse is None or CACHE_OUTCOMES.index(how) < CACHE_OUTCOMES.index(s.reuse):
+        s.reuse = how
 
 
 def _count_checkpoint(st: ServerState, event: str) -> None:
@@ -396,7 +430,7 @@ def _on_checkpoint_superseded(st: ServerState, e: ev.CheckpointSuperseded) -> No
 
 
 def _on_checkpoint_restored(st: ServerState, e: ev.CheckpointRestored) -> None:
-    st.run.slot(e.slot)
+    _reused(st.run.slot(e.slot), "checkpoint_restored")
     _count_checkpoint(st, "restored")
 
 
@@ -406,7 +440,7 @@ def _on_checkpoint_restore_failed(st: ServerState, e: ev.CheckpointRestoreFailed
 
 
 def _on_full_reprocess(st: ServerState, e: ev.FullReprocess) -> None:
-    st.run.slot(e.slot)
+    _reused(st.run.slot(e.slot), "full_reprocess")
     if st.counting:
         st.full_reprocess += 1
 
@@ -455,6 +489,8 @@ def _on_prompt_loaded(st: ServerState, e: ev.PromptLoaded) -> None:
     if chosen is not None and run.selected_slot is not None:
         # `prompt = std::move(entry.prompt)`: the entry's checkpoints replace the slot's.
         run.slot(run.selected_slot).checkpoints = run.cache_entries.pop(chosen.length, [])
+    if run.selected_slot is not None:
+        run.slot(run.selected_slot).prompt_loaded = True
     run.cache_candidates = []
 
 
@@ -484,6 +520,9 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.TimingsHead: _on_timings_head,
     ev.PromptEvalTiming: _on_prompt_eval_timing,
     ev.GenerationTiming: _on_generation_timing,
+    ev.TotalTiming: _on_total_timing,
+    ev.DraftAcceptance: _on_draft_acceptance,
+    ev.GenerationStopped: _on_generation_stopped,
     ev.CheckpointConfig: _on_checkpoint_config,
     ev.CheckpointCreated: _on_checkpoint_created,
     ev.CheckpointRemoved: _on_checkpoint_removed,

@@ -43,7 +43,7 @@ RECENT_TASKS = 4096
 
 # Lines that start a server (the state resets on the first of them): they may set a new format.
 _STARTS = ev.BANNERS
-_TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming})
+_TIMINGS = frozenset({ev.PromptEvalTiming, ev.GenerationTiming, ev.TotalTiming, ev.DraftAcceptance})
 
 
 def _slot_processing(run: ServerRun, slot: int) -> bool:
@@ -96,7 +96,7 @@ class Provenance:
     banners_reformat: bool  # any start banner may set a new format (sources without files)
     from_start: bool  # the run was followed from its start banner
     tasks: dict[int, None]  # tasks started in this run (the latest RECENT_TASKS), in order
-    timings: int  # timings continuation lines still believed after a `TimingsHead` (its next two lines)
+    timings: int  # timings continuation lines still believed after a `TimingsHead` (its next three, a fourth draft one)
     failing: bool  # a decode failed fatally and no task started since
 
     def __init__(self) -> None:
@@ -125,7 +125,8 @@ class Provenance:
             # (only a run that ends without its exit line does); at worst it names the wrong cause.
             return None
         if kind in _TIMINGS and e.continuation:
-            return None if self.timings > 0 else "inconsistent"
+            # The last of a head's lines may only be a speculative decoding summary.
+            return None if self.timings > (0 if kind is ev.DraftAcceptance else 1) else "inconsistent"
         if (
             self.line_format != self.run_format
             and self.run_format is not None
@@ -175,7 +176,7 @@ class Provenance:
             self.run_format = self.line_format
             self.new_file = False
         if kind is ev.TimingsHead:
-            self.timings = 2  # `prompt eval time`, then `eval time`
+            self.timings = 4  # `prompt eval time`, `eval time`, `total time`, maybe `draft acceptance rate`
         elif kind is ev.TaskStarted or kind is ev.NewPrompt:
             self._started(e.task)
         elif kind is ev.DecodeFatal:
@@ -188,6 +189,7 @@ class Provenance:
 
     def _started(self, task: int) -> None:
         self.failing = False
+        self.timings = 0  # a new task: the last request's timings entry is over
         if task in self.tasks:
             return
         if len(self.tasks) >= RECENT_TASKS:

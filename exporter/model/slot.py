@@ -30,6 +30,10 @@ class SlotState:
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None
+    # What the current task's lines said of its prompt's reuse (`full_reprocess`, `checkpoint_restored`: see
+    # `exporter.model.latency.cache_outcome`), and whether a prompt-cache entry was loaded into it for it.
+    reuse: str | None = None
+    prompt_loaded: bool = False
     # Live context checkpoints in host RAM, oldest first (llama-server keeps them in a list per slot).
     checkpoints: list[Checkpoint] = field(default_factory=list)
     # The current task's forecast inputs (exporter.model.forecast): the prompt's full size in tokens and how it

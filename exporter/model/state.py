@@ -26,6 +26,7 @@ from exporter.logs import events as ev
 from exporter.model.handlers import DISPATCH
 from exporter.model.histogram import Histogram
 from exporter.model.incidents import Incidents
+from exporter.model.latency import RequestLatency
 from exporter.model.provenance import NotOwnLine, Provenance
 from exporter.model.request_sizes import (
     CONCURRENCY_BUCKETS,
@@ -64,6 +65,8 @@ class ServerState:
     prompt_eval_seconds: Histogram = field(default_factory=lambda: Histogram(PROMPT_EVAL_BUCKETS))
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    # Each finished request's time to first token, per token, end to end, and its prompt's reuse (print_timing).
+    latency: RequestLatency = field(default_factory=RequestLatency)
     # What requests ask of the pool (exporter.model.request_sizes): at each release, and at each start.
     request_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))
     request_prompt_tokens: Histogram = field(default_factory=lambda: Histogram(REQUEST_TOKEN_BUCKETS))

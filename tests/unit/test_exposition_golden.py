@@ -27,13 +27,14 @@ def test_every_golden_file_has_its_capture() -> None:
 
 
 def test_the_goldens_hold_every_log_collector_and_every_build() -> None:
-    """Each of the four log collectors has families in them, on each build (a collector that stopped
+    """Each of the five log collectors has families in them, on each build (a collector that stopped
     rendering would otherwise leave the files shorter, and recorded so)."""
     one_family_each = (
         "llamacpp_slots",  # ServerLogCollector
         "llamacpp_kv_pool_demand_tokens",  # KVForecastCollector
         "llamacpp_checkpoint_events_total",  # CheckpointCacheCollector
         "llamacpp_request_tokens",  # RequestSizeCollector
+        "llamacpp_time_to_first_token_seconds",  # LatencyCollector
     )
     builds = {c.id.split("/")[0] for c in CAPTURES} - {"router"}
     assert builds == {"b9093", "b10306", "b11434", "llama-cpp-python-0.3.16", "xllamacpp-2026.10.11549"}

@@ -166,6 +166,7 @@ def test_timings_continuation_lines_are_believed_only_after_their_head() -> None
     assert (state.prompt_eval_seconds.count, state.prompt_tokens, state.generated_tokens) == (
         (_state(real).prompt_eval_seconds.count, _state(real).prompt_tokens, _state(real).generated_tokens)
     )
+    assert state.latency == _state(real).latency  # every request's timings, its slot from the head line
     forged = _state(_inject(old, "all slots are idle", [FORGED[-1], "       eval time =  5.00 ms /  999 tokens"]))
     assert forged.rejected == {"inconsistent": 2}
     assert forged.prompt_tokens == state.prompt_tokens and forged.generated_tokens == state.generated_tokens

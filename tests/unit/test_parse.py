@@ -249,6 +249,11 @@ CASES: list[tuple[str, ev.Event]] = [
         "       eval time =    2296.72 ms /   256 tokens (    8.97 ms per token,   111.46 tokens per second)",
         ev.GenerationTiming(2296.72, 256),
     ),
+    (
+        "0.00.082.283 I slot print_timing: id  0 | task 0 |       total time =      28.46 ms /   257 tokens",
+        ev.TotalTiming(28.46, 257),
+    ),
+    ("      total time =      34.75 ms /   257 tokens", ev.TotalTiming(34.75, 257)),
     # --- checkpoints, b6160 → b11434
     (
         "slot create_check: id  0 | task 42 | created context checkpoint 3 of 32 (pos_min = 0, pos_max = 16383, n_tokens = 16384, size = 62.813 MiB)",

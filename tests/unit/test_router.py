@@ -155,10 +155,11 @@ def test_the_65th_child_is_refused_with_one_log_line_and_a_counter(
     assert "llamacpp_router_children_refused_total 1.0" in text
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     per_child = [s for s in samples if 'model="m00"' in s]
-    # The documented bound (docs/many-servers.md): a server or child exports at most 160 series (55 of them
-    # the request-size histograms), plus 7 per slot and 1 per GPU; the router and the host add fewer than 100.
-    assert len(per_child) <= 160 + 7 * 4, len(per_child)
-    assert len(samples) <= 64 * (160 + 7 * 4) + 100
+    # The documented bound (docs/many-servers.md): a server or child exports at most 320 series (55 of them
+    # the request-size histograms, 162 the latency ones), plus 7 per slot and 1 per GPU; the router and the
+    # host add fewer than 100.
+    assert len(per_child) <= 320 + 7 * 4, len(per_child)
+    assert len(samples) <= 64 * (320 + 7 * 4) + 100
 
 
 def test_forged_router_lines_are_rejected_like_any_other() -> None:

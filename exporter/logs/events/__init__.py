@@ -62,7 +62,9 @@ from exporter.logs.events.slot import (
     AllSlotsIdle,
     CachedTokens,
     ContextParam,
+    DraftAcceptance,
     GenerationProgress,
+    GenerationStopped,
     GenerationTiming,
     IdleSlotPolicy,
     IdleSlotSaved,
@@ -80,6 +82,7 @@ from exporter.logs.events.slot import (
     SlotsInitialized,
     TaskStarted,
     TimingsHead,
+    TotalTiming,
 )
 
 __all__ = [
@@ -110,9 +113,11 @@ __all__ = [
     "CrashCause",
     "DecodeFailed",
     "DecodeFatal",
+    "DraftAcceptance",
     "Event",
     "FullReprocess",
     "GenerationProgress",
+    "GenerationStopped",
     "GenerationTiming",
     "IdleSlotPolicy",
     "IdleSlotSaved",
@@ -148,6 +153,7 @@ __all__ = [
     "SlotsInitialized",
     "TaskStarted",
     "TimingsHead",
+    "TotalTiming",
     "Verbosity",
     "banner_line",
 ]
@@ -204,6 +210,9 @@ Event: TypeAlias = (
     | SlotSelected
     | PromptEvalTiming
     | GenerationTiming
+    | TotalTiming
+    | DraftAcceptance
+    | GenerationStopped
     | TimingsHead
     | LineFormat
     | RouterMode

@@ -208,22 +208,59 @@ class PromptEvalTiming:
     ms: float
     tokens: int
     continuation: bool = field(default=False, compare=False)
+    # The slot the line names (b9230+); -1 on a continuation line: the `TimingsHead` before it names it.
+    slot: int = field(default=-1, compare=False, repr=False)
 
 
 @event
 class GenerationTiming:
-    """`eval time = X ms / N tokens`: token generation of one request (`continuation`: see `PromptEvalTiming`)."""
+    """`eval time = X ms / N tokens`: generation of one request (`continuation`, `slot`: as `PromptEvalTiming`)."""
 
     ms: float
     tokens: int
     continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
+
+
+@event
+class TotalTiming:
+    """`total time = X ms / N tokens`: prompt evaluation plus generation of one request, the last timings line
+    (`continuation`, `slot`: see `PromptEvalTiming`)."""
+
+    ms: float
+    tokens: int
+    continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
+
+
+@event
+class DraftAcceptance:
+    """Speculative decoding of one request, printed with its timings: `draft acceptance = R (A accepted / G
+    generated), mean len = L` (b11434, slot-tagged); before, `draft acceptance rate = R (A accepted / G
+    generated)` on a line of its own after the timings (`continuation`, `slot`: as `PromptEvalTiming`)."""
+
+    accepted: int
+    generated: int
+    continuation: bool = field(default=False, compare=False)
+    slot: int = field(default=-1, compare=False, repr=False)
+
+
+@event
+class GenerationStopped:
+    """Why a request stopped generating, at debug verbosity: `stopped by EOS`, `stopped by limit, …`, `stopped by
+    time limit, …`, `stopped by indentation limit, …`, `stopped due to running out of context capacity, …`."""
+
+    slot: int
+    task: int
+    reason: str  # eos | limit | time_limit | indentation_limit | context_capacity
 
 
 @event
 class TimingsHead:
     """`slot print_timing: id 0 | task 42 | ` and nothing more: the first line of a timings entry before b9230.
 
-    Its continuation lines (`prompt eval time = …`, `eval time = …`) follow without slot tag or prefix.
+    Its continuation lines (`prompt eval time = …`, `eval time = …`, `total time = …`) follow without slot tag
+    or prefix.
     """
 
     slot: int

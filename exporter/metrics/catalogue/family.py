@@ -77,6 +77,17 @@ class Family:
         assert self.type == "histogram", self.name
         return HistogramMetricFamily(self.family, self.help, buckets=h.buckets(), sum_value=h.sum)
 
+    def histograms(self, by: Mapping[str, Histogram]) -> HistogramMetricFamily:
+        """A histogram with one bounded label: one histogram per value, every allowed value exported (empty ones
+        too, so that a quantile by that label has its series from the first scrape)."""
+        assert self.type == "histogram", self.name
+        (label,) = self.labels
+        family = HistogramMetricFamily(self.family, self.help, labels=self.labels)
+        for key in self.values[label]:
+            h = by[key]
+            family.add_metric([key], h.buckets(), h.sum)
+        return family
+
     def summary(self) -> SummaryMetricFamily:
         """An empty summary family, for `add_metric` with its labels."""
         assert self.type == "summary", self.name

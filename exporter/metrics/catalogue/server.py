@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from exporter.metrics.catalogue.family import SERVER, Family
 from exporter.model.forecast import HORIZONS, SIZE_SOURCES
+from exporter.model.latency import CACHE_OUTCOMES, FINISH_REASONS
 from exporter.model.run import CRASH_CAUSES
 
 #: How a KV retry cascade ended.
@@ -325,6 +326,86 @@ PROMPT_TOKENS = Family(
 )
 
 GENERATED_TOKENS = Family("llamacpp_generated_tokens_total", "counter", SERVER, "Tokens generated ('eval time' lines).")
+
+
+# ------------------------------------------- request latency, print_timing lines (metrics/latency.py)
+
+TIME_TO_FIRST_TOKEN = Family(
+    "llamacpp_time_to_first_token_seconds",
+    "histogram",
+    SERVER,
+    "Time to first token of each finished request as the log shows it: its prompt evaluation ('prompt eval "
+    "time'; the wait for a slot is not in it), by the cache outcome of its prompt.",
+    labels=("cache",),
+    values={"cache": CACHE_OUTCOMES},
+)
+
+TIME_PER_OUTPUT_TOKEN = Family(
+    "llamacpp_time_per_output_token_seconds",
+    "histogram",
+    SERVER,
+    "Mean time per generated token of each finished request ('eval time' ms / tokens; none without tokens).",
+)
+
+REQUEST_DURATION = Family(
+    "llamacpp_request_duration_seconds",
+    "histogram",
+    SERVER,
+    "End-to-end time of each finished request in llama-server ('total time': prompt evaluation and generation).",
+)
+
+REQUEST_PROMPT_EVAL_TOKENS = Family(
+    "llamacpp_request_prompt_eval_tokens",
+    "histogram",
+    SERVER,
+    "Prompt tokens each finished request evaluated ('prompt eval time' lines; tokens from a cache excluded).",
+)
+
+REQUEST_GENERATION_TOKENS = Family(
+    "llamacpp_request_generation_tokens",
+    "histogram",
+    SERVER,
+    "Tokens each finished request generated ('eval time' lines).",
+)
+
+PROMPT_CACHED_TOKENS = Family(
+    "llamacpp_prompt_cached_tokens_total",
+    "counter",
+    SERVER,
+    "Prompt tokens of finished requests served from a cache (the slot's, a prompt-cache entry, a checkpoint; "
+    "'cached n_tokens' lines, -lv 4).",
+)
+
+PROMPT_REPROCESSED_TOKENS = Family(
+    "llamacpp_prompt_reprocessed_tokens_total",
+    "counter",
+    SERVER,
+    "Prompt tokens evaluated again from scratch by a 'forcing full prompt re-processing'.",
+)
+
+REQUEST_FINISH_REASONS = Family(
+    "llamacpp_request_finish_reasons_total",
+    "counter",
+    SERVER,
+    "Requests by why they ended: how they stopped generating (llama-server's 'stopped by …' debug lines: eos, "
+    "limit, time_limit, indentation_limit, context_capacity), or the error they ended with (cancelled, error).",
+    labels=("reason",),
+    values={"reason": FINISH_REASONS},
+)
+
+SPEC_DECODE_DRAFT_TOKENS = Family(
+    "llamacpp_spec_decode_draft_tokens_total",
+    "counter",
+    SERVER,
+    "Speculative decoding: draft tokens generated for finished requests ('draft acceptance' lines).",
+)
+
+SPEC_DECODE_ACCEPTED_TOKENS = Family(
+    "llamacpp_spec_decode_accepted_tokens_total",
+    "counter",
+    SERVER,
+    "Speculative decoding: draft tokens the model accepted, of finished requests ('draft acceptance' lines).",
+)
 
 
 # -------------------------------------------------------------- request sizes (metrics/requests.py)

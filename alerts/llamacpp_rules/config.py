@@ -139,6 +139,13 @@ class Config:
     exporter_forget_after: str = "7d"
     #: LlamaCppRouterChildrenRefused / LlamaCppRouterChildCrashed: an event within this window.
     router_event_window: str = "15m"
+    #: LlamaCppSlowFirstTokenReprocessing: the p95 time to first token over the window above this many seconds
+    #: (a bucket bound of llamacpp_time_to_first_token_seconds: 5, 10, 30, 60 …), while prompts re-processed
+    #: whole (cache="full_reprocess") took more than this share of all the time spent on first tokens.
+    slow_first_token_seconds: float = 10.0
+    slow_first_token_reprocess_share: float = 0.5
+    slow_first_token_window: str = "30m"
+    slow_first_token_for: str = "15m"
     #: LlamaCppGuardQueueBacklog: the guard's queue has not been empty for this long.
     guard_backlog_for: str = "5m"
     #: LlamaCppGuardRefusing / LlamaCppGuardUpstreamFailing: at least this many requests refused (429/503) /

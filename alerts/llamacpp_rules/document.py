@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from llamacpp_rules import exporter_health, guard, kv_pages, kv_pool, memory, server
+from llamacpp_rules import exporter_health, guard, kv_pages, kv_pool, latency, memory, server
 from llamacpp_rules.builder import Rule, Rules
 from llamacpp_rules.config import Config
 from llamacpp_rules.recording import recording
@@ -25,6 +25,7 @@ ALERTS: tuple[Callable[[Rules], Rule], ...] = (
     kv_pool.capacity_unknown,
     kv_pool.context_exceeded,
     kv_pool.retry_cascade,
+    latency.slow_first_token_reprocessing,
     memory.vram_headroom_low,
     memory.host_memory_low,
     server.server_down,

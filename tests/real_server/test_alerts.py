@@ -101,6 +101,7 @@ REQUIRED_ACTIONS: dict[str, list[str]] = {
     "LlamaCppKVRetryCascade": ["retrying with smaller batch size", "--kv-unified-per-slot"],
     "LlamaCppVRAMHeadroomLow": ["-ctk/-ctv q8_0", "smaller -c", "-ngl", "-b/-ub"],
     "LlamaCppHostMemoryLow": ["--ctx-checkpoints", "--cache-ram"],
+    "LlamaCppSlowFirstTokenReprocessing": ["--ctx-checkpoints", "--cache-ram", "Request latency"],
     "LlamaCppServerDown": ["restart", "log"],
     "LlamaCppServerRestarting": ["log", "systemctl stop"],
     "LlamaCppExporterSourceDown": ["--log-file", "--server-url"],

@@ -18,6 +18,7 @@ from paths import REPO
 
 from exporter.config import DEFAULT_PORT, parse_config
 from exporter.logs.tail import LogTailer
+from exporter.model.incidents import KINDS as INCIDENT_KINDS
 from exporter.serve import report_crash
 
 
@@ -187,13 +188,17 @@ def test_demo_runs_and_moves_metrics(tmp_path: Path) -> None:
         assert scraper.sample("llamacpp_kv_pool_capacity_tokens") in (32768, 1024)
         assert (scraper.sample("llamacpp_requests_aborted_total", {"reason": "context_exceeded"}) or 0) >= 4
         status, page = http_request(scraper.url + "/")
-        assert status == 200 and b"Demo mode" in page and b"/tmp/" not in page
+        # The status page says it is the demo, and shows the replayed incident.
+        assert status == 200 and b"Demo mode" in page and b"pool overflow" in page
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    # The demo says what it is and does not warn about itself (its temporary log, the absence of a GPU).
+    # The demo says what it is and does not warn about itself (its temporary log, the absence of a GPU); what it
+    # warns of is the incident it replays, as it would on a real server (one line per incident).
     text = output.read_text()
-    assert "demo" in text and not [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+    incident = tuple(f": {words}" for words in INCIDENT_KINDS.values())
+    warned = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+    assert "demo" in text and not [line for line in warned if not any(k in line for k in incident)], warned
 
 
 def test_help_names_diagnose_and_errors_are_exact(tmp_path: Path) -> None:

@@ -62,6 +62,9 @@ class Preemptor(Protocol):
     def speed(self, key: str | None) -> Speed | None:
         """How fast the requests of pool `key` generate, as last measured (None: not yet)."""
 
+    def counted(self, key: str | None) -> None:
+        """A prompt of pool `key` admitted on its bound was counted exactly: place it now, from the last read."""
+
     async def close(self) -> None:
         """Stop watching."""
 
@@ -127,6 +130,9 @@ class Preemption:
         self._speed: dict[str | None, Speed] = {}  # pool → how fast its requests generate, last measured
         self._pending: dict[str | None, tuple[int, float]] = {}  # pool → (slots running, when) at its last stop
         self._slots_refused = False  # said once: /slots wants a key the guard does not have
+        # Pool → its slots at the last read: a request counted exactly after that read is placed from it at
+        # once, not a poll later (a request shorter than two polls would never be placed).
+        self._last: dict[str | None, list[SlotView]] = {}
 
     # ------------------------------------------------------------------ the guard's side (`Preemptor`)
 
@@ -139,6 +145,10 @@ class Preemption:
 
     def speed(self, key: str | None) -> Speed | None:
         return self._speed.get(key)
+
+    def counted(self, key: str | None) -> None:
+        if (slots := self._last.get(key)) is not None and self.runs:
+            self._account(key, slots)
 
     async def close(self) -> None:
         if self._monitor is not None:
@@ -184,6 +194,7 @@ class Preemption:
                 self._consider(key, body, seen)
             self._caution()
         self._speeds.clear()
+        self._last.clear()
 
     def _caution(self) -> None:
         """Unknown budgets count as whole windows while the slots cannot be observed in time, as given after."""
@@ -216,6 +227,7 @@ class Preemption:
         horizon = self.sight.horizon
         self.host.refine_if_tight(key, projected(slots, horizon))
         self._learn(key, slots, horizon)
+        self._last[key] = slots
         self._account(key, slots)
         if limit is None or now < self._quiet_until or not self.settings.admission:
             return
@@ -249,7 +261,8 @@ class Preemption:
         self.accounting.placed([r.ticket.id for r in runs], matched)
         if len(matched) < len(slots):
             # A slot runs a request the guard cannot place: one admitted on its prompt's byte bound. It has run
-            # for a read of /slots already (a short one never gets here): count it exactly, to place it next time.
+            # for a read of /slots already (a short one never gets here): count it exactly; once counted, it is
+            # placed from this read (`counted`).
             self.host.refine_all(key)
 
     def _learn(self, key: str | None, slots: list[SlotView], horizon: float) -> None:

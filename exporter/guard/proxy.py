@@ -403,6 +403,7 @@ class Guard:
                 if ticket.id in books.in_flight:
                     for admitted in books.resize(ticket, prompt, self.pool(ticket.key), time.monotonic()):
                         self.wake(admitted)
+                    self.preemption.counted(ticket.key)
 
         task = asyncio.create_task(refine())
         self._background.add(task)

@@ -70,9 +70,13 @@ class Upstream:
     window: int = 1000
     count_routes: bool = True  # False: a build without the counting routes (404)
     slots: list[dict[str, Any]] = field(default_factory=list)
+    slot_reads: int = 0  # the /slots reads answered
+    #: Reads of /slots past this many wait until `release_slots` (None: none wait).
+    slot_reads_allowed: int | None = None
     calls: list[Call] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     arrivals: Counter[str] = field(default_factory=Counter)
+    _slots_gate: asyncio.Event = field(default_factory=asyncio.Event)
     _gates: dict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
     _seen: dict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
     _cancel_seen: dict[str, asyncio.Event] = field(default_factory=lambda: defaultdict(asyncio.Event))
@@ -86,6 +90,11 @@ class Upstream:
 
     def release(self, tag: str) -> None:
         self._gates[tag].set()
+
+    def release_slots(self) -> None:
+        """Let the /slots reads held by `slot_reads_allowed` through, and every later one."""
+        self.slot_reads_allowed = None
+        self._slots_gate.set()
 
     async def arrived(self, tag: str, times: int = 1) -> None:
         """Until the request `tag` has reached the upstream `times` times."""
@@ -148,6 +157,9 @@ class Upstream:
 
     async def _slots(self, request: web.Request) -> web.Response:
         await self._record(request)
+        if self.slot_reads_allowed is not None and self.slot_reads >= self.slot_reads_allowed:
+            await self._slots_gate.wait()
+        self.slot_reads += 1
         return web.json_response(self.slots)
 
     async def _other(self, request: web.Request) -> web.Response:

@@ -76,9 +76,13 @@ async def rig(pool: Pool = POOL, up: Upstream | None = None, **settings: Any) ->
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    """Until `condition()` holds (the test's own timeout ends a wait that never does)."""
-    while not condition():
-        await asyncio.sleep(0.01)
+    """Until `condition()` holds; a hang guard of a minute ends a wait that never does."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), 60)
 
 
 def prompt(n: int) -> str:
@@ -317,6 +321,26 @@ async def test_a_request_that_outgrows_its_budget_is_stopped_and_replayed_unseen
         assert r.up.arrivals["a"] == 2 and r.up.arrivals["b"] == 1
         assert r.outcomes()["replayed"] == 1
         assert not r.books.in_flight and not r.books.queue
+
+
+async def test_a_request_admitted_on_its_byte_bound_is_placed_from_the_read_that_could_not_place_it() -> None:
+    """A short prompt in an empty pool is admitted on its byte bound, so the first read of /slots shows a prompt
+    size no request has: the guard counts the prompt exactly and places the request from that same read, with
+    no second read (one request shorter than two polls would otherwise never be placed)."""
+    async with rig(poll_interval=0.02) as r:
+        r.up.hold("a")
+        r.up.slot_reads_allowed = 1  # the second read waits: the placement can only come from the first
+        a = r.post("/completion", {"prompt": prompt(30), "tag": "a", "n_predict": 100})
+        await r.up.arrived("a")
+        assert not any(p.startswith("/tokenize") for p in r.up.paths())  # admitted on its bound, uncounted
+        r.up.slots = [{**_slot(0, 45, 30), "params": {"n_predict": 100}}]
+        records = r.guard.guard.accounting.records
+        await until(lambda: any(rec.slot == 0 and rec.running for rec in records.values()))
+        assert r.up.slot_reads == 1 and any(p.startswith("/tokenize") for p in r.up.paths())
+        r.up.release_slots()
+        r.up.slots = []
+        r.up.release("a")
+        assert (await a)[0] == 200
 
 
 async def test_a_request_still_reading_its_prompt_is_not_the_one_stopped() -> None:

@@ -214,24 +214,27 @@ def write_slow_loading_model(path: Path, size_mib: int = 1536) -> Path:
 def write_slow_vocab_llama(path: Path, extra_tokens: int = SLOW_VOCAB_EXTRA_TOKENS) -> Path:
     """Write the tiny llama with ``extra_tokens`` more tokens (300 000: 43 MB): it loads for about a second.
 
-    llama-server's HTTP server answers ``/health`` (503 ``Loading model``) ~20 ms after spawn; the
+    llama-server's HTTP server answers ``/health`` (503 ``Loading model``) 25-65 ms after spawn; the
     model's load then builds the vocabulary's maps and token-to-piece cache, O(n_vocab), twice in
     b11434: once to fit the parameters to memory (``common_fit_params``), once for the model. The
-    extra tokens never occur in the tests' prompts (:func:`_vocab`), and prompts are read as fast as
-    the tiny model's, so a test can watch a start's ``Loading model`` and still overflow a pool at once.
+    extra tokens never occur in the tests' prompts (:func:`_vocab`) and the layers are the tiny
+    model's (only each output token pays for the large vocabulary), so a test can watch a start's
+    ``Loading model`` and still overflow a pool within a second.
 
-    Measured with llama-server b11434 on 2 shared CPU cores (``-c 512 -np 4 -kvu``, file in the page
-    cache), time from spawn to ``/health`` 200 and to write the file:
+    Measured with llama-server b11434 on 2 CPU cores shared with other jobs (``-c 512 -np 4 -kvu``, file
+    in the page cache), time from spawn to ``/health`` 200, and to write the file:
 
-    ============  ==========  ========  =================================
-    extra tokens  load        write     4 requests overflowing 512 cells
-    ============  ==========  ========  =================================
-    300 000       1.0-1.3 s   1.6 s
-    400 000       3.7-4.7 s   5.3 s     (busy machine)
-    600 000       2.8-3.3 s   3.5 s
-    1 000 000     5.1 s       6.1 s     1.1 s
-    ============  ==========  ========  =================================
+    ============  =====================================  ===========
+    extra tokens  load                                   write
+    ============  =====================================  ===========
+    300 000       1.0-1.3 s (idle), 1.8-4.8 s (busy)     1.6-3.4 s
+    400 000       3.7-4.7 s (busy)                       5.3 s
+    600 000       2.8-3.3 s                              3.5 s
+    1 000 000     5.1 s                                  6.1 s
+    ============  =====================================  ===========
 
+    Four requests of the tests' overflow (``llama_requests.run_concurrent_completions``) still outgrow
+    512 cells in 0.8-1.1 s with 300 000 or 1 000 000 extra tokens.
     :func:`write_slow_loading_model` at 1 GiB loads as long (1.3 s with ``-lm none``), but its wide
     feed-forward makes the same overflow take 20 s. Returns ``path``.
     """

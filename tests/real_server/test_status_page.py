@@ -9,8 +9,11 @@ and the last hour's charts (SVG, drawn with a size); both states are saved as sc
 docs/status-page.png when UPDATE_SCREENSHOT=1). A log whose model name and path carry `<script>`, quotes and
 `<svg onload=…>` is shown as text: no such element, no script ran (the variables and the title those would
 set are untouched), the CSP header present, and a script put into the page blocked by it, as the browser's
-console reports. A real llama-server (b11434, `-c 512 -np 4 -kvu`) through an overflow and a kill -9: the
-incident's cells per slot are the release lines', the page says down, then up, and shows the crash.
+console reports. A real llama-server (b11434, `-c 512 -np 4 -kvu`) with a model whose large vocabulary takes
+about a second to load (tests/support/tiny_gguf.py), started after the exporter, through an overflow and a
+kill -9 and a restart: `/api/status`, sampled without pause, says down, loading, up at each start, in that
+order; the page loaded between two `loading` samples shows the loading badge (a screenshot); the incident's
+cells per slot are the release lines'; the page says down after the kill, then up, and shows the crash.
 
 Client names do not appear among the hostile input: the guard takes only names of letters, digits and
 `._-:@/+` (exporter/guard/clients.py), so none can carry markup.
@@ -30,9 +33,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import pytest
 from exporter_process import ExporterProcess
 from llama_harness import LlamaServer, run_concurrent_completions, wait_for
-from llama_requests import http_request
+from llama_requests import free_port, http_request
 from paths import B11434, REPO
 from PIL import Image
+from tiny_gguf import write_slow_vocab_llama
 
 from exporter.status.page import CSP
 
@@ -209,47 +213,93 @@ def _status(exporter: ExporterProcess) -> dict[str, object]:
     return server
 
 
+class Start(NamedTuple):
+    """A server's start as `/api/status` said it, and what the browser showed while it said `loading`."""
+
+    states: list[str]  # each state sampled, once per run of equal samples, up to the first `up`
+    page: Page | None  # the page loaded between two samples that both said `loading` (None: none was)
+
+
+def _watch_start(exporter: ExporterProcess, chrome: Chrome, shot: Path | None) -> Start:
+    """Sample `/api/status` until it says `up`; at the first `loading`, with `shot`, load the page and save it.
+
+    The page is kept only when the samples just before and just after its load both say `loading`: a start
+    goes down, loading, up, never back, so what the browser was served between them said `loading` too.
+    """
+    states = [str(_status(exporter)["state"])]
+    page = None
+    deadline = time.monotonic() + 60
+    while states[-1] != "up":
+        assert time.monotonic() < deadline, f"not up within 60 s: {states}"
+        state = str(_status(exporter)["state"])
+        if state != states[-1]:
+            states.append(state)
+        if state == "loading" and shot is not None and page is None:
+            loaded = _load(chrome, exporter.url + "/")
+            if _status(exporter)["state"] == "loading":
+                page = loaded
+                _screenshot(chrome, shot)
+            shot = None  # one try per start: the next sample may already say up
+    return Start(states, page)
+
+
 @pytest.mark.llama_server
 def test_a_real_server_through_an_overflow_and_a_restart(
-    llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path, chrome: Chrome
+    llama_server_bin: Path, tmp_path: Path, chrome: Chrome
 ) -> None:
-    """b11434 `-c 512 -np 4 -kvu`: four requests overflow the pool; the page's incident holds the cells of the
-    release lines; kill -9 and a restart: the page says down, then up again, and the crash is an incident."""
+    """b11434 `-c 512 -np 4 -kvu` with a model whose large vocabulary takes about a second to load: the page
+    says down before the server starts, loading while it loads, then up; four requests overflow the pool and
+    the page's incident holds the cells of the release lines; kill -9 and a restart: down, loading, up again,
+    and the crash is an incident."""
+    model = write_slow_vocab_llama(tmp_path / "slow-vocab.gguf")
     log = tmp_path / "llama-server.log"
-    server = LlamaServer(llama_server_bin, tiny_llama_model, SEED_ARGS, log_file=log)
-    with server, ExporterProcess(log, ["--server-url", server.url, "--nvml", "off"]) as exporter:
-        assert _status(exporter)["state"] == "up" and _status(exporter)["state_source"] == "http"
-        results = run_concurrent_completions(server.url, n=4)
-        assert [status for status, _ in results] == [500] * 4, results
+    log.touch()
+    port = free_port()
+    server = LlamaServer(llama_server_bin, model, SEED_ARGS, log_file=log, port=port, wait_ready=False)
+    with ExporterProcess(log, ["--server-url", f"http://127.0.0.1:{port}", "--nvml", "off"]) as exporter:
+        assert _status(exporter)["state"] == "down"
+        with server:  # spawned, not waited for: the exporter's samples are the wait
+            first = _watch_start(exporter, chrome, tmp_path / "loading.png")
+            print(f"\nfirst start: {first.states}, page while loading: {first.page is not None}")
+            assert first.states == ["down", "loading", "up"], first.states
+            assert _status(exporter)["state_source"] == "http"
+            results = run_concurrent_completions(server.url, n=4)
+            assert [status for status, _ in results] == [500] * 4, results
 
-        def settled() -> bool:
-            incidents = _status(exporter)["incidents"]
-            assert isinstance(incidents, list)
-            return any(i["kind"] == "overflow" and i["aborted"] == 4 and len(i["slots"]) == 4 for i in incidents)
+            def settled() -> bool:
+                incidents = _status(exporter)["incidents"]
+                assert isinstance(incidents, list)
+                return any(i["kind"] == "overflow" and i["aborted"] == 4 and len(i["slots"]) == 4 for i in incidents)
 
-        wait_for(settled, timeout=15, what="the overflow with its 4 slots on /api/status")
-        released = {}
-        aborted = {m[1] for line in server.log_lines("send_error") if (m := re.search(r"task id = (\d+)", line))}
-        for line in server.log_lines("stop processing"):
-            m = re.search(r"id\s+(\d+) \| task (\d+) \| stop processing: n_tokens = (\d+)", line)
-            if m and m[2] in aborted:
-                released[int(m[1])] = int(m[3])
-        incident = next(i for i in _status(exporter)["incidents"] if i["kind"] == "overflow")  # type: ignore[attr-defined]
-        assert {s["slot"]: s["cells"] for s in incident["slots"]} == released and len(released) == 4
+            wait_for(settled, timeout=15, what="the overflow with its 4 slots on /api/status")
+            released = {}
+            aborted = {m[1] for line in server.log_lines("send_error") if (m := re.search(r"task id = (\d+)", line))}
+            for line in server.log_lines("stop processing"):
+                m = re.search(r"id\s+(\d+) \| task (\d+) \| stop processing: n_tokens = (\d+)", line)
+                if m and m[2] in aborted:
+                    released[int(m[1])] = int(m[3])
+            incident = next(i for i in _status(exporter)["incidents"] if i["kind"] == "overflow")  # type: ignore[attr-defined]
+            assert {s["slot"]: s["cells"] for s in incident["slots"]} == released and len(released) == 4
 
-        server.kill9()
-        wait_for(lambda: _status(exporter)["state"] == "down", timeout=15, what="down on /api/status")
-        page = _load(chrome, exporter.url + "/")
-        assert 'class="badge down"' in page.html
-        _screenshot(chrome, tmp_path / "down.png")
-        server.start()
-        wait_for(lambda: _status(exporter)["state"] == "up", timeout=30, what="up again on /api/status")
-        wait_for(
-            lambda: any(i["kind"] == "crash" for i in _status(exporter)["incidents"]),  # type: ignore[attr-defined]
-            timeout=15,
-            what="the crash as an incident",
-        )
-        page = _load(chrome, exporter.url + "/")
-        assert 'class="badge up"' in page.html
-        assert "crash: cause unknown" in page.text and "pool overflow: 4 requests aborted" in page.text
-        _screenshot(chrome, tmp_path / "restarted.png")
+            server.kill9()
+            wait_for(lambda: _status(exporter)["state"] == "down", timeout=15, what="down on /api/status")
+            page = _load(chrome, exporter.url + "/")
+            assert 'class="badge down"' in page.html
+            _screenshot(chrome, tmp_path / "down.png")
+            server.start()
+            again = _watch_start(exporter, chrome, None if first.page else tmp_path / "loading.png")
+            print(f"restart: {again.states}, page while loading: {again.page is not None}")
+            assert again.states == ["down", "loading", "up"], again.states
+            # The page while loading, from whichever start the browser caught between two `loading` samples.
+            loading = first.page or again.page
+            assert loading is not None, "the browser never loaded the page while /api/status said loading"
+            assert 'class="badge loading"' in loading.html
+            wait_for(
+                lambda: any(i["kind"] == "crash" for i in _status(exporter)["incidents"]),  # type: ignore[attr-defined]
+                timeout=15,
+                what="the crash as an incident",
+            )
+            page = _load(chrome, exporter.url + "/")
+            assert 'class="badge up"' in page.html
+            assert "crash: cause unknown" in page.text and "pool overflow: 4 requests aborted" in page.text
+            _screenshot(chrome, tmp_path / "restarted.png")

@@ -32,10 +32,19 @@ GEMMA2_SLIDING_WINDOW = 32
 #: llama-server arguments that make :func:`write_slow_loading_model` models load slowly: read the
 #: weights into memory instead of mmapping them (b11434 has no ``--no-mmap``; it has ``-lm``).
 SLOW_LOAD_SERVER_ARGS = ("-lm", "none")
+#: Unicode's private-use area (U+E000-U+F8FF): the extra tokens of a large vocabulary.
+_PRIVATE, _N_PRIVATE = 0xE000, 0x1900
+#: Extra tokens that make :func:`write_slow_vocab_llama` models spend about a second loading.
+SLOW_VOCAB_EXTRA_TOKENS = 300_000
 
 
-def _vocab() -> tuple[list[str], list[float], list[int]]:
-    """SentencePiece vocabulary with byte fallback, so any input text tokenizes."""
+def _vocab(extra: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """SentencePiece vocabulary with byte fallback, so any input text tokenizes.
+
+    ``extra`` more tokens of two private-use characters each (U+E000-U+F8FF): no prompt of the tests
+    has such characters, so they never change how a prompt tokenizes; they only make the vocabulary
+    large (see :func:`write_slow_vocab_llama`).
+    """
     toks: list[str] = []
     scores: list[float] = []
     types: list[int] = []
@@ -56,6 +65,8 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
         add(chr(c), -2.0, tt.NORMAL)
     for letter in "abcdefghijklmnopqrstuvwxyz":
         add("\u2581" + letter, -1.5, tt.NORMAL)
+    for i in range(extra):
+        add(chr(_PRIVATE + i // _N_PRIVATE) + chr(_PRIVATE + i % _N_PRIVATE), -100.0, tt.NORMAL)
     return toks, scores, types
 
 
@@ -69,9 +80,10 @@ def _write(
     zero_ffn: bool = False,
     n_embd: int = N_EMBD,
     n_layer: int = N_LAYER,
+    extra_tokens: int = 0,
 ) -> Path:
     rng = np.random.default_rng(0)  # fixed seed: identical bytes on every run
-    toks, scores, types = _vocab()
+    toks, scores, types = _vocab(extra_tokens)
     N_EMBD, N_LAYER = n_embd, n_layer
     head_dim = N_EMBD // N_HEAD
     n_embd_kv = head_dim * N_HEAD_KV
@@ -104,7 +116,7 @@ def _write(
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    def tensor(name: str, *shape: int, ones: bool = False, zeros: bool = False) -> None:
+    def tensor(name: str, *shape: int, ones: bool = False, zeros: bool = False, f16: bool = False) -> None:
         # numpy shape is (rows=out, cols=in); GGUF/ggml reverse it, which the writer handles.
         arr: npt.NDArray[np.float32]
         if ones:
@@ -114,11 +126,13 @@ def _write(
             arr = np.zeros(shape, np.float32)
         else:
             arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
-        w.add_tensor(name, arr)
+        w.add_tensor(name, arr.astype(np.float16) if f16 else arr)
 
-    tensor("token_embd.weight", len(toks), N_EMBD)
+    # A large vocabulary: half-size embeddings, tied to the output (llama.cpp uses token_embd when a
+    # llama has no output.weight), so the file stays small and the matrix is read once per output.
+    tensor("token_embd.weight", len(toks), N_EMBD, f16=bool(extra_tokens))
     tensor("output_norm.weight", N_EMBD, ones=True)
-    if arch == "llama":  # gemma2 ties the output projection to token_embd
+    if arch == "llama" and not extra_tokens:  # gemma2 ties the output projection to token_embd
         tensor("output.weight", len(toks), N_EMBD)
     for i in range(N_LAYER):
         p = f"blk.{i}."
@@ -195,3 +209,33 @@ def write_slow_loading_model(path: Path, size_mib: int = 1536) -> Path:
     n_ff = max(N_FF, (size_mib * 2**20 // 4 - small) // per_ff_row)
     n_ff -= n_ff % 32  # keep rows a multiple of the ggml block size
     return _write(path, "llama", ctx_train=CTX_TRAIN, n_ff=n_ff, zero_ffn=True)
+
+
+def write_slow_vocab_llama(path: Path, extra_tokens: int = SLOW_VOCAB_EXTRA_TOKENS) -> Path:
+    """Write the tiny llama with ``extra_tokens`` more tokens (300 000: 43 MB): it loads for about a second.
+
+    llama-server's HTTP server answers ``/health`` (503 ``Loading model``) 25-65 ms after spawn; the
+    model's load then builds the vocabulary's maps and token-to-piece cache, O(n_vocab), twice in
+    b11434: once to fit the parameters to memory (``common_fit_params``), once for the model. The
+    extra tokens never occur in the tests' prompts (:func:`_vocab`) and the layers are the tiny
+    model's (only each output token pays for the large vocabulary), so a test can watch a start's
+    ``Loading model`` and still overflow a pool within a second.
+
+    Measured with llama-server b11434 on 2 CPU cores shared with other jobs (``-c 512 -np 4 -kvu``, file
+    in the page cache), time from spawn to ``/health`` 200, and to write the file:
+
+    ============  =====================================  ===========
+    extra tokens  load                                   write
+    ============  =====================================  ===========
+    300 000       1.0-1.3 s (idle), 1.8-4.8 s (busy)     1.6-3.4 s
+    400 000       3.7-4.7 s (busy)                       5.3 s
+    600 000       2.8-3.3 s                              3.5 s
+    1 000 000     5.1 s                                  6.1 s
+    ============  =====================================  ===========
+
+    Four requests of the tests' overflow (``llama_requests.run_concurrent_completions``) still outgrow
+    512 cells in 0.8-1.1 s with 300 000 or 1 000 000 extra tokens.
+    :func:`write_slow_loading_model` at 1 GiB loads as long (1.3 s with ``-lm none``), but its wide
+    feed-forward makes the same overflow take 20 s. Returns ``path``.
+    """
+    return _write(path, "llama", ctx_train=CTX_TRAIN, extra_tokens=extra_tokens)

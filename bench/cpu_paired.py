@@ -17,9 +17,9 @@ than it uses that helper's first version, `FIRST_ASSEMBLY`), live sources off, a
   `--lines` lines) appended to the log the exporter follows, then read, split, parsed and applied to the
   state (`LogTailer.poll` → `LogPipeline.feed`, as the follower does); CPU µs a line. Both processes read
   the same blocks in the same order, so each pair of blocks is the same work.
-- scrape: a block is `--renders` renders of the `/metrics` body (`generate_latest` on the production
-  registry) of the state after the corpus (one server: its slots, checkpoints, histograms, the process
-  metrics); CPU µs a scrape.
+- scrape: a block is `--renders` renders of the `/metrics` body (as the web app renders it for a scrape
+  without an Accept header: the checkout's `Assembly.render`) of the state after the corpus (one server:
+  its slots, checkpoints, histograms, the process metrics); CPU µs a scrape.
 - router scrape: the same, of the router capture with both children loaded (tests/fixtures/router: each
   child's series labelled).
 

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
+from exporter.web import exposition
 
 if TYPE_CHECKING:
     from exporter.web.webconfig import WebConfigWatcher
@@ -95,7 +95,7 @@ def make_app(
     async def metrics(request: web.Request) -> web.Response:
         if before_scrape is not None:
             await before_scrape()
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        encoder, content_type = exposition.choose(request.headers.get("Accept", ""))
         body = encoder(registry)
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = content_type

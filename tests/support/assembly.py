@@ -25,13 +25,12 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from prometheus_client import generate_latest
-
 from exporter.build import build_logs, servers_registry
 from exporter.config import parse_config
 from exporter.metrics.servers import ServersCollector
 from exporter.serve import open_servers
 from exporter.unit import refresh_all
+from exporter.web import exposition
 
 #: Families of the exposition that are not the log collectors' (ServerLogCollector, KVForecastCollector,
 #: CheckpointCacheCollector, RequestSizeCollector): the process' own (CPU, memory, start time: they vary
@@ -93,8 +92,10 @@ class Assembly:
         self._loop.run_until_complete(refresh_all(self.servers))
 
     def render(self) -> bytes:
-        """The /metrics body, as the web app renders it (`generate_latest` on the production registry)."""
-        return generate_latest(self.registry)
+        """The /metrics body, as the web app renders it for a scrape without an Accept header (the text format,
+        `exporter.web.exposition`: prometheus_client's `generate_latest`, byte for byte)."""
+        encoder, _ = exposition.choose("")
+        return encoder(self.registry)
 
     def scrape(self) -> str:
         """A scrape: `refresh()`, then `render()`."""

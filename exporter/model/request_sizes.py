@@ -30,6 +30,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_V = TypeVar("_V", int, float)  # a value counted: tokens, requests, milliseconds
 
 #: 64 to 1Mi tokens, doubling: 15 buckets (and +Inf), 18 series a server. A quantile from a histogram is
 #: interpolated within its bucket, so it may be up to twice the true value (never more).
@@ -66,9 +69,12 @@ class ExactValues:
 
     tokens: Counter[int] = field(default_factory=Counter)
     concurrency: Counter[int] = field(default_factory=Counter)
+    # Every first token's time (its `prompt eval time` in ms, as printed) by its cache outcome
+    # (exporter.model.latency.cache_outcome, the exporter's `cache` label).
+    first_token_ms: dict[str, Counter[float]] = field(default_factory=dict)
 
 
-def exact_quantile(values: Sequence[tuple[int, int]], q: float) -> int | None:
+def exact_quantile(values: Sequence[tuple[_V, int]], q: float) -> _V | None:
     """The q-quantile of sorted (value, count) pairs by nearest rank: the smallest value with at least
     q of all values at or below it (always a value that occurred).
 

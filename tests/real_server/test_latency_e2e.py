@@ -1,11 +1,15 @@
 """Why a first token was slow, on a real llama-server (b11434) with a tiny sliding-window gemma2 and context
 checkpoints off: a cold prompt, the same conversation coming back (`cached`), and a prompt that diverges inside
 the rolled-over window, which llama-server can only re-process from scratch (`full_reprocess`). Each request's
-time to first token is under the outcome its own log lines show, and sums to the log's figures."""
+time to first token is under the outcome its own log lines show, and sums to the log's figures; `diagnose` on
+the same log gives the same split (counts and summed seconds), names the sliding-window model and says why."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ pytestmark = pytest.mark.llama_server
 # No checkpoints (-ctxcp 0) and no prompt cache: a prompt that diverges past the sliding window is re-processed.
 ARGS = ["-c", "4096", "-np", "1", "-ctxcp", "0", "--cache-ram", "0", "-b", "128", "-ub", "128", "-t", "2", "-lv", "4"]
 _TASK = re.compile(r"\| task (\d+) \| (.*)$")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _outcomes(log: str) -> dict[str, list[float]]:
@@ -77,3 +82,61 @@ def test_a_missed_cache_is_labelled_full_reprocess_and_a_returning_conversation_
             r"forcing full prompt re-processing[\s\S]*?prompt eval time = +[\d.]+ ms / +(\d+)", srv.log_text()
         )
         assert exporter.sample("llamacpp_prompt_reprocessed_tokens_total") == int(reprocessed[0])
+
+        _diagnose_gives_the_same_split(srv.log_file, expected, exporter)
+
+
+def _diagnose(log: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", str(log), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr  # no failure in this log
+    return done.stdout
+
+
+def _diagnose_gives_the_same_split(log: Path, expected: dict[str, list[float]], exporter: ExporterProcess) -> None:
+    """`diagnose --json` and its text on the same log: the exporter's counts and sums by cache outcome."""
+    text = log.read_text()
+    (run,) = json.loads(_diagnose(log, "--json"))["runs"]
+    ft = run["first_tokens"]
+    got = {o["cache"]: o for o in ft["outcomes"]}
+    assert list(got) == ["full_reprocess", "cached", "cold"]  # CACHE_OUTCOMES' order
+    for outcome, seconds in expected.items():
+        o = got[outcome]
+        assert o["requests"] == len(seconds)
+        assert o["requests"] == exporter.sample("llamacpp_time_to_first_token_seconds_count", {"cache": outcome})
+        assert o["seconds"] == pytest.approx(sum(seconds), rel=1e-9)
+        assert o["seconds"] == pytest.approx(
+            exporter.sample("llamacpp_time_to_first_token_seconds_sum", {"cache": outcome}), rel=1e-9
+        )
+        assert o["max_s"] == max(seconds) and o["p50_s"] == sorted(seconds)[0]  # one request each
+    total = sum(sum(v) for v in expected.values())
+    assert ft["seconds"] == pytest.approx(total, rel=1e-9)
+    assert ft["full_reprocess_share"] == pytest.approx(sum(expected["full_reprocess"]) / total, rel=1e-9)
+    # The model's memory and what the log says of its checkpoints and prompt cache.
+    swa = re.search(r"creating +SWA KV cache, size = (\d+) cells", text)
+    full = re.search(r"creating non-SWA KV cache, size = (\d+) cells", text)
+    assert swa is not None and full is not None
+    assert (ft["memory"], ft["swa_cells"], ft["full_cells"]) == ("sliding_window", int(swa[1]), int(full[1]))
+    assert ft["full_reprocess_lines"] == text.count("forcing full prompt re-processing") == 1
+    assert ft["checkpoints_invalidated"] == text.count("erased invalidated context checkpoint")
+    assert "context checkpoints disabled" in text and ft["checkpoint_limit"] == 0
+    assert "prompt cache is disabled" in text and ft["prompt_cache_enabled"] is False
+    # The text: every figure it states, from the log.
+    words = " ".join(_diagnose(log).split())
+    for outcome, seconds in expected.items():
+        assert f"{outcome} {len(seconds)} {sum(seconds):,.3f}" in words
+    share = sum(expected["full_reprocess"]) / total * 100
+    assert (
+        f"Of the {total:,.3f} s spent on first tokens, {share:.1f} % was full re-processing (1 of 3 requests)." in words
+    )
+    assert f"its SWA cache holds {int(swa[1]):,} cells (the full-attention cache {int(full[1]):,})" in words
+    assert "re-processed a whole prompt once (`forcing full prompt re-processing`)" in words
+    assert f"--swa-full keeps the whole window ({int(full[1]):,} SWA cells instead of {int(swa[1]):,}" in words
+    assert "--ctx-checkpoints N turns context checkpoints on (they are disabled)" in words
+    assert "--cache-ram N keeps earlier prompts in host memory (the prompt cache is disabled)" in words

@@ -1,0 +1,98 @@
+"""`diagnose`'s first tokens by cache outcome, on a real b11434 log (a tiny sliding-window gemma2 with checkpoints
+and the prompt cache off, from tests/real_server/test_latency_e2e.py): the exporter's split, the share of full
+re-processing, the model named, and each fix given only where its setting is not already in effect (RULES)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from swa_reprocess import SWA_RUN, first_tokens_of
+
+from exporter.diagnose import analyze, render_text, to_json
+from exporter.diagnose.first_tokens import MemoryKind
+from exporter.logs import events as ev
+from exporter.logs.parse import parse_line_events
+from exporter.model.state import ServerState
+
+REPO = Path(__file__).resolve().parents[2]
+LOGS = sorted(
+    [p for p in (REPO / "tests" / "fixtures").rglob("*.log") if "proc" not in p.parts]
+    + sorted((REPO / "exporter" / "data").glob("*.log")),
+)
+
+_PROMPT_EVAL = re.compile(r"prompt eval time = +([\d.]+) ms")
+
+
+def test_the_split_is_the_exporters_and_the_logs() -> None:
+    """Each outcome's count and sum as the exporter's histogram has them, from the printed figures."""
+    ft = first_tokens_of()
+    st = ServerState()
+    for line in SWA_RUN.splitlines():
+        for e in parse_line_events(line):
+            st.apply(e)
+    printed = {"cold": 29.33, "cached": 3.51, "full_reprocess": 5.35}  # tasks 0, 14, 23
+    assert [o.cache for o in ft.outcomes] == ["full_reprocess", "cached", "cold"]
+    for o in ft.outcomes:
+        h = st.latency.ttft[o.cache]
+        assert (o.requests, o.seconds) == (h.count, h.sum) == (1, printed[o.cache] / 1000.0)
+        assert o.p50_s == o.p95_s == o.max_s == printed[o.cache] / 1000.0
+    assert ft.seconds == pytest.approx(sum(printed.values()) / 1000.0)
+    assert ft.full_reprocess_share == pytest.approx(5.35 / sum(printed.values()))
+    assert (ft.memory, ft.swa_cells, ft.full_cells) == ("sliding_window", 256, 4096)
+    assert (ft.full_reprocess_lines, ft.checkpoint_limit, ft.prompt_cache_enabled) == (1, 0, False)
+
+
+def test_the_text_states_the_logs_figures() -> None:
+    text = " ".join(render_text(analyze(SWA_RUN.splitlines(keepends=True))).split())
+    assert "full_reprocess 1 0.005 0.005 0.005 0.005 cached 1 0.004 0.004 0.004 0.004 cold 1 0.029" in text
+    share = 5.35 / (29.33 + 3.51 + 5.35) * 100
+    assert f"Of the 0.038 s spent on first tokens, {share:.1f} % was full re-processing (1 of 3 requests)." in text
+    assert share == pytest.approx(14.0, abs=0.05)
+    assert "its SWA cache holds 256 cells (the full-attention cache 4,096)" in text
+    assert "re-processed a whole prompt once (`forcing full prompt re-processing`)" in text
+    assert "--swa-full keeps the whole window (4,096 SWA cells instead of 256, more KV memory)" in text
+    assert "--ctx-checkpoints N turns context checkpoints on (they are disabled)" in text
+    assert "--cache-ram N keeps earlier prompts in host memory (the prompt cache is disabled)" in text
+
+
+@pytest.mark.parametrize("path", LOGS, ids=[str(p.relative_to(REPO)) for p in LOGS])
+def test_every_capture_counts_every_first_token(path: Path) -> None:
+    """Over every capture: one first token per `prompt eval time` line, and the largest is the log's largest."""
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
+    data = json.loads(to_json(analyze(lines, str(path), max_runs=0, max_failures=0)))
+    printed = [float(m[1]) for line in lines for m in _PROMPT_EVAL.finditer(line)]
+    outcomes = [o for run in data["runs"] for o in (run["first_tokens"] or {"outcomes": []})["outcomes"]]
+    assert sum(o["requests"] for o in outcomes) == len(printed)
+    assert max((o["max_s"] for o in outcomes), default=None) == (max(printed) / 1000.0 if printed else None)
+    for o in outcomes:
+        assert o["p50_s"] <= o["p95_s"] <= o["max_s"] <= o["seconds"] + 1e-12
+
+
+def test_a_recurrent_state_names_a_hybrid_or_recurrent_model() -> None:
+    """llama_memory_recurrent's size line (b5856+, and with rs_seq from b9180), in the reference's wording."""
+    line = "llama_memory_recurrent: size =    0.38 MiB (     4 cells,  24 layers,  4 seqs), R (f32):    0.13 MiB, S (f32):    0.25 MiB"
+    assert parse_line_events(line)[-1] == ev.RecurrentMemory(4)
+    assert MemoryKind(recurrent=True).kind() == "recurrent"
+    assert MemoryKind(recurrent=True, attention=True).kind() == "hybrid"
+    assert MemoryKind(swa_cells=256).kind() == "sliding_window" and MemoryKind().kind() is None
+    # In a run: the full-attention size line and the recurrent one (a hybrid model prints both), no SWA cache.
+    lines = [x for x in SWA_RUN.splitlines(keepends=True) if "llama_kv_cache_iswa" not in x and "0.03 MiB (" not in x]
+    at = next(i for i, x in enumerate(lines) if "llama_kv_cache: size" in x) + 1
+    hybrid = first_tokens_of("".join([*lines[:at], "0.00.018.800 I " + line + "\n", *lines[at:]]))
+    assert (hybrid.memory, hybrid.swa_cells) == ("hybrid", None)
+    assert "its recurrent state cannot be rolled back" in " ".join(hybrid.advice)
+    assert "--swa-full" not in " ".join(hybrid.advice)
+
+
+def test_the_html_page_has_the_same_table() -> None:
+    pytest.importorskip("matplotlib")  # the html extra
+    from exporter.diagnose.html import render_html
+
+    page = render_html(analyze(SWA_RUN.splitlines(keepends=True)))
+    assert "<h3>First tokens by cache outcome</h3>" in page
+    assert "<tr><td>full_reprocess</td><td>1</td><td>0.005</td>" in page
+    assert "<tr><td>cold</td><td>1</td><td>0.029</td>" in page
+    assert "turns context checkpoints on (they are disabled)" in page

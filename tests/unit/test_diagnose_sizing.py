@@ -264,6 +264,13 @@ def test_a_prompt_cache_only_when_it_is_disabled() -> None:
     assert "--cache-ram" not in " ".join(reprocess_advice(dataclasses.replace(ft, prompt_cache_enabled=None)))
 
 
+def test_the_invalidated_checkpoints_are_said_only_where_the_log_counts_some() -> None:
+    ft = first_tokens_of()
+    assert ft.checkpoints_invalidated == 0 and "invalidated" not in " ".join(reprocess_advice(ft))
+    said = " ".join(reprocess_advice(dataclasses.replace(ft, checkpoints_invalidated=3)))
+    assert "no context checkpoint covered it; 3 context checkpoints were invalidated" in said
+
+
 def test_no_advice_without_a_full_reprocessing_or_a_named_model() -> None:
     ft = first_tokens_of()
     assert reprocess_advice(dataclasses.replace(ft, full_reprocess_lines=0)) == []

@@ -229,9 +229,9 @@ class FirstTokenOutcome:
     cache: str  # a key of exporter.model.latency.CACHE_OUTCOMES
     requests: int  # `prompt eval time` lines with this outcome
     seconds: float  # their sum, as the exporter's histogram sums them
-    p50_s: float  # exact (nearest rank over the printed figures)
+    p50_s: float  # nearest rank over the printed figures (to 4 significant digits: exact below 100 ms)
     p95_s: float
-    max_s: float
+    max_s: float  # exact
 
 
 @dataclass

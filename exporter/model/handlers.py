@@ -8,7 +8,6 @@ state's counters only while `counting` is on (see `exporter.model.state`).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -370,7 +369,7 @@ def _on_prompt_eval_timing(st: ServerState, e: ev.PromptEvalTiming) -> None:
         outcome, cached = cache_outcome(s.reuse, s.cache_base, e.tokens, s.prompt_loaded), s.cache_base
     st.latency.prompt_evaluated(outcome, e.ms, e.tokens, cached)
     if st.request_values is not None:
-        st.request_values.first_token_ms.setdefault(outcome, Counter())[e.ms] += 1
+        st.request_values.first_token(outcome, e.ms)
 
 
 def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:

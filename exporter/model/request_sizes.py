@@ -69,9 +69,26 @@ class ExactValues:
 
     tokens: Counter[int] = field(default_factory=Counter)
     concurrency: Counter[int] = field(default_factory=Counter)
-    # Every first token's time (its `prompt eval time` in ms, as printed) by its cache outcome
-    # (exporter.model.latency.cache_outcome, the exporter's `cache` label).
+    # Every first token's time (its `prompt eval time` in ms) by its cache outcome (exporter.model.latency's
+    # `cache_outcome`, the exporter's `cache` label), to 4 significant digits (`first_token_key`: at most
+    # 9,000 values a decade, so a run of millions of requests stays small), and the largest exactly.
     first_token_ms: dict[str, Counter[float]] = field(default_factory=dict)
+    first_token_max_ms: dict[str, float] = field(default_factory=dict)
+
+    def first_token(self, outcome: str, ms: float) -> None:
+        """One first token of `outcome` that took `ms` milliseconds."""
+        self.first_token_ms.setdefault(outcome, Counter())[first_token_key(ms)] += 1
+        if ms > self.first_token_max_ms.get(outcome, -1.0):
+            self.first_token_max_ms[outcome] = ms
+
+
+def first_token_key(ms: float) -> float:
+    """A first token's time as `ExactValues` keeps it: 4 significant digits (exact below 100 ms, as printed).
+
+    >>> first_token_key(29.33), first_token_key(12345.67), first_token_key(0.35)
+    (29.33, 12350.0, 0.35)
+    """
+    return float(f"{ms:.4g}")
 
 
 def exact_quantile(values: Sequence[tuple[_V, int]], q: float) -> _V | None:

@@ -96,3 +96,17 @@ def test_the_html_page_has_the_same_table() -> None:
     assert "<tr><td>full_reprocess</td><td>1</td><td>0.005</td>" in page
     assert "<tr><td>cold</td><td>1</td><td>0.029</td>" in page
     assert "turns context checkpoints on (they are disabled)" in page
+
+
+def test_a_long_run_keeps_its_first_tokens_in_bounded_memory() -> None:
+    """Every 0.01 ms from 1 s to 2 s (100,000 distinct printed values): 1,001 kept (4 significant digits), the largest exactly."""
+    from exporter.model.request_sizes import ExactValues, exact_quantile
+
+    v = ExactValues()
+    printed = [1000.0 + i / 100 for i in range(100_000)]
+    for ms in printed:
+        v.first_token("cold", ms)
+    kept = sorted(v.first_token_ms["cold"].items())
+    assert len(kept) == 1_001 and v.first_token_max_ms["cold"] == printed[-1]
+    p95 = exact_quantile(kept, 0.95)
+    assert p95 is not None and abs(p95 - printed[94_999]) <= printed[94_999] * 0.0005

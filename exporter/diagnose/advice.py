@@ -334,15 +334,20 @@ def _times(n: int) -> str:
 def reprocess_advice(ft: FirstTokens) -> list[str]:
     """Why a sliding-window, hybrid or recurrent model's prompts were re-processed whole, and each fix whose
     setting is not already in effect (RULES): --swa-full, --ctx-checkpoints, --cache-ram."""
-    if not ft.full_reprocess_lines or ft.memory is None:
+    if not ft.full_reprocess_lines:
         return []
-    if ft.memory == "sliding_window":
+    if ft.model_memory == "sliding_window":
         why = (
             "its SWA cache keeps only the last tokens of the window, so a prompt that returns to a point the window "
             "has rolled past finds those cells overwritten"
         )
-    else:
+    elif ft.model_memory is not None:
         why = "its recurrent state cannot be rolled back to an earlier token"
+    else:  # llama-server says so only of these models; the start-up lines that would say which are not in the log
+        why = (
+            "the model's cache could not be cut back to where the prompt returned (llama-server does this only "
+            "for sliding-window and hybrid or recurrent models; the log does not say which this is)"
+        )
     invalidated = ft.checkpoints_invalidated
     gone = (
         f"; {invalidated:,} context checkpoint{'s were' if invalidated != 1 else ' was'} invalidated "
@@ -356,7 +361,7 @@ def reprocess_advice(ft: FirstTokens) -> list[str]:
     ]
     fixes: list[str] = []
     swa, full = ft.swa_cells, ft.full_cells
-    if ft.memory == "sliding_window" and swa is not None and full is not None and swa < full:
+    if ft.model_memory == "sliding_window" and swa is not None and full is not None and swa < full:
         fixes.append(
             f"--swa-full keeps the whole window ({full:,} SWA cells instead of {swa:,}, more KV memory), "
             "so any point of the conversation can be reused"

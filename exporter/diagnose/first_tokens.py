@@ -18,7 +18,7 @@ from exporter.model.latency import CACHE_OUTCOMES
 from exporter.model.request_sizes import exact_quantile
 from exporter.model.state import ServerState
 
-#: How the text names the model's memory (`FirstTokens.memory`).
+#: How the text names the model's memory (`FirstTokens.model_memory`).
 MEMORY_WORDS = {
     "sliding_window": "a sliding-window attention (SWA) model",
     "hybrid": "a hybrid model (attention and recurrent layers)",
@@ -66,7 +66,7 @@ def first_tokens(st: ServerState, memory: MemoryKind) -> FirstTokens | None:
         outcomes=outcomes,
         seconds=total,
         full_reprocess_share=full / total if total > 0 else 0.0,
-        memory=memory.kind(),
+        model_memory=memory.kind(),
         swa_cells=memory.swa_cells,
         full_cells=memory.full_cells,
         full_reprocess_lines=st.full_reprocess,
@@ -100,9 +100,9 @@ def first_token_prose(ft: FirstTokens) -> list[str]:
         f"Of the {_s(ft.seconds)} s spent on first tokens, {ft.full_reprocess_share * 100:.1f} % was full "
         f"re-processing ({reprocessed})."
     ]
-    if ft.memory is not None:
-        what = MEMORY_WORDS[ft.memory]
-        if ft.memory == "sliding_window" and ft.swa_cells is not None:
+    if ft.model_memory is not None:
+        what = MEMORY_WORDS[ft.model_memory]
+        if ft.model_memory == "sliding_window" and ft.swa_cells is not None:
             of = f" (the full-attention cache {ft.full_cells:,})" if ft.full_cells is not None else ""
             what += f": its SWA cache holds {ft.swa_cells:,} cells{of}"
         out.append(f"The model is {what}.")

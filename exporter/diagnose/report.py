@@ -244,7 +244,7 @@ class FirstTokens:
     full_reprocess_share: float  # of `seconds`, the part prompts re-processed whole took (0-1)
     # sliding_window (`creating SWA KV cache`) | recurrent (`llama_memory_recurrent`, with a KV cache: hybrid)
     # | hybrid | None (the log names neither).
-    memory: str | None
+    model_memory: str | None
     swa_cells: int | None  # the sliding-window cache's cells (per stream), where the log gives them
     full_cells: int | None  # the full-attention cache's cells beside it
     full_reprocess_lines: int  # `forcing full prompt re-processing`

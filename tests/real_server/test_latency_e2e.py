@@ -92,7 +92,7 @@ def test_a_missed_cache_is_labelled_full_reprocess_and_a_returning_conversation_
     # The model's memory and what the log says of its checkpoints and prompt cache, and the text's figures.
     text = srv.log_file.read_text()
     swa_cells, full_cells = _swa_cells(text)
-    assert (ft["memory"], ft["swa_cells"], ft["full_cells"]) == ("sliding_window", swa_cells, full_cells)
+    assert (ft["model_memory"], ft["swa_cells"], ft["full_cells"]) == ("sliding_window", swa_cells, full_cells)
     assert ft["full_reprocess_lines"] == text.count("forcing full prompt re-processing") == 1
     assert ft["checkpoints_invalidated"] == text.count("erased invalidated context checkpoint")
     assert "context checkpoints disabled" in text and ft["checkpoint_limit"] == 0

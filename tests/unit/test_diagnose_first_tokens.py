@@ -41,7 +41,7 @@ def test_the_split_is_the_exporters_and_the_logs() -> None:
         assert o.p50_s == o.p95_s == o.max_s == printed[o.cache] / 1000.0
     assert ft.seconds == pytest.approx(sum(printed.values()) / 1000.0)
     assert ft.full_reprocess_share == pytest.approx(5.35 / sum(printed.values()))
-    assert (ft.memory, ft.swa_cells, ft.full_cells) == ("sliding_window", 256, 4096)
+    assert (ft.model_memory, ft.swa_cells, ft.full_cells) == ("sliding_window", 256, 4096)
     assert (ft.full_reprocess_lines, ft.checkpoint_limit, ft.prompt_cache_enabled) == (1, 0, False)
 
 
@@ -82,7 +82,7 @@ def test_a_recurrent_state_names_a_hybrid_or_recurrent_model() -> None:
     lines = [x for x in SWA_RUN.splitlines(keepends=True) if "llama_kv_cache_iswa" not in x and "0.03 MiB (" not in x]
     at = next(i for i, x in enumerate(lines) if "llama_kv_cache: size" in x) + 1
     hybrid = first_tokens_of("".join([*lines[:at], "0.00.018.800 I " + line + "\n", *lines[at:]]))
-    assert (hybrid.memory, hybrid.swa_cells) == ("hybrid", None)
+    assert (hybrid.model_memory, hybrid.swa_cells) == ("hybrid", None)
     assert "its recurrent state cannot be rolled back" in " ".join(hybrid.advice)
     assert "--swa-full" not in " ".join(hybrid.advice)
 

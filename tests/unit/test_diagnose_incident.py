@@ -327,7 +327,7 @@ def test_json_schema_is_stable() -> None:
         "outcomes",
         "seconds",
         "full_reprocess_share",
-        "memory",
+        "model_memory",
         "swa_cells",
         "full_cells",
         "full_reprocess_lines",

@@ -14,7 +14,7 @@ import pytest
 from big_log import later_start
 from paths import B11434
 from sudden_overflow import sudden_overflow_lines
-from swa_reprocess import first_tokens_of
+from swa_reprocess import SWA_RUN, first_tokens_of
 
 from exporter.diagnose import Diagnoser, analyze, render_text, to_json
 from exporter.diagnose.advice import (
@@ -244,7 +244,7 @@ def test_swa_full_only_when_the_swa_cache_is_smaller() -> None:
     ft = first_tokens_of()
     assert "--swa-full" in " ".join(reprocess_advice(ft))
     assert "--swa-full" not in " ".join(reprocess_advice(dataclasses.replace(ft, swa_cells=4096)))
-    hybrid = " ".join(reprocess_advice(dataclasses.replace(ft, memory="hybrid", swa_cells=None, full_cells=None)))
+    hybrid = " ".join(reprocess_advice(dataclasses.replace(ft, model_memory="hybrid", swa_cells=None, full_cells=None)))
     assert "--swa-full" not in hybrid and "recurrent state cannot be rolled back" in hybrid
 
 
@@ -271,12 +271,18 @@ def test_the_invalidated_checkpoints_are_said_only_where_the_log_counts_some() -
     assert "no context checkpoint covered it; 3 context checkpoints were invalidated" in said
 
 
-def test_no_advice_without_a_full_reprocessing_or_a_named_model() -> None:
+def test_no_advice_without_a_full_reprocessing() -> None:
     ft = first_tokens_of()
     assert reprocess_advice(dataclasses.replace(ft, full_reprocess_lines=0)) == []
-    assert reprocess_advice(dataclasses.replace(ft, memory=None)) == []
+    # Where the start-up lines are not in the log: the why in general, the fixes but --swa-full (no SWA cells).
+    lines = [x for x in SWA_RUN.splitlines(keepends=True) if "llama_kv_cache_iswa" not in x]
+    unnamed_ft = first_tokens_of("".join(lines))
+    assert (unnamed_ft.model_memory, unnamed_ft.swa_cells) == (None, None)
+    unnamed = " ".join(unnamed_ft.advice)
+    assert "the log does not say which this is" in unnamed and "--swa-full" not in unnamed
+    assert "--ctx-checkpoints N turns context checkpoints on" in unnamed and "--cache-ram N" in unnamed
     # The capture with checkpoints on (restored, invalidated) but no full re-processing: no advice.
     swa = (REPO / "tests" / "fixtures" / "b11434" / "checkpoints-swa-lv4" / "llama-server.log").read_text()
     quiet = first_tokens_of(swa)
-    assert quiet.memory == "sliding_window" and quiet.full_reprocess_lines == 0 and quiet.advice == []
+    assert quiet.model_memory == "sliding_window" and quiet.full_reprocess_lines == 0 and quiet.advice == []
     assert quiet.checkpoints_invalidated == swa.count("erased invalidated context checkpoint") == 3

@@ -3,8 +3,9 @@ checkpoints off: a cold prompt, the same conversation coming back (`cached`), an
 the rolled-over window, which llama-server can only re-process from scratch (`full_reprocess`). Each request's
 time to first token is under the outcome its own log lines show, and sums to the log's figures. Then a
 conversation that comes back after its checkpoint was evicted (one checkpoint a slot: re-processed whole; eight:
-restored). On each log `diagnose` gives the same split (counts and summed seconds), names the sliding-window
-model, and says why and what helps."""
+restored). And a tiny recurrent model (Mamba) that re-processes every prompt not continuing its state. On each
+log `diagnose` gives the same split (counts and summed seconds), names the model's memory, and says why and
+what helps."""
 
 from __future__ import annotations
 
@@ -207,3 +208,36 @@ def _diagnose_gives_the_same_split(
         in words
     )
     return ft, words
+
+
+def test_a_recurrent_model_re_processes_every_prompt_that_does_not_continue_its_state(
+    llama_server_bin: Path, tiny_mamba_model: Path, tmp_path: Path
+) -> None:
+    """A tiny Mamba, checkpoints and the prompt cache off: a cold prompt, then two that do not continue the slot's
+    state exactly (its generated tokens are in it): each re-processed whole. `diagnose` names a recurrent model."""
+    base = make_prompt(300)
+    prompts = [base, base + " and more", base[:150] + " DIFFERENT " + make_prompt(110)[::-1]]
+    with (
+        LlamaServer(llama_server_bin, tiny_mamba_model, ARGS, log_file=tmp_path / "ls.log") as srv,
+        ExporterProcess(srv.log_file) as exporter,
+    ):
+        for prompt in prompts:
+            status, body = http_json(
+                srv.url + "/completion", body={"prompt": prompt, "n_predict": 8, "cache_prompt": True}, timeout=60
+            )
+            assert status == 200, body
+        wait_for(lambda: srv.log_text().count("total time =") == len(prompts), timeout=15, what="three timings")
+        text = srv.log_text()
+        expected = _outcomes(text)
+        assert {k: len(v) for k, v in expected.items()} == {"cold": 1, "full_reprocess": 2}
+        wait_for(lambda: _counted(exporter, expected, len(prompts)), timeout=15, what="three first tokens counted")
+        ft, words = _diagnose_gives_the_same_split(srv.log_file, expected, exporter)
+    assert re.search(r"llama_memory_recurrent: size = .*cells", text) and "creating     SWA" not in text
+    assert (ft["model_memory"], ft["swa_cells"]) == ("recurrent", None)
+    assert ft["full_reprocess_lines"] == text.count("forcing full prompt re-processing") == 2
+    assert "The model is a recurrent model." in words
+    assert (
+        "re-processed a whole prompt 2 times (`forcing full prompt re-processing`): its recurrent state cannot be "
+        "rolled back to an earlier token" in words
+    )
+    assert "--swa-full" not in words and "--ctx-checkpoints N turns context checkpoints on" in words

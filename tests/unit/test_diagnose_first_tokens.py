@@ -72,9 +72,9 @@ def test_every_capture_counts_every_first_token(path: Path) -> None:
 
 
 def test_a_recurrent_state_names_a_hybrid_or_recurrent_model() -> None:
-    """llama_memory_recurrent's size line (b5856+, and with rs_seq from b9180), in the reference's wording."""
-    line = "llama_memory_recurrent: size =    0.38 MiB (     4 cells,  24 layers,  4 seqs), R (f32):    0.13 MiB, S (f32):    0.25 MiB"
-    assert parse_line_events(line)[-1] == ev.RecurrentMemory(4)
+    """llama_memory_recurrent's size line, as b11434 wrote it for a tiny Mamba (tests/real_server/test_latency_e2e.py)."""
+    line = "llama_memory_recurrent: size =    0.02 MiB (     1 cells,   2 layers,  1 seqs  0 rs_seq), R (f32):    0.00 MiB, S (f32):    0.02 MiB, P (f32):    0.00 MiB"
+    assert parse_line_events("0.00.008.203 I " + line)[-1] == ev.RecurrentMemory(1)
     assert MemoryKind(recurrent=True).kind() == "recurrent"
     assert MemoryKind(recurrent=True, attention=True).kind() == "hybrid"
     assert MemoryKind(swa_cells=256).kind() == "sliding_window" and MemoryKind().kind() is None

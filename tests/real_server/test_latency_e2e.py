@@ -210,15 +210,18 @@ def _diagnose_gives_the_same_split(
     return ft, words
 
 
-def test_a_recurrent_model_re_processes_every_prompt_that_does_not_continue_its_state(
-    llama_server_bin: Path, tiny_mamba_model: Path, tmp_path: Path
+@pytest.mark.parametrize("kind", ["recurrent", "hybrid"])
+def test_a_recurrent_state_re_processes_every_prompt_that_does_not_continue_it(
+    llama_server_bin: Path, request: pytest.FixtureRequest, tmp_path: Path, kind: str
 ) -> None:
-    """A tiny Mamba, checkpoints and the prompt cache off: a cold prompt, then two that do not continue the slot's
-    state exactly (its generated tokens are in it): each re-processed whole. `diagnose` names a recurrent model."""
+    """A tiny Mamba (recurrent) and a tiny Jamba (hybrid), checkpoints and the prompt cache off: a cold prompt,
+    then two that do not continue the slot's state exactly (its generated tokens are in it): each re-processed
+    whole. `diagnose` names the model's memory from its start-up lines."""
+    model: Path = request.getfixturevalue("tiny_mamba_model" if kind == "recurrent" else "tiny_jamba_model")
     base = make_prompt(300)
     prompts = [base, base + " and more", base[:150] + " DIFFERENT " + make_prompt(110)[::-1]]
     with (
-        LlamaServer(llama_server_bin, tiny_mamba_model, ARGS, log_file=tmp_path / "ls.log") as srv,
+        LlamaServer(llama_server_bin, model, ARGS, log_file=tmp_path / "ls.log") as srv,
         ExporterProcess(srv.log_file) as exporter,
     ):
         for prompt in prompts:
@@ -233,9 +236,11 @@ def test_a_recurrent_model_re_processes_every_prompt_that_does_not_continue_its_
         wait_for(lambda: _counted(exporter, expected, len(prompts)), timeout=15, what="three first tokens counted")
         ft, words = _diagnose_gives_the_same_split(srv.log_file, expected, exporter)
     assert re.search(r"llama_memory_recurrent: size = .*cells", text) and "creating     SWA" not in text
-    assert (ft["model_memory"], ft["swa_cells"]) == ("recurrent", None)
+    assert bool(re.search(r"llama_kv_cache: size = .*cells", text)) == (kind == "hybrid")
+    assert (ft["model_memory"], ft["swa_cells"]) == (kind, None)
     assert ft["full_reprocess_lines"] == text.count("forcing full prompt re-processing") == 2
-    assert "The model is a recurrent model." in words
+    named = "a recurrent model" if kind == "recurrent" else "a hybrid model (attention and recurrent layers)"
+    assert f"The model is {named}." in words
     assert (
         "re-processed a whole prompt 2 times (`forcing full prompt re-processing`): its recurrent state cannot be "
         "rolled back to an earlier token" in words

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from swa_reprocess import SWA_RUN, first_tokens_of
+from swa_reprocess import HYBRID_RUN, SWA_RUN, first_tokens_of
 
 from exporter.diagnose import analyze, render_text, to_json
 from exporter.diagnose.first_tokens import MemoryKind
@@ -78,11 +78,12 @@ def test_a_recurrent_state_names_a_hybrid_or_recurrent_model() -> None:
     assert MemoryKind(recurrent=True).kind() == "recurrent"
     assert MemoryKind(recurrent=True, attention=True).kind() == "hybrid"
     assert MemoryKind(swa_cells=256).kind() == "sliding_window" and MemoryKind().kind() is None
-    # In a run: the full-attention size line and the recurrent one (a hybrid model prints both), no SWA cache.
-    lines = [x for x in SWA_RUN.splitlines(keepends=True) if "llama_kv_cache_iswa" not in x and "0.03 MiB (" not in x]
-    at = next(i for i, x in enumerate(lines) if "llama_kv_cache: size" in x) + 1
-    hybrid = first_tokens_of("".join([*lines[:at], "0.00.018.800 I " + line + "\n", *lines[at:]]))
+    # A real hybrid run: its KV cache's size line and its recurrent state's, no SWA cache.
+    hybrid = first_tokens_of(HYBRID_RUN)
     assert (hybrid.model_memory, hybrid.swa_cells) == ("hybrid", None)
+    assert [(o.cache, o.requests) for o in hybrid.outcomes] == [("full_reprocess", 2), ("cold", 1)]
+    assert [o.seconds for o in hybrid.outcomes] == pytest.approx([(5.65 + 5.79) / 1000.0, 6.63 / 1000.0], rel=1e-12)
+    assert "re-processed a whole prompt 2 times" in " ".join(hybrid.advice)
     assert "its recurrent state cannot be rolled back" in " ".join(hybrid.advice)
     assert "--swa-full" not in " ".join(hybrid.advice)
 

@@ -111,3 +111,12 @@ def test_a_long_run_keeps_its_first_tokens_in_bounded_memory() -> None:
     assert len(kept) == 1_001 and v.first_token_max_ms["cold"] == printed[-1]
     p95 = exact_quantile(kept, 0.95)
     assert p95 is not None and abs(p95 - printed[94_999]) <= printed[94_999] * 0.0005
+
+
+def test_the_docs_example_is_this_runs_text() -> None:
+    """docs/diagnose.md's example of the section is what `diagnose` prints for the real run above."""
+    doc = (REPO / "docs" / "diagnose.md").read_text()
+    example = doc.split("## Why a first token was slow")[1].split("```text\n")[1].split("```")[0]
+    text = render_text(analyze(SWA_RUN.splitlines(keepends=True)))
+    section = text.split("  First tokens by cache outcome")[1].split("\n  Failures")[0]
+    assert example == "  First tokens by cache outcome" + section

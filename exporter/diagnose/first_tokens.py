@@ -3,8 +3,8 @@
 
 Each `prompt eval time` line is labelled where the exporter labels it (`exporter.model.handlers`, with
 `exporter.model.latency.cache_outcome`, the one rule); the counts and sums here are that histogram's, the
-quantiles the nearest rank over the printed figures to 4 significant digits, and the maximum exact
-(`ExactValues.first_token`, kept by the same handler).
+quantiles the nearest rank over the printed figures (exact up to 4,096 distinct times an outcome, then to 4
+significant digits), and the maximum exact (`ExactValues.first_token`, kept by the same handler).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def first_tokens(st: ServerState, memory: MemoryKind) -> FirstTokens | None:
         assert p50 is not None and p95 is not None  # the handler keeps a value for every observation
         top = largest.get(cache, ms[-1][0])
         p50, p95 = min(p50, top), min(p95, top)  # a key rounded up past the largest value is that value
-        outcomes.append(FirstTokenOutcome(cache, h.count, h.sum, p50 / 1000.0, p95 / 1000.0, top / 1000.0))
+        how = "4_significant_digits" if exact is not None and cache in exact.first_token_rounded else "exact"
+        outcomes.append(FirstTokenOutcome(cache, h.count, h.sum, p50 / 1000.0, p95 / 1000.0, top / 1000.0, how))
     if not outcomes:
         return None
     total = sum(o.seconds for o in outcomes)

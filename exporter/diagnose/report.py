@@ -229,9 +229,11 @@ class FirstTokenOutcome:
     cache: str  # a key of exporter.model.latency.CACHE_OUTCOMES
     requests: int  # `prompt eval time` lines with this outcome
     seconds: float  # their sum, as the exporter's histogram sums them
-    p50_s: float  # nearest rank over the printed figures (to 4 significant digits: exact below 100 ms)
+    p50_s: float  # nearest rank over the printed figures
     p95_s: float
     max_s: float  # exact
+    # exact | 4_significant_digits (past 4,096 distinct times the quantiles' values are rounded, to bound memory)
+    quantiles: str = "exact"
 
 
 @dataclass

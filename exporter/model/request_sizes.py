@@ -70,16 +70,30 @@ class ExactValues:
     tokens: Counter[int] = field(default_factory=Counter)
     concurrency: Counter[int] = field(default_factory=Counter)
     # Every first token's time (its `prompt eval time` in ms) by its cache outcome (exporter.model.latency's
-    # `cache_outcome`, the exporter's `cache` label), to 4 significant digits (`first_token_key`: at most
-    # 9,000 values a decade, so a run of millions of requests stays small), and the largest exactly.
+    # `cache_outcome`, the exporter's `cache` label): exactly up to FIRST_TOKEN_EXACT distinct times, then to
+    # 4 significant digits (`first_token_key`: at most 9,000 a decade, so a run of millions of requests stays
+    # small; those outcomes are in `first_token_rounded`), and the largest exactly.
     first_token_ms: dict[str, Counter[float]] = field(default_factory=dict)
+    first_token_rounded: set[str] = field(default_factory=set)
     first_token_max_ms: dict[str, float] = field(default_factory=dict)
 
     def first_token(self, outcome: str, ms: float) -> None:
         """One first token of `outcome` that took `ms` milliseconds."""
-        self.first_token_ms.setdefault(outcome, Counter())[first_token_key(ms)] += 1
+        times = self.first_token_ms.setdefault(outcome, Counter())
+        rounded = outcome in self.first_token_rounded
+        times[first_token_key(ms) if rounded else ms] += 1
+        if not rounded and len(times) > FIRST_TOKEN_EXACT:
+            self.first_token_rounded.add(outcome)
+            coarse: Counter[float] = Counter()
+            for value, n in times.items():
+                coarse[first_token_key(value)] += n
+            self.first_token_ms[outcome] = coarse
         if ms > self.first_token_max_ms.get(outcome, -1.0):
             self.first_token_max_ms[outcome] = ms
+
+
+#: Distinct first-token times `ExactValues` keeps exactly, per cache outcome, before it rounds them.
+FIRST_TOKEN_EXACT = 4096
 
 
 def first_token_key(ms: float) -> float:

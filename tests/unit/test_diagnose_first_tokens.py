@@ -100,13 +100,18 @@ def test_the_html_page_has_the_same_table() -> None:
 
 
 def test_a_long_run_keeps_its_first_tokens_in_bounded_memory() -> None:
-    """Every 0.01 ms from 1 s to 2 s (100,000 distinct printed values): 1,001 kept (4 significant digits), the largest exactly."""
-    from exporter.model.request_sizes import ExactValues, exact_quantile
+    """Exact up to 4,096 distinct times; then every 0.01 ms from 1 s to 2 s (100,000 distinct printed values):
+    1,001 kept (4 significant digits), the largest exactly."""
+    from exporter.model.request_sizes import FIRST_TOKEN_EXACT, ExactValues, exact_quantile
 
     v = ExactValues()
     printed = [1000.0 + i / 100 for i in range(100_000)]
-    for ms in printed:
+    for ms in printed[:FIRST_TOKEN_EXACT]:
         v.first_token("cold", ms)
+    assert sorted(v.first_token_ms["cold"]) == printed[:FIRST_TOKEN_EXACT] and not v.first_token_rounded
+    for ms in printed[FIRST_TOKEN_EXACT:]:
+        v.first_token("cold", ms)
+    assert v.first_token_rounded == {"cold"} and sum(v.first_token_ms["cold"].values()) == len(printed)
     kept = sorted(v.first_token_ms["cold"].items())
     assert len(kept) == 1_001 and v.first_token_max_ms["cold"] == printed[-1]
     p95 = exact_quantile(kept, 0.95)

@@ -339,7 +339,7 @@ def test_json_schema_is_stable() -> None:
         "prompt_cache_limit_mib",
         "advice",
     ]
-    assert list(first["outcomes"][0]) == ["cache", "requests", "seconds", "p50_s", "p95_s", "max_s"]
+    assert list(first["outcomes"][0]) == ["cache", "requests", "seconds", "p50_s", "p95_s", "max_s", "quantiles"]
     assert list(run["ending"]) == [
         "how",
         "reason",

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from llama_harness import find_llama_server
 from paths import TOOLS_BIN
-from tiny_gguf import write_tiny_gemma2, write_tiny_llama
+from tiny_gguf import write_tiny_gemma2, write_tiny_jamba, write_tiny_llama, write_tiny_mamba
 
 if TYPE_CHECKING:
     from selenium.webdriver import Chrome
@@ -116,6 +116,18 @@ def tiny_llama_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_gemma2_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ~0.4 MB random-weight gemma2 GGUF with a 32-token sliding window (checkpoint lines)."""
     return write_tiny_gemma2(tmp_path_factory.mktemp("models") / "tiny-gemma2.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_mamba_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~0.5 MB random-weight Mamba GGUF: a recurrent model (`llama_memory_recurrent`, no KV cache)."""
+    return write_tiny_mamba(tmp_path_factory.mktemp("models") / "tiny-mamba.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_jamba_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~0.5 MB random-weight Jamba GGUF: a hybrid model (a Mamba layer and an attention layer)."""
+    return write_tiny_jamba(tmp_path_factory.mktemp("models") / "tiny-jamba.gguf")
 
 
 # ------------------------------------------------------------------------------------------- the layout

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from exporter.diagnose.report import Configuration, Counts, MemoryCost, PoolSizing, Recommendation, RunSummary
+from exporter.diagnose.report import (
+    Configuration,
+    Counts,
+    FirstTokens,
+    MemoryCost,
+    PoolSizing,
+    Recommendation,
+    RunSummary,
+)
 from exporter.diagnose.sizing import config_of
 
 # Bytes per element of the GGML cache types llama-server accepts for -ctk/-ctv.
@@ -47,6 +55,23 @@ RULES: tuple[tuple[str, str, str], ...] = (
         "the pool line (`kv_unified = true`)",
     ),
     ("serve fewer requests at once (-np)", "more than one slot", "the slots line (`n_slots`)"),
+    (
+        "keep the whole sliding window (--swa-full)",
+        "a sliding-window model re-processed prompts whole, its SWA cache smaller than the full-attention one",
+        "`forcing full prompt re-processing` lines; the `creating SWA KV cache` and `non-SWA KV cache` lines",
+    ),
+    (
+        "more context checkpoints (--ctx-checkpoints N)",
+        "a sliding-window, hybrid or recurrent model re-processed prompts whole, and checkpoints were disabled "
+        "or old ones erased to make room",
+        "`forcing full prompt re-processing`; `context checkpoints disabled` / `enabled, max = N`; "
+        "`erasing old context checkpoint`",
+    ),
+    (
+        "a host-memory prompt cache (--cache-ram N)",
+        "a sliding-window, hybrid or recurrent model re-processed prompts whole, and the prompt cache is disabled",
+        "`forcing full prompt re-processing`; `prompt cache is disabled`",
+    ),
 )
 
 
@@ -300,3 +325,56 @@ def _crash_advice(runs: Sequence[RunSummary]) -> list[str]:
             f"than the {left.available_mib:,} MiB there was"
         )
     return [f"{head}, {short}.{pool}: {fix}."]
+
+
+def _times(n: int) -> str:
+    return "once" if n == 1 else f"{n:,} times"
+
+
+def reprocess_advice(ft: FirstTokens) -> list[str]:
+    """Why a sliding-window, hybrid or recurrent model's prompts were re-processed whole, and each fix whose
+    setting is not already in effect (RULES): --swa-full, --ctx-checkpoints, --cache-ram."""
+    if not ft.full_reprocess_lines:
+        return []
+    if ft.model_memory == "sliding_window":
+        why = (
+            "its SWA cache keeps only the last tokens of the window, so a prompt that returns to a point the window "
+            "has rolled past finds those cells overwritten"
+        )
+    elif ft.model_memory is not None:
+        why = "its recurrent state cannot be rolled back to an earlier token"
+    else:  # llama-server says so only of these models; the start-up lines that would say which are not in the log
+        why = (
+            "the model's cache could not be cut back to where the prompt returned (llama-server does this only "
+            "for sliding-window and hybrid or recurrent models; the log does not say which this is)"
+        )
+    invalidated = ft.checkpoints_invalidated
+    gone = (
+        f"; {invalidated:,} context checkpoint{'s were' if invalidated != 1 else ' was'} invalidated "
+        "(`erased invalidated context checkpoint`)"
+        if invalidated
+        else ""
+    )
+    out = [
+        f"llama-server re-processed a whole prompt {_times(ft.full_reprocess_lines)} "
+        f"(`forcing full prompt re-processing`): {why}, and no context checkpoint covered it{gone}."
+    ]
+    fixes: list[str] = []
+    swa, full = ft.swa_cells, ft.full_cells
+    if ft.model_memory == "sliding_window" and swa is not None and full is not None and swa < full:
+        fixes.append(
+            f"--swa-full keeps the whole window ({full:,} SWA cells instead of {swa:,}, more KV memory), "
+            "so any point of the conversation can be reused"
+        )
+    if ft.checkpoint_limit == 0:
+        fixes.append("--ctx-checkpoints N turns context checkpoints on (they are disabled)")
+    elif ft.checkpoints_evicted:
+        limit = f" than {ft.checkpoint_limit:,} per slot" if ft.checkpoint_limit is not None else ""
+        fixes.append(
+            f"--ctx-checkpoints N keeps more checkpoints{limit} ({ft.checkpoints_evicted:,} were erased to make room)"
+        )
+    if ft.prompt_cache_enabled is False:
+        fixes.append("--cache-ram N keeps earlier prompts in host memory (the prompt cache is disabled)")
+    if fixes:
+        out.append("What helps: " + "; ".join(fixes) + ".")
+    return out

@@ -20,8 +20,9 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from exporter.diagnose.first_tokens import first_token_prose, first_token_table
 from exporter.diagnose.render import render_text
-from exporter.diagnose.report import ENDINGS, Report, RunReport, RunSummary
+from exporter.diagnose.report import ENDINGS, FirstTokens, Report, RunReport, RunSummary
 from exporter.install_hint import extra_install_hint
 
 if TYPE_CHECKING:
@@ -185,6 +186,16 @@ def _run_chart(run: RunReport, series: PoolSeries | None) -> str | None:
     return _svg(fig)
 
 
+def _first_tokens_table(ft: FirstTokens) -> str:
+    """The run's first tokens by cache outcome, as the text gives them."""
+    e = html.escape
+    header, *rows = first_token_table(ft)
+    cells = [f"<tr>{''.join(f'<th>{e(c)}</th>' for c in header)}</tr>"]
+    cells.extend(f"<tr>{''.join(f'<td>{e(c)}</td>' for c in row)}</tr>" for row in rows)
+    prose = "".join(f"<p>{e(line)}</p>" for line in first_token_prose(ft))
+    return f"<h3>First tokens by cache outcome</h3><table>{''.join(cells)}</table>{prose}"
+
+
 def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (raises `HtmlUnavailable` without matplotlib)."""
     e = html.escape
@@ -206,6 +217,8 @@ def render_html(report: Report) -> str:
         parts.append(f'<h2>{e(head)} <span class="ending">{e(ENDINGS[run.ending.how][1])}</span></h2>')
         chart = _run_chart(run, report.series.get(run.index))
         parts.append(f"<figure>{chart}</figure>" if chart else "<p>No request in this run: nothing to draw.</p>")
+        if run.first_tokens is not None:
+            parts.append(_first_tokens_table(run.first_tokens))
     details = re.split(r"\n(?=Run \d)", text)[1:]
     if details:
         parts.append("<details><summary>Each run in detail (the text report)</summary>")

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from exporter.diagnose.first_tokens import first_token_lines
 from exporter.diagnose.report import (
     CAUSES,
     ENDINGS,
@@ -511,6 +512,9 @@ def render_text(report: Report) -> str:
         out.extend("    " + x for x in _config_lines(c))
         out.append("  Activity")
         out.extend("    " + x for x in _count_lines(r.counts))
+        if r.first_tokens is not None:
+            out.append("  First tokens by cache outcome (`prompt eval time`; the exporter's `cache` label)")
+            out.extend("    " + x for line in first_token_lines(r.first_tokens) for x in _wrap(line, "", "  "))
         s = r.failure_summary
         if s.total:
             out.append("  Failures")

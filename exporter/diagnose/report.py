@@ -7,7 +7,7 @@ from typing import Any
 
 from exporter.model.request_sizes import RequestSizes, RequestSummary
 
-SCHEMA = "llamacpp-exporter/diagnose/v7"
+SCHEMA = "llamacpp-exporter/diagnose/v8"
 
 
 @dataclass
@@ -223,6 +223,43 @@ class Recommendation:
 
 
 @dataclass
+class FirstTokenOutcome:
+    """The first tokens of one cache outcome (the exporter's `cache` label of its time to first token)."""
+
+    cache: str  # a key of exporter.model.latency.CACHE_OUTCOMES
+    requests: int  # `prompt eval time` lines with this outcome
+    seconds: float  # their sum, as the exporter's histogram sums them
+    p50_s: float  # nearest rank over the printed figures
+    p95_s: float
+    max_s: float  # exact
+    # exact | 4_significant_digits (past 4,096 distinct times the quantiles' values are rounded, to bound memory)
+    quantiles: str = "exact"
+
+
+@dataclass
+class FirstTokens:
+    """Time to first token by cache outcome (`print_timing`'s `prompt eval time`), and why whole prompts were
+    re-processed: the model's memory as the log names it, and what its checkpoints and prompt cache did."""
+
+    outcomes: list[FirstTokenOutcome]  # the outcomes seen, in CACHE_OUTCOMES' order
+    seconds: float  # all first tokens
+    full_reprocess_share: float  # of `seconds`, the part prompts re-processed whole took (0-1)
+    # sliding_window (`creating SWA KV cache`) | recurrent (`llama_memory_recurrent`, with a KV cache: hybrid)
+    # | hybrid | None (the log names neither).
+    model_memory: str | None
+    swa_cells: int | None  # the sliding-window cache's cells (per stream), where the log gives them
+    full_cells: int | None  # the full-attention cache's cells beside it
+    full_reprocess_lines: int  # `forcing full prompt re-processing`
+    checkpoints_invalidated: int  # `erased invalidated context checkpoint`
+    checkpoints_evicted: int  # `erasing old context checkpoint`, `… too close to an earlier one`
+    checkpoints_restored: int  # `restored context checkpoint`
+    checkpoint_limit: int | None  # per slot (`context checkpoints enabled, max = N`; 0 = disabled)
+    prompt_cache_enabled: bool | None  # the host-memory prompt cache (`--cache-ram`; None: the log does not say)
+    prompt_cache_limit_mib: float | None  # its limit (None: no limit, or not said)
+    advice: list[str] = field(default_factory=list)  # why prompts were re-processed, and what to change
+
+
+@dataclass
 class RunReport:
     """One server run (one process) in the log."""
 
@@ -242,6 +279,7 @@ class RunReport:
     cannot_know: list[str]
     ending: Ending
     model: str | None = None  # a router child's model (the router's spawn line names it)
+    first_tokens: FirstTokens | None = None  # None: no `prompt eval time` line in the run
 
 
 @dataclass

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.diagnose.advice import advise
+from exporter.diagnose.first_tokens import MemoryKind, first_tokens
 from exporter.diagnose.report import (
     Configuration,
     Counts,
@@ -171,6 +172,7 @@ class Run:
         self.kv_swa_section = False
         self.kv_full: ev.KVCacheSize | None = None
         self.kv_swa_mib = 0.0
+        self.memory = MemoryKind()  # the model's memory as the start-up lines name it (first tokens' section)
         self.cascade: _Cascade | None = None
         self.abort: _Abort | None = None
         self.predictable: _Predictable | None = None
@@ -299,8 +301,13 @@ class Run:
 
     def _kv_section(self, e: ev.KVCacheSection, lineno: int, line: str) -> None:
         self.kv_swa_section = e.swa
+        if e.swa:
+            self.memory.swa_cells = e.cells
+        else:
+            self.memory.full_cells = e.cells
 
     def _kv_size(self, e: ev.KVCacheSize, lineno: int, line: str) -> None:
+        self.memory.attention = True
         if self.kv_swa_section:
             self.kv_swa_mib += e.k_mib + e.v_mib
         elif e.cells is not None:
@@ -441,6 +448,7 @@ class Run:
             requests_over_equal_share=self.over_share if self.over_share_known else None,
         )
         recommendations, verdict, unknowns = advise(config, counts)
+        self.memory.recurrent = st.run.recurrent_cells is not None
         duration = None
         if self.first_elapsed is not None and self.last_stamped_line:
             end = elapsed_seconds(self.last_stamped_line)
@@ -463,6 +471,7 @@ class Run:
             verdict=verdict,
             cannot_know=unknowns,
             ending=self._ending(next_start, pool),
+            first_tokens=first_tokens(st, self.memory),
         )
 
     def _ending(self, next_start: bool, pool: int | None) -> Ending:

@@ -245,6 +245,11 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         ),
     ),
     (
+        "llama_memory_recurrent",
+        r"llama_memory_recurrent: size = +[\d.]+ MiB \( *(?P<rs_cells>\d+) cells",
+        lambda m: ev.RecurrentMemory(int(m["rs_cells"])),
+    ),
+    (
         "KV",
         r"KV self size += +(?P<self_mib>[\d.]+) MiB, K \((?P<self_type_k>\w+)\): +(?P<self_k_mib>[\d.]+) MiB, "
         r"V \((?P<self_type_v>\w+)\): +(?P<self_v_mib>[\d.]+) MiB",

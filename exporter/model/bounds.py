@@ -79,6 +79,7 @@ CHECKS: dict[type[Any], Callable[[ServerRun, Any], bool]] = {
     ev.SlotCreated: lambda run, e: e.slot < (run.n_slots or MAX_SLOTS) and e.n_ctx <= MAX_TOKENS,
     ev.ContextParam: lambda run, e: e.value <= MAX_TOKENS,
     ev.KVCacheSection: lambda run, e: e.cells <= MAX_TOKENS,
+    ev.RecurrentMemory: lambda run, e: e.cells <= MAX_TOKENS,
     ev.KVCacheSize: lambda run, e: (
         (e.cells or 0) <= MAX_TOKENS
         and (e.seqs or 0) <= MAX_SLOTS

@@ -342,6 +342,10 @@ def _on_kv_cache_size(st: ServerState, e: ev.KVCacheSize) -> None:
             run.kv_unified = e.streams == 1 and e.seqs > 1
 
 
+def _on_recurrent_memory(st: ServerState, e: ev.RecurrentMemory) -> None:
+    st.run.recurrent_cells = e.cells
+
+
 def _on_per_slot_cap(st: ServerState, e: ev.PerSlotCap) -> None:
     run = st.run
     run.per_slot_cap = e
@@ -360,10 +364,12 @@ def _on_prompt_eval_timing(st: ServerState, e: ev.PromptEvalTiming) -> None:
     st.prompt_tokens += e.tokens
     s = st.run.slots.get(e.slot if e.slot >= 0 else st.latency.head_slot)
     if s is None:
-        st.latency.prompt_evaluated("unknown", e.ms, e.tokens, None)
-        return
-    outcome = cache_outcome(s.reuse, s.cache_base, e.tokens, s.prompt_loaded)
-    st.latency.prompt_evaluated(outcome, e.ms, e.tokens, s.cache_base)
+        outcome, cached = "unknown", None
+    else:
+        outcome, cached = cache_outcome(s.reuse, s.cache_base, e.tokens, s.prompt_loaded), s.cache_base
+    st.latency.prompt_evaluated(outcome, e.ms, e.tokens, cached)
+    if st.request_values is not None:
+        st.request_values.first_token(outcome, e.ms)
 
 
 def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:
@@ -550,6 +556,7 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
     ev.SlotCreated: _on_slot_created,
     ev.ContextParam: _on_context_param,
     ev.KVCacheSection: _on_kv_cache_section,
+    ev.RecurrentMemory: _on_recurrent_memory,
     ev.KVCacheSize: _on_kv_cache_size,
     ev.PerSlotCap: _on_per_slot_cap,
     ev.IdleSlotPolicy: _on_idle_slot_policy,

@@ -30,6 +30,9 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_V = TypeVar("_V", int, float)  # a value counted: tokens, requests, milliseconds
 
 #: 64 to 1Mi tokens, doubling: 15 buckets (and +Inf), 18 series a server. A quantile from a histogram is
 #: interpolated within its bucket, so it may be up to twice the true value (never more).
@@ -66,9 +69,43 @@ class ExactValues:
 
     tokens: Counter[int] = field(default_factory=Counter)
     concurrency: Counter[int] = field(default_factory=Counter)
+    # Every first token's time (its `prompt eval time` in ms) by its cache outcome (exporter.model.latency's
+    # `cache_outcome`, the exporter's `cache` label): exactly up to FIRST_TOKEN_EXACT distinct times, then to
+    # 4 significant digits (`first_token_key`: at most 9,000 a decade, so a run of millions of requests stays
+    # small; those outcomes are in `first_token_rounded`), and the largest exactly.
+    first_token_ms: dict[str, Counter[float]] = field(default_factory=dict)
+    first_token_rounded: set[str] = field(default_factory=set)
+    first_token_max_ms: dict[str, float] = field(default_factory=dict)
+
+    def first_token(self, outcome: str, ms: float) -> None:
+        """One first token of `outcome` that took `ms` milliseconds."""
+        times = self.first_token_ms.setdefault(outcome, Counter())
+        rounded = outcome in self.first_token_rounded
+        times[first_token_key(ms) if rounded else ms] += 1
+        if not rounded and len(times) > FIRST_TOKEN_EXACT:
+            self.first_token_rounded.add(outcome)
+            coarse: Counter[float] = Counter()
+            for value, n in times.items():
+                coarse[first_token_key(value)] += n
+            self.first_token_ms[outcome] = coarse
+        if ms > self.first_token_max_ms.get(outcome, -1.0):
+            self.first_token_max_ms[outcome] = ms
 
 
-def exact_quantile(values: Sequence[tuple[int, int]], q: float) -> int | None:
+#: Distinct first-token times `ExactValues` keeps exactly, per cache outcome, before it rounds them.
+FIRST_TOKEN_EXACT = 4096
+
+
+def first_token_key(ms: float) -> float:
+    """A first token's time as `ExactValues` keeps it: 4 significant digits (exact below 100 ms, as printed).
+
+    >>> first_token_key(29.33), first_token_key(12345.67), first_token_key(0.35)
+    (29.33, 12350.0, 0.35)
+    """
+    return float(f"{ms:.4g}")
+
+
+def exact_quantile(values: Sequence[tuple[_V, int]], q: float) -> _V | None:
     """The q-quantile of sorted (value, count) pairs by nearest rank: the smallest value with at least
     q of all values at or below it (always a value that occurred).
 

@@ -61,6 +61,7 @@ class ServerRun:
     banners_seen: set[object] = field(default_factory=set)  # banner lines of this start (`ev.banner_line`)
     prompt_throughput: float | None = None  # the latest prompt speed measured between two progress lines
     kv_section_swa: bool = False  # the `llama_kv_cache` lines that follow describe the SWA cache
+    recurrent_cells: int | None = None  # `llama_memory_recurrent: size = … (N cells, …)`: a recurrent state
     aborted_tasks: set[int] = field(default_factory=set)  # tasks a fatal decode error aborted, until released
     selected_slot: int | None = None  # the slot the last `selected slot by` line named
     # Prompt-cache entries by prompt length, with the checkpoints they carry (moved back into a slot on load).

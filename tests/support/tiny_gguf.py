@@ -2,7 +2,7 @@
 
 No downloads: the PyPI ``gguf`` writer plus numpy. The models are useless as language models but
 exercise every code path the exporter cares about (slots, the shared KV pool, the retry cascade,
-context checkpoints).
+context checkpoints, the full re-processing of sliding-window, recurrent and hybrid models).
 
 Tokenizer: SentencePiece-style (``llama``) vocabulary: ``<unk>``, ``<s>``, ``</s>``, 256 byte-fallback
 tokens, ``▁``, printable ASCII and ``▁``-prefixed lower-case letters (380 tokens). English text is about
@@ -180,6 +180,104 @@ def write_tiny_gemma2(path: Path, *, ctx_train: int = CTX_TRAIN, sliding_window:
     checkpoints being created, restored and erased. Returns ``path``.
     """
     return _write(path, "gemma2", ctx_train=ctx_train, sliding_window=sliding_window)
+
+
+def write_tiny_mamba(path: Path, *, ctx_train: int = CTX_TRAIN) -> Path:
+    """Write a tiny Mamba (a recurrent model: no KV cache, a state that cannot be rolled back), about 0.5 MB.
+
+    llama-server logs its state as `llama_memory_recurrent: size = …`, and re-processes a prompt whole whenever
+    it does not continue the slot's last one exactly (`forcing full prompt re-processing`) unless a checkpoint
+    covers it. Returns ``path``.
+    """
+    return _write_recurrent(path, "mamba", [0, 0], ctx_train=ctx_train)
+
+
+def write_tiny_jamba(path: Path, *, ctx_train: int = CTX_TRAIN) -> Path:
+    """Write a tiny Jamba (a hybrid model: a Mamba layer, then an attention layer), about 0.5 MB.
+
+    llama-server logs both a `llama_kv_cache: size = …` line and a `llama_memory_recurrent: size = …` one.
+    Returns ``path``.
+    """
+    return _write_recurrent(path, "jamba", [0, N_HEAD_KV], ctx_train=ctx_train)
+
+
+def _write_recurrent(path: Path, arch: str, heads_kv: list[int], *, ctx_train: int) -> Path:
+    """A 64-wide model whose layers with no KV head are Mamba layers (inner size 128, state 16, conv kernel 4,
+    time-step rank 4), the others attention layers with a feed-forward block (Jamba)."""
+    rng = np.random.default_rng(0)  # fixed seed: identical bytes on every run
+    toks, scores, types = _vocab()
+    d_inner, d_state, d_conv, dt_rank = 128, 16, 4, 4
+    hybrid = arch != "mamba"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-random")
+    w.add_context_length(ctx_train)
+    w.add_embedding_length(N_EMBD)
+    w.add_block_count(len(heads_kv))
+    w.add_feed_forward_length(N_FF if hybrid else 0)
+    w.add_head_count(N_HEAD if hybrid else 0)
+    w.add_head_count_kv(heads_kv if hybrid else 0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    def tensor(name: str, *shape: int, value: float | None = None) -> None:
+        arr: npt.NDArray[np.float32]
+        if value is not None:
+            arr = np.full(shape, value, np.float32)
+        else:
+            arr = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        w.add_tensor(name, arr)
+
+    head_dim = N_EMBD // N_HEAD
+    tensor("token_embd.weight", len(toks), N_EMBD)
+    tensor("output_norm.weight", N_EMBD, value=1.0)
+    tensor("output.weight", len(toks), N_EMBD)
+    for i, kv in enumerate(heads_kv):
+        p = f"blk.{i}."
+        tensor(p + "attn_norm.weight", N_EMBD, value=1.0)
+        if kv == 0:  # a Mamba layer
+            tensor(p + "ssm_in.weight", 2 * d_inner, N_EMBD)
+            tensor(p + "ssm_conv1d.weight", d_inner, d_conv)
+            tensor(p + "ssm_conv1d.bias", d_inner)
+            tensor(p + "ssm_x.weight", dt_rank + 2 * d_state, d_inner)
+            if hybrid:  # Jamba normalizes dt, B and C
+                tensor(p + "ssm_dt_norm.weight", dt_rank, value=1.0)
+                tensor(p + "ssm_b_norm.weight", d_state, value=1.0)
+                tensor(p + "ssm_c_norm.weight", d_state, value=1.0)
+            tensor(p + "ssm_dt.weight", d_inner, dt_rank)
+            tensor(p + "ssm_dt.bias", d_inner)
+            tensor(p + "ssm_a", d_inner, d_state, value=-1.0)  # a decaying state
+            tensor(p + "ssm_d", d_inner, value=1.0)
+            tensor(p + "ssm_out.weight", N_EMBD, d_inner)
+        else:
+            tensor(p + "attn_q.weight", N_EMBD, N_EMBD)
+            tensor(p + "attn_k.weight", head_dim * kv, N_EMBD)
+            tensor(p + "attn_v.weight", head_dim * kv, N_EMBD)
+            tensor(p + "attn_output.weight", N_EMBD, N_EMBD)
+        if hybrid:
+            tensor(p + "ffn_norm.weight", N_EMBD, value=1.0)
+            tensor(p + "ffn_gate.weight", N_FF, N_EMBD)
+            tensor(p + "ffn_up.weight", N_FF, N_EMBD)
+            tensor(p + "ffn_down.weight", N_EMBD, N_FF)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def write_slow_loading_model(path: Path, size_mib: int = 1536) -> Path:

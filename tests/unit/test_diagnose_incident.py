@@ -273,7 +273,7 @@ _FAILURE_KEYS = [
 def test_json_schema_is_stable() -> None:
     """Tools rely on these keys: changing them needs a new schema version."""
     data = json.loads(to_json(analyze(incident_lines(), "incident.log")))
-    assert data["schema"] == "llamacpp-exporter/diagnose/v7" and data["exit_status"] == 1
+    assert data["schema"] == "llamacpp-exporter/diagnose/v8" and data["exit_status"] == 1
     assert list(data) == [
         "schema",
         "file",
@@ -318,7 +318,28 @@ def test_json_schema_is_stable() -> None:
         "cannot_know",
         "ending",
         "model",
+        "first_tokens",
     ]
+    assert run["first_tokens"] is None  # no `prompt eval time` line in the incident
+    swa = json.loads(to_json(diagnose_file(str(FIXTURES / "checkpoints-swa-lv4" / "llama-server.log"))))
+    first = swa["runs"][0]["first_tokens"]
+    assert list(first) == [
+        "outcomes",
+        "seconds",
+        "full_reprocess_share",
+        "model_memory",
+        "swa_cells",
+        "full_cells",
+        "full_reprocess_lines",
+        "checkpoints_invalidated",
+        "checkpoints_evicted",
+        "checkpoints_restored",
+        "checkpoint_limit",
+        "prompt_cache_enabled",
+        "prompt_cache_limit_mib",
+        "advice",
+    ]
+    assert list(first["outcomes"][0]) == ["cache", "requests", "seconds", "p50_s", "p95_s", "max_s", "quantiles"]
     assert list(run["ending"]) == [
         "how",
         "reason",

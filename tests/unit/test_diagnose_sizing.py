@@ -14,9 +14,18 @@ import pytest
 from big_log import later_start
 from paths import B11434
 from sudden_overflow import sudden_overflow_lines
+from swa_reprocess import SWA_RUN, first_tokens_of
 
 from exporter.diagnose import Diagnoser, analyze, render_text, to_json
-from exporter.diagnose.advice import RULES, advise, history_advice, memory_costs, pool_advice, quantized
+from exporter.diagnose.advice import (
+    RULES,
+    advise,
+    history_advice,
+    memory_costs,
+    pool_advice,
+    quantized,
+    reprocess_advice,
+)
 from exporter.diagnose.report import Configuration, PoolSizing, Report
 from exporter.diagnose.sizing import size_pool
 from exporter.model.request_sizes import ExactValues, summarize
@@ -226,3 +235,54 @@ def test_the_sudden_overflow_reads_as_an_overflow() -> None:
     assert z is not None and (z.verdict, z.held_at_failure, z.overflow) == ("too_small", 131_500, 428)
     assert report.requests is not None and (report.requests.tokens_p50, report.requests.concurrency_p99) == (16_500, 3)
     assert z.recommended == 210_000 and z.p99_x_p99 == 70_000 * 3 and z.promised == 3 * 131_072
+
+
+# -- the re-processing advice (a real SWA run that re-processed a prompt whole, tests/support/swa_reprocess.py)
+
+
+def test_swa_full_only_when_the_swa_cache_is_smaller() -> None:
+    ft = first_tokens_of()
+    assert "--swa-full" in " ".join(reprocess_advice(ft))
+    assert "--swa-full" not in " ".join(reprocess_advice(dataclasses.replace(ft, swa_cells=4096)))
+    hybrid = " ".join(reprocess_advice(dataclasses.replace(ft, model_memory="hybrid", swa_cells=None, full_cells=None)))
+    assert "--swa-full" not in hybrid and "recurrent state cannot be rolled back" in hybrid
+
+
+def test_more_checkpoints_only_when_disabled_or_erased_for_room() -> None:
+    ft = first_tokens_of()
+    assert "--ctx-checkpoints N turns context checkpoints on" in " ".join(reprocess_advice(ft))
+    enough = dataclasses.replace(ft, checkpoint_limit=8, checkpoints_evicted=0)
+    assert "--ctx-checkpoints" not in " ".join(reprocess_advice(enough))
+    erased = " ".join(reprocess_advice(dataclasses.replace(enough, checkpoints_evicted=2)))
+    assert "--ctx-checkpoints N keeps more checkpoints than 8 per slot (2 were erased to make room)" in erased
+
+
+def test_a_prompt_cache_only_when_it_is_disabled() -> None:
+    ft = first_tokens_of()
+    assert "--cache-ram" in " ".join(reprocess_advice(ft))
+    assert "--cache-ram" not in " ".join(reprocess_advice(dataclasses.replace(ft, prompt_cache_enabled=True)))
+    assert "--cache-ram" not in " ".join(reprocess_advice(dataclasses.replace(ft, prompt_cache_enabled=None)))
+
+
+def test_the_invalidated_checkpoints_are_said_only_where_the_log_counts_some() -> None:
+    ft = first_tokens_of()
+    assert ft.checkpoints_invalidated == 0 and "invalidated" not in " ".join(reprocess_advice(ft))
+    said = " ".join(reprocess_advice(dataclasses.replace(ft, checkpoints_invalidated=3)))
+    assert "no context checkpoint covered it; 3 context checkpoints were invalidated" in said
+
+
+def test_no_advice_without_a_full_reprocessing() -> None:
+    ft = first_tokens_of()
+    assert reprocess_advice(dataclasses.replace(ft, full_reprocess_lines=0)) == []
+    # Where the start-up lines are not in the log: the why in general, the fixes but --swa-full (no SWA cells).
+    lines = [x for x in SWA_RUN.splitlines(keepends=True) if "llama_kv_cache_iswa" not in x]
+    unnamed_ft = first_tokens_of("".join(lines))
+    assert (unnamed_ft.model_memory, unnamed_ft.swa_cells) == (None, None)
+    unnamed = " ".join(unnamed_ft.advice)
+    assert "the log does not say which this is" in unnamed and "--swa-full" not in unnamed
+    assert "--ctx-checkpoints N turns context checkpoints on" in unnamed and "--cache-ram N" in unnamed
+    # The capture with checkpoints on (restored, invalidated) but no full re-processing: no advice.
+    swa = (REPO / "tests" / "fixtures" / "b11434" / "checkpoints-swa-lv4" / "llama-server.log").read_text()
+    quiet = first_tokens_of(swa)
+    assert quiet.model_memory == "sliding_window" and quiet.full_reprocess_lines == 0 and quiet.advice == []
+    assert quiet.checkpoints_invalidated == swa.count("erased invalidated context checkpoint") == 3

@@ -78,6 +78,10 @@ CASES: list[tuple[str, ev.Event]] = [
     ("llama_kv_cache_iswa: creating     SWA KV cache, size = 256 cells", ev.KVCacheSection(True, 256)),
     ("llama_kv_cache_iswa: creating non-SWA KV cache, size = 4096 cells", ev.KVCacheSection(False, 4096)),
     (
+        "llama_memory_recurrent: size =    0.02 MiB (     1 cells,   2 layers,  1 seqs  0 rs_seq), R (f32):    0.00 MiB, S (f32):    0.02 MiB, P (f32):    0.00 MiB",
+        ev.RecurrentMemory(1),
+    ),
+    (
         "srv    load_model: capping per-slot context (16384) to --kv-unified-per-slot (4096)",
         ev.PerSlotCap(16384, 4096),
     ),

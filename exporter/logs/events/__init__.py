@@ -74,6 +74,7 @@ from exporter.logs.events.slot import (
     PerSlotCap,
     PromptEvalTiming,
     PromptProgress,
+    RecurrentMemory,
     SlotCleared,
     SlotCreated,
     SlotPurged,
@@ -139,6 +140,7 @@ __all__ = [
     "PromptLoaded",
     "PromptProgress",
     "PromptSaved",
+    "RecurrentMemory",
     "Rejected",
     "RequestError",
     "RouterMode",
@@ -177,6 +179,7 @@ Event: TypeAlias = (
     | ContextParam
     | KVCacheSize
     | KVCacheSection
+    | RecurrentMemory
     | PerSlotCap
     | IdleSlotPolicy
     | TaskStarted

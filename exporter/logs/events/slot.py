@@ -62,6 +62,17 @@ class KVCacheSection:
 
 
 @event
+class RecurrentMemory:
+    """`llama_memory_recurrent: size = 0.38 MiB (4 cells, 24 layers, 4 seqs), R (f32): …, S (f32): …` (b5856+).
+
+    A recurrent model (Mamba, RWKV) prints only this; a hybrid one (attention and recurrent layers) prints a
+    `llama_kv_cache: size` line as well. Its state cannot be rolled back to an earlier token.
+    """
+
+    cells: int
+
+
+@event
 class PerSlotCap:
     """`capping per-slot context (16384) to --kv-unified-per-slot (4096)`."""
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: `exporter` this checkout's, not that of a shared environment
+    sys.path.insert(0, str(REPO))
 
 
 class Generator(NamedTuple):

@@ -39,7 +39,8 @@ def _outcomes() -> Panel:
         "rate of llamacpp_guard_requests_total by outcome: admitted (sent to llama-server), queued (had to wait "
         "for room first; counted admitted too once sent), refused (429/503 from the guard: queue full or wait "
         "too long, or too large for a slot), preempted (stopped so that the others could finish), replayed "
-        "(sent again after a preemption), failed (llama-server unreachable or broke the connection), unsized "
+        "(sent again after a preemption), retried (sent again after llama-server died before answering), failed "
+        "(llama-server unreachable or broke the connection), unsized "
         "(passed on unsized: not JSON the guard could read).",
         [
             q(

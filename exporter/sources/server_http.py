@@ -29,7 +29,7 @@ import math
 import re
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -81,8 +81,17 @@ def parse_models(body: object) -> dict[str, str]:
     return models
 
 
-def parse_props(body: object) -> tuple[int | None, int | None, int | None, str | None]:
-    """(build, total_slots, per-slot n_ctx, model) from a `/props` body."""
+class Props(NamedTuple):
+    """What a `/props` body says, each field named as `HttpSnapshot`'s that holds it."""
+
+    build: int | None
+    total_slots: int | None
+    n_ctx_slot: int | None  # default_generation_settings.n_ctx: per slot
+    model: str | None
+
+
+def parse_props(body: object) -> Props:
+    """What a `/props` body says (`Props`)."""
     if not isinstance(body, dict):
         raise ValueError("expected a JSON object")
     build = None
@@ -92,7 +101,7 @@ def parse_props(body: object) -> tuple[int | None, int | None, int | None, str |
     settings = body.get("default_generation_settings")
     n_ctx = json_int(settings.get("n_ctx")) if isinstance(settings, dict) else None
     model = body.get("model_path")
-    return build, json_int(body.get("total_slots")), n_ctx, model if isinstance(model, str) and model else None
+    return Props(build, json_int(body.get("total_slots")), n_ctx, model if isinstance(model, str) and model else None)
 
 
 class ServerHttpReader:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from exporter.pipeline import LogPipeline
 from exporter.sources.live import LiveSources
 from exporter.sources.nvml import NvmlReader
 from exporter.sources.procfs import ProcReader
+from exporter.sources.server_http import parse_props
 from exporter.unit import FollowedServer, refresh_all
 
 #: What feeds which families, by name (the test says which feeder emitted a family it did not expect).
@@ -79,8 +81,11 @@ def gpu_families(tmp: Path) -> list[Metric]:
 
 
 def http_families() -> list[Metric]:
-    """llama-server's endpoints answered (one /metrics value not understood), and a router's."""
-    server = HttpSnapshot(up=True, status={"/health": 200, "/slots": 200, "/props": 200, "/metrics": 200})
+    """llama-server's endpoints answered (its /props a recorded one, every field read from it: a field the
+    collector exports is fed with no change here; one /metrics value not understood), and a router's."""
+    props = parse_props(json.loads((FIXTURES / "b11434" / "checkpoints" / "props.json").read_text(encoding="utf-8")))
+    status = {"/health": 200, "/slots": 200, "/props": 200, "/metrics": 200}
+    server = HttpSnapshot(up=True, status=status, **props._asdict())
     router = HttpSnapshot(up=True, status={"/health": 200, "/models": 200})
     rejected = {"llamacpp:requests_deferred": 1}
     return [

@@ -23,7 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
+# Run as a script: its neighbours importable, and `exporter` this checkout's (first: a virtual environment
+# shared with another checkout would otherwise give that one's, and the goldens of its code).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from assembly import Assembly, followed, log_exposition
 from paths import FIXTURES
@@ -98,6 +101,9 @@ CAPTURES += [
         "router/children-loaded",
     )
 ]
+#: The builds recorded (tests/fixtures/<build>/, `scripts/record-build.sh`), the router's folder aside: the tests
+#: that hold something of every build read them from here, so a new build's folder needs no list edited.
+BUILDS: frozenset[str] = frozenset(c.id.split("/")[0] for c in CAPTURES) - {"router"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

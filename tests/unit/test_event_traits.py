@@ -41,6 +41,23 @@ def test_the_derived_sets_hold_together() -> None:
     )
 
 
+def test_every_event_class_of_a_family_is_a_kind_and_exported() -> None:
+    """A class written in a family's module is in that family's union (so in `Event` and `KINDS`, and in
+    the sets derived from its traits) and in its `__all__` (so `ev.` names it): forgetting either fails here."""
+    families = (ev.lifecycle, ev.slot, ev.cache, ev.errors, ev.router)
+    written = {
+        obj
+        for family in families
+        for obj in vars(family).values()
+        if isinstance(obj, type) and obj.__module__ == family.__name__ and "TRAITS" in obj.__dict__
+    }
+    assert len(written) > 50 and written == ev.KINDS
+    for family in families:
+        mine = {k for k in written if k.__module__ == family.__name__}
+        assert {k.__name__ for k in mine} <= set(family.__all__), family.__name__
+        assert all(getattr(ev, k.__name__) is k for k in mine)
+
+
 def test_traits_must_be_traits() -> None:
     with pytest.raises(TypeError, match="TRAITS must be a Traits"):
 

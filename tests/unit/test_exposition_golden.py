@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from log_goldens import CAPTURES, GOLDEN, Capture
+from log_goldens import BUILDS, CAPTURES, GOLDEN, Capture
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -36,9 +36,9 @@ def test_the_goldens_hold_every_log_collector_and_every_build() -> None:
         "llamacpp_request_tokens",  # RequestSizeCollector
         "llamacpp_time_to_first_token_seconds",  # LatencyCollector
     )
-    builds = {c.id.split("/")[0] for c in CAPTURES} - {"router"}
-    assert builds == {"b9093", "b10306", "b11434", "llama-cpp-python-0.3.16", "xllamacpp-2026.10.11549"}
-    for build in builds:
+    # Which builds there are is the fixtures' folders (a lost one: test_every_build_is_understood_from_its_first_line).
+    assert len(BUILDS) > 1
+    for build in BUILDS:
         text = "".join(c.golden.read_text(encoding="utf-8") for c in CAPTURES if c.id.startswith(build + "/"))
         for name in one_family_each:
             assert f"# TYPE {name} " in text, (build, name)

@@ -254,3 +254,21 @@ def test_every_catalogued_family_is_documented() -> None:
 def test_an_undocumented_family_is_found() -> None:
     pages = [p.read_text(encoding="utf-8").replace("llamacpp_guard_access_log_lines_total", "") for p in REFERENCE]
     assert undocumented(pages) == ["llamacpp_guard_access_log_lines_total"]
+
+
+def test_every_guard_outcome_is_named_where_the_outcomes_are_explained() -> None:
+    """`Outcome` is the one list of the guard's outcomes; the texts that explain them one by one name each:
+    the family's help, docs/guard.md's row and its count of series, the dashboard's outcomes panel (whose
+    colours are given to outcomes only). A new outcome fails here until each says what it is."""
+    from exporter.metrics.catalogue.guard import GUARD_REQUESTS, OUTCOMES
+
+    guard_md = (REPO / "docs" / "guard.md").read_text(encoding="utf-8")
+    (row,) = [line for line in guard_md.splitlines() if line.startswith("| `llamacpp_guard_requests_total{outcome}`")]
+    (panel,) = [
+        p for p in json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"] if p["title"].endswith("by outcome")
+    ]
+    for where, text in (("help", GUARD_REQUESTS.help), ("docs/guard.md", row), ("dashboard", panel["description"])):
+        assert [o for o in OUTCOMES if not re.search(rf"\b{o}\b", text)] == [], where
+    assert f"times {len(OUTCOMES)} outcomes" in guard_md
+    coloured = [o["matcher"]["options"] for o in panel["fieldConfig"]["overrides"]]
+    assert coloured and {c.removeprefix(".* ").removesuffix("$") for c in coloured} <= set(OUTCOMES), coloured

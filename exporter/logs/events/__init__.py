@@ -7,6 +7,9 @@ One module per family: `lifecycle` (a process's start, loading, ready, exit, lin
 the pool's configuration, each task and its timings), `cache` (checkpoints and the prompt cache), `errors`
 (retries, failed decodes, aborted requests, crash causes, rejected lines), `router` (a router and its
 children). Everything is imported from here: `from exporter.logs import events as ev`.
+
+A kind is written in its family's module only: its class, its family's union and `__all__` there; this
+module re-exports every family's names and makes `Event`, the union of the families, and the sets below.
 """
 
 from __future__ import annotations
@@ -14,216 +17,42 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from exporter.logs.event_class import carries_slot, traits
-from exporter.logs.events.cache import (
-    CheckpointConfig,
-    CheckpointCreated,
-    CheckpointRemoved,
-    CheckpointRestored,
-    CheckpointRestoreFailed,
-    CheckpointSuperseded,
-    FullReprocess,
-    PromptCacheCandidate,
-    PromptCacheLimit,
-    PromptCacheRemoved,
-    PromptCacheState,
-    PromptLoaded,
-    PromptSaved,
-)
-from exporter.logs.events.errors import (
-    FATAL_REASONS,
-    CrashCause,
-    DecodeFailed,
-    DecodeFatal,
-    KVRetry,
-    MemorySlotFailure,
-    Rejected,
-    RequestError,
-)
-from exporter.logs.events.lifecycle import (
-    BANNERS,
-    BuildInfo,
-    LineFormat,
-    MemoryProjection,
-    ModelLoadFailed,
-    ModelLoading,
-    ServerExiting,
-    ServerReady,
-    ServerStarting,
-    Verbosity,
-    banner_line,
-)
-from exporter.logs.events.router import (
-    ChildExited,
-    ChildSpawned,
-    ChildStopping,
-    RouterMode,
-)
-from exporter.logs.events.slot import (
-    AllSlotsIdle,
-    CachedTokens,
-    ContextParam,
-    DraftAcceptance,
-    GenerationProgress,
-    GenerationStopped,
-    GenerationTiming,
-    IdleSlotPolicy,
-    IdleSlotSaved,
-    KVCacheSection,
-    KVCacheSize,
-    NewPrompt,
-    PerSlotCap,
-    PromptEvalTiming,
-    PromptProgress,
-    RecurrentMemory,
-    SlotCleared,
-    SlotCreated,
-    SlotPurged,
-    SlotReleased,
-    SlotSelected,
-    SlotsInitialized,
-    TaskStarted,
-    TimingsHead,
-    TotalTiming,
-)
+from exporter.logs.events import cache, errors, lifecycle, router, slot
+from exporter.logs.events.cache import *  # noqa: F403  (each family's `__all__`)
+from exporter.logs.events.cache import CacheEvent
+from exporter.logs.events.errors import *  # noqa: F403
+from exporter.logs.events.errors import CrashCause, ErrorEvent, Rejected
+from exporter.logs.events.lifecycle import *  # noqa: F403
+from exporter.logs.events.lifecycle import LifecycleEvent, LineFormat, ModelLoading, ServerExiting, ServerReady
+from exporter.logs.events.router import *  # noqa: F403
+from exporter.logs.events.router import RouterEvent
+from exporter.logs.events.slot import *  # noqa: F403
+from exporter.logs.events.slot import SlotEvent
 
 __all__ = [
     "ABORT_TRAIL",
-    "BANNERS",
     "DEMAND_GROWS",
     "DEMAND_SHRINKS",
-    "FATAL_REASONS",
     "GENERIC",
     "KINDS",
     "PROGRESS",
     "SERIES_POINTS",
     "SLOT_KINDS",
     "TASK_LINES",
-    "AllSlotsIdle",
-    "BuildInfo",
-    "CachedTokens",
-    "CheckpointConfig",
-    "CheckpointCreated",
-    "CheckpointRemoved",
-    "CheckpointRestoreFailed",
-    "CheckpointRestored",
-    "CheckpointSuperseded",
-    "ChildExited",
-    "ChildSpawned",
-    "ChildStopping",
-    "ContextParam",
-    "CrashCause",
-    "DecodeFailed",
-    "DecodeFatal",
-    "DraftAcceptance",
     "Event",
-    "FullReprocess",
-    "GenerationProgress",
-    "GenerationStopped",
-    "GenerationTiming",
-    "IdleSlotPolicy",
-    "IdleSlotSaved",
-    "KVCacheSection",
-    "KVCacheSize",
-    "KVRetry",
-    "LineFormat",
-    "MemoryProjection",
-    "MemorySlotFailure",
-    "ModelLoadFailed",
-    "ModelLoading",
-    "NewPrompt",
-    "PerSlotCap",
-    "PromptCacheCandidate",
-    "PromptCacheLimit",
-    "PromptCacheRemoved",
-    "PromptCacheState",
-    "PromptEvalTiming",
-    "PromptLoaded",
-    "PromptProgress",
-    "PromptSaved",
-    "RecurrentMemory",
-    "Rejected",
-    "RequestError",
-    "RouterMode",
-    "ServerExiting",
-    "ServerReady",
-    "ServerStarting",
-    "SlotCleared",
-    "SlotCreated",
-    "SlotPurged",
-    "SlotReleased",
-    "SlotSelected",
-    "SlotsInitialized",
-    "TaskStarted",
-    "TimingsHead",
-    "TotalTiming",
-    "Verbosity",
-    "banner_line",
 ]
+__all__ += lifecycle.__all__
+__all__ += slot.__all__
+__all__ += cache.__all__
+__all__ += errors.__all__
+__all__ += router.__all__
 
 #: Events that do not show that a file is llama-server's log: lines other programs write too, lines that
 #: could not be read, and the format of lines.
 GENERIC: frozenset[type] = frozenset({ServerReady, ServerExiting, ModelLoading, Rejected, LineFormat, CrashCause})
 
-Event: TypeAlias = (
-    Rejected
-    | ServerStarting
-    | BuildInfo
-    | Verbosity
-    | ModelLoading
-    | ServerReady
-    | ServerExiting
-    | ModelLoadFailed
-    | MemoryProjection
-    | SlotsInitialized
-    | SlotCreated
-    | ContextParam
-    | KVCacheSize
-    | KVCacheSection
-    | RecurrentMemory
-    | PerSlotCap
-    | IdleSlotPolicy
-    | TaskStarted
-    | NewPrompt
-    | CachedTokens
-    | PromptProgress
-    | GenerationProgress
-    | SlotReleased
-    | SlotCleared
-    | SlotPurged
-    | IdleSlotSaved
-    | MemorySlotFailure
-    | KVRetry
-    | DecodeFatal
-    | DecodeFailed
-    | RequestError
-    | AllSlotsIdle
-    | CheckpointConfig
-    | CheckpointCreated
-    | CheckpointRemoved
-    | CheckpointSuperseded
-    | CheckpointRestored
-    | CheckpointRestoreFailed
-    | FullReprocess
-    | PromptCacheLimit
-    | PromptCacheState
-    | PromptSaved
-    | PromptCacheCandidate
-    | PromptLoaded
-    | PromptCacheRemoved
-    | SlotSelected
-    | PromptEvalTiming
-    | GenerationTiming
-    | TotalTiming
-    | DraftAcceptance
-    | GenerationStopped
-    | TimingsHead
-    | LineFormat
-    | RouterMode
-    | ChildSpawned
-    | ChildStopping
-    | ChildExited
-    | CrashCause
-)
+#: Every kind of line llama-server writes that the exporter reads: the union of the families' kinds.
+Event: TypeAlias = LifecycleEvent | SlotEvent | CacheEvent | ErrorEvent | RouterEvent
 
 #: Every event kind.
 KINDS: frozenset[type] = frozenset(getattr(Event, "__args__", ()))

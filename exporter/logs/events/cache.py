@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from exporter.logs.event_class import event
 
 
@@ -118,3 +120,38 @@ class PromptCacheRemoved:
     """An entry left the cache: `removing obsolete cached prompt with length L`, or the oldest one made room."""
 
     length: int | None
+
+
+#: The kinds of this family (`exporter.logs.events.Event` is the union of the families').
+CacheEvent: TypeAlias = (
+    CheckpointConfig
+    | CheckpointCreated
+    | CheckpointRemoved
+    | CheckpointSuperseded
+    | CheckpointRestored
+    | CheckpointRestoreFailed
+    | FullReprocess
+    | PromptCacheLimit
+    | PromptCacheState
+    | PromptSaved
+    | PromptCacheCandidate
+    | PromptLoaded
+    | PromptCacheRemoved
+)
+
+__all__ = [
+    "CacheEvent",
+    "CheckpointConfig",
+    "CheckpointCreated",
+    "CheckpointRemoved",
+    "CheckpointRestoreFailed",
+    "CheckpointRestored",
+    "CheckpointSuperseded",
+    "FullReprocess",
+    "PromptCacheCandidate",
+    "PromptCacheLimit",
+    "PromptCacheRemoved",
+    "PromptCacheState",
+    "PromptLoaded",
+    "PromptSaved",
+]

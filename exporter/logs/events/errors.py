@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from exporter.logs.event_class import Traits, event
 
 
@@ -75,3 +77,19 @@ class Rejected:
 
 #: `RequestError` reasons of a request aborted by a failed decode (its slot is cleared, its task was in flight).
 FATAL_REASONS: frozenset[str] = frozenset({"context_exceeded", "invalid_batch", "compute_error"})
+
+
+#: The kinds of this family (`exporter.logs.events.Event` is the union of the families').
+ErrorEvent: TypeAlias = MemorySlotFailure | KVRetry | DecodeFatal | DecodeFailed | RequestError | CrashCause | Rejected
+
+__all__ = [
+    "FATAL_REASONS",
+    "CrashCause",
+    "DecodeFailed",
+    "DecodeFatal",
+    "ErrorEvent",
+    "KVRetry",
+    "MemorySlotFailure",
+    "Rejected",
+    "RequestError",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import field
+from typing import TypeAlias
 
 from exporter.logs.event_class import event
 
@@ -102,3 +103,32 @@ class LineFormat:
         names = ("level", "timestamp", "jsonl", "colours")
         parts = [name for bit, name in enumerate(names) if self.code >> bit & 1]
         return "+".join(reversed(parts)) if parts else "plain"
+
+
+#: The kinds of this family (`exporter.logs.events.Event` is the union of the families').
+LifecycleEvent: TypeAlias = (
+    ServerStarting
+    | BuildInfo
+    | Verbosity
+    | ModelLoading
+    | ServerReady
+    | ModelLoadFailed
+    | ServerExiting
+    | MemoryProjection
+    | LineFormat
+)
+
+__all__ = [
+    "BANNERS",
+    "BuildInfo",
+    "LifecycleEvent",
+    "LineFormat",
+    "MemoryProjection",
+    "ModelLoadFailed",
+    "ModelLoading",
+    "ServerExiting",
+    "ServerReady",
+    "ServerStarting",
+    "Verbosity",
+    "banner_line",
+]

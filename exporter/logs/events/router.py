@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from exporter.logs.event_class import event
 
 
@@ -32,3 +34,9 @@ class ChildExited:
 
     name: str
     status: int
+
+
+#: The kinds of this family (`exporter.logs.events.Event` is the union of the families').
+RouterEvent: TypeAlias = RouterMode | ChildSpawned | ChildStopping | ChildExited
+
+__all__ = ["ChildExited", "ChildSpawned", "ChildStopping", "RouterEvent", "RouterMode"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import field
+from typing import TypeAlias
 
 from exporter.logs.event_class import Traits, event
 
@@ -276,3 +277,62 @@ class TimingsHead:
 
     slot: int
     task: int
+
+
+#: The kinds of this family (`exporter.logs.events.Event` is the union of the families').
+SlotEvent: TypeAlias = (
+    SlotsInitialized
+    | SlotCreated
+    | ContextParam
+    | KVCacheSize
+    | KVCacheSection
+    | RecurrentMemory
+    | PerSlotCap
+    | IdleSlotPolicy
+    | TaskStarted
+    | NewPrompt
+    | CachedTokens
+    | PromptProgress
+    | GenerationProgress
+    | SlotReleased
+    | SlotCleared
+    | SlotPurged
+    | IdleSlotSaved
+    | AllSlotsIdle
+    | SlotSelected
+    | PromptEvalTiming
+    | GenerationTiming
+    | TotalTiming
+    | DraftAcceptance
+    | GenerationStopped
+    | TimingsHead
+)
+
+__all__ = [
+    "AllSlotsIdle",
+    "CachedTokens",
+    "ContextParam",
+    "DraftAcceptance",
+    "GenerationProgress",
+    "GenerationStopped",
+    "GenerationTiming",
+    "IdleSlotPolicy",
+    "IdleSlotSaved",
+    "KVCacheSection",
+    "KVCacheSize",
+    "NewPrompt",
+    "PerSlotCap",
+    "PromptEvalTiming",
+    "PromptProgress",
+    "RecurrentMemory",
+    "SlotCleared",
+    "SlotCreated",
+    "SlotEvent",
+    "SlotPurged",
+    "SlotReleased",
+    "SlotSelected",
+    "SlotsInitialized",
+    "TaskStarted",
+    "TimingsHead",
+    "TotalTiming",
+]

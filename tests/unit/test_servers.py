@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import unit as unit_mod
 from exporter.logs import follow as follow_mod
+from exporter.logs.file_source import FileSource
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ServersCollector, merge_units
 from exporter.model.live import HttpSnapshot, ProcessInfo, ProcSnapshot
@@ -154,14 +155,14 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     monkeypatch.setattr(follow_mod, "BATCH_START", 5.0)
     log = tmp_path / "server.log"
     log.write_bytes(CAPTURE.read_bytes())
-    pipeline = LogPipeline(ServerState(), LogTailer(log))
+    pipeline = LogPipeline(ServerState(), FileSource(LogTailer(log), poll_interval=60, batch_interval=30))
     pipeline.replay_existing()
     server = FollowedServer({}, pipeline, LiveSources(pipeline.state))
     collector = ServersCollector([server])
     registry = CollectorRegistry()
     registry.register(collector)
     stop = asyncio.Event()
-    task = asyncio.create_task(pipeline.run(poll_interval=60, batch_interval=30, use_watchdog=True, stop=stop))
+    task = asyncio.create_task(pipeline.run(stop=stop))
 
     async def lines_after(n: int) -> None:
         with log.open("a") as f:

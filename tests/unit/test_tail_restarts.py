@@ -23,6 +23,7 @@ from paths import FIXTURES
 from watchdog.observers.polling import PollingObserver
 
 from exporter.logs import watch as watch_mod
+from exporter.logs.file_source import FileSource
 from exporter.logs.follow import follow
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
@@ -118,14 +119,14 @@ async def test_a_wrapper_restarting_the_server_loses_nothing_uncounted(
     log = tmp_path / "llama-server.stderr"
     state = ServerState()
     tailer = LogTailer(log)
-    pipeline = LogPipeline(state, tailer)
+    # The exporter's defaults: a stat() every second, batches of up to 2 s.
+    pipeline = LogPipeline(
+        state, FileSource(tailer, poll_interval=1.0, batch_interval=2.0, use_watchdog=watch != "polling")
+    )
     pipeline.replay_existing()  # no file yet: everything is live
     looks = Looks(tailer)
     stop = asyncio.Event()
-    # The exporter's defaults: a stat() every second, batches of up to 2 s.
-    task = asyncio.create_task(
-        pipeline.run(poll_interval=1.0, batch_interval=2.0, use_watchdog=watch != "polling", stop=stop)
-    )
+    task = asyncio.create_task(pipeline.run(stop=stop))
     wrapper = Wrapper(log, looks)
     wrapper.start()
     while wrapper.is_alive():

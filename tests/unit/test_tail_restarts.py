@@ -72,7 +72,7 @@ class Looks:
                 self.cond.notify_all()
         return result
 
-    def wait_after(self, when: float, timeout: float = 10.0) -> bool:
+    def wait_after(self, when: float, timeout: float = HANG_GUARD) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: self.last > when, timeout)
 

@@ -3,7 +3,8 @@ observer thread elsewhere) and the wakers `follow` waits on.
 
 Events only reduce latency; `follow`'s timer is the guarantee (see `exporter.logs.follow`). Both watches
 watch the log's directory, not the file, so that a rotation or a re-creation is seen; both end a wait
-through `WakeUps`: `any` for a change, `urgent` also for a writer closing the file."""
+through `WakeUps`: `any` for a change, `urgent` also for a writer closing the file. The wakers' timers run
+on a `Clock`: the event loop, or a test's that moves only when the test moves it."""
 
 from __future__ import annotations
 

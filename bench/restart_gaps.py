@@ -40,6 +40,7 @@ from corpus_replay import exported  # noqa: E402
 from watchdog.observers.polling import PollingObserver  # noqa: E402
 
 from exporter.logs import watch as watch_mod  # noqa: E402
+from exporter.logs.file_source import FileSource  # noqa: E402
 from exporter.logs.tail import LogTailer  # noqa: E402
 from exporter.model.state import ServerState  # noqa: E402
 from exporter.pipeline import LogPipeline  # noqa: E402
@@ -88,12 +89,12 @@ def wrapper(log: Path, runs: list[bytes], burst: int, pause: float, gap: float, 
 async def trial(log: Path, runs: list[bytes], burst: int, pause: float, gap: float, mode: str) -> dict[str, int]:
     state = ServerState()
     tailer = LogTailer(log)
-    pipeline = LogPipeline(state, tailer)
+    pipeline = LogPipeline(
+        state, FileSource(tailer, poll_interval=1.0, batch_interval=2.0, use_watchdog=mode != "polling")
+    )
     pipeline.replay_existing()
     stop = asyncio.Event()
-    task = asyncio.create_task(
-        pipeline.run(poll_interval=1.0, batch_interval=2.0, use_watchdog=mode != "polling", stop=stop)
-    )
+    task = asyncio.create_task(pipeline.run(stop=stop))
     await asyncio.sleep(0.5)  # following before the wrapper starts (an exporter runs long before its server)
     name = next(n for n, w in WRITERS.items() if w[0] is runs)
     proc = await asyncio.create_subprocess_exec(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from exporter.config import Config
+from exporter.logs.file_source import FileSource
 from exporter.logs.source import LineSource
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ServersCollector
@@ -32,7 +33,6 @@ class FollowedLog:
     (router split →) parse → state. `spec`: its --servers-file entry (None for the server of a plain run)."""
 
     pipeline: LogPipeline
-    tailer: LogTailer | None
     log_file: str | None  # the file's path as given (None: standard input or the journal)
     description: str  # the log in words, for the exporter's log
     spec: ServerSpec | None = None
@@ -124,18 +124,30 @@ def build_logs(config: Config, log_file: str | None) -> tuple[list[FollowedLog],
     if config.servers:
         logs = []
         for spec in config.servers:
-            tail = LogTailer(spec.log_file)
-            followed = LogPipeline(ServerState(capacity_override=config.host.kv_pool_capacity), tail)
-            logs.append(FollowedLog(followed, tail, spec.log_file, followed.description, spec))
+            followed = LogPipeline(
+                ServerState(capacity_override=config.host.kv_pool_capacity), file_source(config, spec.log_file)
+            )
+            logs.append(FollowedLog(followed, spec.log_file, followed.description, spec))
         return logs, f"{len(logs)} servers"
     source = None if config.logs.demo else line_source(config)
-    tailer: LogTailer | None = None
     if source is None:
         assert log_file is not None  # parse_config guarantees --log-file, a journal unit or --demo
-        tailer = LogTailer(log_file)
-    pipeline = LogPipeline(ServerState(capacity_override=config.host.kv_pool_capacity), tailer, source)
-    description = source.description if source is not None else str(log_file)
-    return [FollowedLog(pipeline, tailer, log_file if tailer is not None else None, description)], description
+        pipeline = LogPipeline(
+            ServerState(capacity_override=config.host.kv_pool_capacity), file_source(config, log_file)
+        )
+        return [FollowedLog(pipeline, log_file, str(log_file))], str(log_file)
+    pipeline = LogPipeline(ServerState(capacity_override=config.host.kv_pool_capacity), source)
+    return [FollowedLog(pipeline, None, source.description)], source.description
+
+
+def file_source(config: Config, log_file: str) -> FileSource:
+    """A log file, followed as the flags say (`--log-poll-interval`, `--log-batch-interval`, `--fs-events`)."""
+    return FileSource(
+        LogTailer(log_file),
+        poll_interval=config.logs.poll_interval,
+        batch_interval=config.logs.batch_interval,
+        use_watchdog=config.logs.fs_events,
+    )
 
 
 def build_server(
@@ -183,7 +195,7 @@ def build_server(
 
 
 def line_source(config: Config) -> LineSource | None:
-    """The log source other than a file (`--log-source stdin|journald`), or None for the file tailer."""
+    """The log source other than a file (`--log-source stdin|journald`), or None for a file."""
     # The modules of the sources, of --web.config.file and of --demo are imported where they are used:
     # each is memory that an exporter following a file would hold for nothing.
     if config.logs.source == "journald":

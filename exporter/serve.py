@@ -165,12 +165,7 @@ async def start(config: Config, stop: asyncio.Event, stack: contextlib.AsyncExit
         start_task(stack, stop, security.watch(stop), "web config watch")
     for server in servers:
         name = "log pipeline" + (f" of {server.labels['server']}" if config.servers else "")
-        run = server.pipeline.run(
-            poll_interval=config.logs.poll_interval,
-            batch_interval=config.logs.batch_interval,
-            use_watchdog=config.logs.fs_events,
-            stop=stop,
-        )
+        run = server.pipeline.run(stop=stop)
         start_task(stack, stop, run, name)
 
 
@@ -209,8 +204,7 @@ def open_servers(
         owner = servers[0].live if servers else None  # NVML is read once, by the first server
         servers.append(build_server(config, followed, hooks=hooks if not servers else None, nvml_owner=owner))
     for followed in logs:
-        if followed.tailer is not None:
-            stack.callback(followed.tailer.close)
+        stack.callback(followed.pipeline.source.close)
     for server in servers:
         stack.push_async_callback(server.close)
     for server, followed in zip(servers, logs, strict=True):

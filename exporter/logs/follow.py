@@ -47,13 +47,9 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from exporter.logs.tail import LogTailer
-from exporter.logs.watch import InotifyWatch, ParentWatch, Waker, WakeUps
-
-if TYPE_CHECKING:
-    pass
+from exporter.logs.watch import Clock, InotifyWatch, ParentWatch, Timer, Waker, WakeUps, resolve
 
 __all__ = ["CatchUp", "Probe", "follow"]
 
@@ -125,28 +121,33 @@ class CatchUp:
 
     def __init__(self) -> None:
         self._tailer: LogTailer | None = None  # set while follow() runs
+        self._clock: Clock | None = None  # follow()'s, while it runs
         self._wake: WakeUps | None = None  # set while follow() waits
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (bytes read by then, scrape)
 
     async def __call__(self) -> None:
-        tailer = self._tailer
+        tailer, clock = self._tailer, self._clock
         pending = tailer.pending_bytes() if tailer is not None else 0
-        if tailer is None or pending == 0:
+        if tailer is None or clock is None or pending == 0:
             return
         if self._wake is not None:
             self._wake.read_now()
         if pending > CATCH_UP_MAX_BYTES:
             return
-        read = asyncio.get_running_loop().create_future()
+        read: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiter = (tailer.stats.bytes + pending, read)
         self._waiters.append(waiter)
+        timer = clock.call_later(CATCH_UP_TIMEOUT, resolve, read)  # on follow()'s clock, like its waits
         try:
-            await asyncio.wait_for(read, CATCH_UP_TIMEOUT)
-        except asyncio.TimeoutError:
-            pass
+            await read
         finally:
+            timer.cancel()
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
+
+    def _attach(self, tailer: LogTailer | None, clock: Clock | None) -> None:
+        """follow() starts (a tailer and its clock) or ends (None)."""
+        self._tailer, self._clock = tailer, clock
 
     async def _wait(self, wake: WakeUps, waker: Waker, timeout: float, probing: Probe | None = None) -> None:
         """follow()'s wait on `waker`, which a scrape may end; probing the file meanwhile if asked."""
@@ -205,18 +206,19 @@ class Probe:
 
     async def wait(self, waker: Waker, timeout: float) -> None:
         """`waker.wait(timeout)`, ended early (the waker set) by what a look sees. A look is one timer
-        callback, not a wake-up of follow(): an idle follower costs a few microseconds per look."""
-        loop = asyncio.get_running_loop()
-        handle: asyncio.TimerHandle | None = None
+        callback, not a wake-up of follow(): an idle follower costs a few microseconds per look. The looks
+        run on the waker's clock."""
+        clock = waker.clock
+        handle: Timer | None = None
 
         def probe() -> None:
             nonlocal handle
-            if self.step(loop.time()):
+            if self.step(clock.time()):
                 waker.set()
                 return
-            handle = loop.call_later(self.interval(loop.time()), probe)
+            handle = clock.call_later(self.interval(clock.time()), probe)
 
-        handle = loop.call_later(self.interval(loop.time()), probe)
+        handle = clock.call_later(self.interval(clock.time()), probe)
         try:
             await waker.wait(timeout)
         finally:
@@ -234,11 +236,14 @@ async def follow(
     batch_interval: float = 2.0,
     after_drain: Callable[[], None] | None = None,
     catch_up: CatchUp | None = None,
+    clock: Clock | None = None,
 ) -> None:
     """Feed new lines of ``tailer`` to ``on_lines`` until ``stop`` is set (or the task is cancelled).
 
     ``after_drain`` is called after every pass, lines or not (e.g. to report ``tailer.last_error``).
-    ``catch_up``, called before a scrape, has the follower read at once (see `CatchUp`).
+    ``catch_up``, called before a scrape, has the follower read at once (see `CatchUp`). ``clock``: what
+    the follower reads the time from and times its waits with (the event loop's; a test's moves when the
+    test says).
 
     A line written after a quiet spell is read at once. While the file keeps changing (a read less
     than twice the current wait after the previous one), the follower waits before it reads again:
@@ -247,59 +252,105 @@ async def follow(
     wake-up per batch rather than one per write. Except when a writer closes the file: then it is
     read at once (see `WakeUps`).
     """
-    loop = asyncio.get_running_loop()
-    first_wait = min(BATCH_START, batch_interval)
-    wake = WakeUps(loop, first_wait)
-    stop_event = stop if stop is not None else asyncio.Event()
-    watch: InotifyWatch | ParentWatch | None = None
-    if use_watchdog:
-        watch = InotifyWatch.create(tailer.path, wake) or ParentWatch(tailer.path, loop, wake)
-    stop_task = asyncio.ensure_future(stop_event.wait())
-    stop_task.add_done_callback(lambda _: wake.read_now())
-    last_drain = last_lines = -math.inf
-    wait = first_wait  # the next batch wait while the file keeps changing
-    catch = catch_up if catch_up is not None else CatchUp()
-    catch._tailer = tailer
-    try:
-        while not stop_event.is_set():
-            if watch is not None:
-                watch.ensure()
-                watch.take_events()  # what they announce, this drain reads
-            wake.clear()  # from here on, an event means one more pass
-            now = loop.time()
-            busy, last_drain = now - last_drain < 2 * wait, now
-            lines = await _drain(tailer, on_lines, stop_event, catch)
-            if lines:
-                last_lines = loop.time()
-            sees_closes = watch is not None and watch.sees_closes
-            if not sees_closes:
-                tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `Probe`
-            catch._progress()
-            if after_drain is not None:
-                after_drain()
-            if stop_event.is_set():
-                break
-            if busy and lines:
-                await catch._wait(wake, wake.urgent, wait, None if sees_closes else Probe(tailer, False, loop.time()))
-                # Without close events a restart's last lines are read only at the end of the wait
-                # (before the new server truncates the log, or never): then no longer than a poll.
-                wait = min(2 * wait, batch_interval if sees_closes else min(batch_interval, poll_interval))
-                if wake.any.is_set() or (watch is not None and watch.take_events()) or tailer.has_pending():
+    follower = _Follower(
+        tailer,
+        on_lines,
+        clock if clock is not None else asyncio.get_running_loop(),
+        poll_interval=poll_interval,
+        batch_interval=batch_interval,
+        after_drain=after_drain,
+        catch=catch_up if catch_up is not None else CatchUp(),
+    )
+    await follower.run(stop if stop is not None else asyncio.Event(), use_watchdog)
+
+
+class _Follower:
+    """follow()'s loop, and what it keeps from one pass to the next: the watch, the current batch wait, when
+    it last read and last found lines."""
+
+    def __init__(
+        self,
+        tailer: LogTailer,
+        on_lines: Callable[[list[str]], None],
+        clock: Clock,
+        *,
+        poll_interval: float,
+        batch_interval: float,
+        after_drain: Callable[[], None] | None,
+        catch: CatchUp,
+    ) -> None:
+        self.tailer, self.on_lines, self.clock, self.catch = tailer, on_lines, clock, catch
+        self.poll_interval, self.batch_interval, self.after_drain = poll_interval, batch_interval, after_drain
+        self.first_wait = min(BATCH_START, batch_interval)
+        self.wait = self.first_wait  # the next batch wait while the file keeps changing
+        self.wake = WakeUps(clock, self.first_wait)
+        self.watch: InotifyWatch | ParentWatch | None = None
+        self.last_drain = self.last_lines = -math.inf
+
+    async def run(self, stop: asyncio.Event, use_watchdog: bool) -> None:
+        """Pass after pass (read to the end, then a batch wait or an idle wait) until `stop` is set."""
+        if use_watchdog:
+            path, wake = self.tailer.path, self.wake
+            self.watch = InotifyWatch.create(path, wake) or ParentWatch(path, asyncio.get_running_loop(), wake)
+        stop_task = asyncio.ensure_future(stop.wait())
+        stop_task.add_done_callback(lambda _: self.wake.read_now())
+        self.catch._attach(self.tailer, self.clock)
+        try:
+            while not stop.is_set():
+                busy, lines, sees_closes = await self._pass(stop)
+                if stop.is_set():
+                    break
+                if busy and lines and await self._batch_wait(sees_closes):
                     continue
-            wait = first_wait  # quiet: the next line is read at once, and batching starts over
-            if isinstance(watch, InotifyWatch):
-                watch.any_name = tailer.rotated_files > 0
-            if watch is not None:
-                watch.listen()
-            await catch._wait(
-                wake,
-                wake.any,
-                poll_interval,
-                None if sees_closes else Probe(tailer, True, loop.time(), last_lines + ACTIVE_SPAN),
-            )
-    finally:
-        catch._progress()
-        catch._tailer = None
-        stop_task.cancel()
+                await self._idle_wait(sees_closes)
+        finally:
+            self.catch._progress()
+            self.catch._attach(None, None)
+            stop_task.cancel()
+            if self.watch is not None:
+                self.watch.close()
+
+    async def _pass(self, stop: asyncio.Event) -> tuple[bool, int, bool]:
+        """The watch's events taken, the log read to its end, the scrapes waiting told, problems reported:
+        whether the writer is busy (this read soon after the last), the lines read, whether closes are seen."""
+        watch = self.watch
         if watch is not None:
-            watch.close()
+            watch.ensure()
+            watch.take_events()  # what they announce, this drain reads
+        self.wake.clear()  # from here on, an event means one more pass
+        now = self.clock.time()
+        busy, self.last_drain = now - self.last_drain < 2 * self.wait, now
+        lines = await _drain(self.tailer, self.on_lines, stop, self.catch)
+        if lines:
+            self.last_lines = self.clock.time()
+        sees_closes = watch is not None and watch.sees_closes
+        if not sees_closes:
+            self.tailer.probe()  # a look as the read ends: how the writer goes on, for the estimate of `Probe`
+        self.catch._progress()
+        if self.after_drain is not None:
+            self.after_drain()
+        return busy, lines, sees_closes
+
+    async def _batch_wait(self, sees_closes: bool) -> bool:
+        """The wait between two reads of a busy writer, ended early by a close (or a probe's look), the next
+        one twice as long; True: read again at once (the log changed meanwhile), False: the idle wait next."""
+        wake, tailer = self.wake, self.tailer
+        probe = None if sees_closes else Probe(tailer, False, self.clock.time())
+        await self.catch._wait(wake, wake.urgent, self.wait, probe)
+        # Without close events a restart's last lines are read only at the end of the wait
+        # (before the new server truncates the log, or never): then no longer than a poll.
+        limit = self.batch_interval if sees_closes else min(self.batch_interval, self.poll_interval)
+        self.wait = min(2 * self.wait, limit)
+        return wake.any.is_set() or (self.watch is not None and self.watch.take_events()) or tailer.has_pending()
+
+    async def _idle_wait(self, sees_closes: bool) -> None:
+        """Quiet: until an event, a probe's look at the file or the poll timer; the next line is read at once,
+        and batching starts over."""
+        self.wait = self.first_wait
+        watch = self.watch
+        if isinstance(watch, InotifyWatch):
+            watch.any_name = self.tailer.rotated_files > 0
+        if watch is not None:
+            watch.listen()
+        probe = None if sees_closes else Probe(self.tailer, True, self.clock.time(), self.last_lines + ACTIVE_SPAN)
+        await self.catch._wait(self.wake, self.wake.any, self.poll_interval, probe)

@@ -38,7 +38,7 @@ from typing import Any
 
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line
-from exporter.logs.source import CHUNK_BYTES, read_lines
+from exporter.logs.source import CHUNK_BYTES, StreamSource, read_lines
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,8 @@ def is_start_banner(line: str) -> bool:
     return type(parse_line(line)) in ev.BANNERS
 
 
-class JournaldSource:
-    """Lines of one systemd unit's journal, via ``journalctl``."""
+class JournaldSource(StreamSource):
+    """Lines of one systemd unit's journal, via ``journalctl``; it logs its own problems."""
 
     def __init__(
         self,
@@ -134,6 +134,7 @@ class JournaldSource:
         restart_delay: float = 1.0,
         max_history: int = MAX_HISTORY_ENTRIES,
     ) -> None:
+        super().__init__()
         self.unit = unit
         self.namespace = namespace
         self.directory = directory

@@ -1,16 +1,21 @@
-"""What a line source other than the file tailer looks like to the pipeline (standard input, the journal).
+"""What a line source looks like to the pipeline: the file tailer (`logs/file_source.py`), standard input,
+the journal. One interface, `LineSource`:
 
-The file tailer (`logs/tail.py`) has its own richer interface (rotation, truncation statistics); every
-other source implements this small protocol:
+- lines: `replay(on_lines)` hands over the lines that describe the server as it is now (a file's existing
+  content; the journal: everything since llama-server's last start banner), which the pipeline applies with
+  counting off, so an exporter restart never re-counts the past; `run(on_lines, stop)` feeds every later
+  line, in order, until `stop` is set; `catch_up()`, before a scrape, has what the source holds now read.
+- health: `up`, and `error`, why it is down in one line naming it (`unreadable`: content refused as not a
+  text log, binary data).
+- stats: `SourceStats`, what a file's rotations and truncations cost (all zero for a source without them);
+  `contents`, how many contents it has begun (a file's opens, rotations, truncations), and
+  `restarts_rewrite`, whether a server's start begins a new content (llama-server truncates its
+  `--log-file` as it starts), so that a new log format can only begin there.
 
-- `history()` returns the lines that describe the server as it is now (the journal: everything since
-  llama-server's last start banner). The pipeline applies them with counting off, exactly like the
-  file source's start-up replay, so an exporter restart never re-counts the past.
-- `run(on_lines, stop)` feeds every later line, in order, until `stop` is set.
-
-Both read a byte stream (a pipe, journalctl's output) with one loop, `read_lines`: chunks as they
-arrive, split into lines at "\n", a chunk's complete lines handed over together, until the input ends
-or `stop` is set.
+The stream sources (standard input, the journal) share `StreamSource`: no stats, no content boundaries, no
+catch-up, and a `history()` as their replay. They read a byte stream (a pipe, journalctl's output) with
+one loop, `read_lines`: chunks as they arrive, split into lines at "\n", a chunk's complete lines handed
+over together, until the input ends or `stop` is set.
 """
 
 from __future__ import annotations
@@ -18,14 +23,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 #: Bytes asked of a stream per read: what arrived since the last read comes back, up to this.
 CHUNK_BYTES = 1 << 16
 
 
+@dataclass
+class SourceStats:
+    """What following a file cost, for the exporter's health metrics (`llamacpp_exporter_log_*_total`); all
+    monotonic, all zero for a source that has no file (standard input, the journal)."""
+
+    truncations: int = 0  # file shrank below our offset, or its first bytes changed (rewritten in place)
+    rotations: int = 0  # path now names a different file (inode/device changed, or recreated after delete)
+    lost_bytes: int = 0  # bytes lost: seen by a look and never read, or estimated (see `replaced.Growth`)
+    long_lines: int = 0  # lines cut at the longest line kept
+
+
 class LineSource(Protocol):
-    """A source of llama-server log lines (one line per call item, without the newline)."""
+    """A source of llama-server log lines (one line per list item, without the newline)."""
+
+    #: True when a server's start begins a new content (a file llama-server truncates as it starts): a new
+    #: log format can only begin there. False: any start banner may begin one.
+    restarts_rewrite: ClassVar[bool]
 
     @property
     def description(self) -> str:
@@ -37,13 +58,88 @@ class LineSource(Protocol):
         """True while the source is readable (`llamacpp_exporter_source_up{source="log"}`)."""
         ...
 
-    def history(self) -> list[str]:
-        """Lines to replay without counting at start (may be empty)."""
+    @property
+    def error(self) -> str | None:
+        """Why the source cannot be read, in one line naming it; None while it can (or nothing is known yet)."""
+        ...
+
+    @property
+    def unreadable(self) -> str | None:
+        """Why its content was refused as not a text log (binary data); None otherwise."""
+        ...
+
+    @property
+    def stats(self) -> SourceStats:
+        """Rotations, truncations, lost bytes, long lines (zero where the source has none)."""
+        ...
+
+    @property
+    def contents(self) -> int:
+        """How many contents the source has begun so far: lines after it changed may begin a new server run."""
+        ...
+
+    def replay(self, on_lines: Callable[[list[str]], None]) -> None:
+        """Hand over, in batches, the lines to apply without counting at start (maybe none)."""
         ...
 
     async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
         """Feed new lines to `on_lines` until `stop` is set (or the source ends for good)."""
         ...
+
+    async def catch_up(self) -> None:
+        """Before a scrape: have what the source holds now read (returns at once where there is nothing to do)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the source holds open (a file's descriptors)."""
+        ...
+
+
+class StreamSource:
+    """What the stream sources (standard input, the journal) share: no file, so no stats, no content boundaries
+    and no catch-up; `history()` is their replay, `description`, `up` and `run` their own."""
+
+    restarts_rewrite: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._stats = SourceStats()  # stays zero
+
+    @property
+    def description(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def up(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def error(self) -> str | None:
+        return None if self.up else f"{self.description} cannot be read"
+
+    @property
+    def unreadable(self) -> str | None:
+        return None
+
+    @property
+    def stats(self) -> SourceStats:
+        return self._stats
+
+    @property
+    def contents(self) -> int:
+        return 0
+
+    def history(self) -> list[str]:
+        """Lines to replay without counting at start (may be empty)."""
+        return []
+
+    def replay(self, on_lines: Callable[[list[str]], None]) -> None:
+        on_lines(self.history())
+
+    async def catch_up(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 class LineSplitter:

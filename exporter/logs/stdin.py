@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import BinaryIO
 
 from exporter.logs.encoding import PowerShellRecord, Transcoder, sniff
-from exporter.logs.source import CHUNK_BYTES, read_lines
+from exporter.logs.source import CHUNK_BYTES, StreamSource, read_lines
 from exporter.loops import waits_on_descriptors
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,11 @@ def as_utf8(read: Callable[[], Awaitable[bytes]]) -> Callable[[], Awaitable[byte
     return reading
 
 
-class StdinSource:
-    """Reads lines from a binary stream (standard input by default)."""
+class StdinSource(StreamSource):
+    """Reads lines from a binary stream (standard input by default); no history to replay."""
 
     def __init__(self, stream: BinaryIO | None = None) -> None:
+        super().__init__()
         self._stream = stream
         self._open = True
 
@@ -102,9 +103,6 @@ class StdinSource:
     @property
     def up(self) -> bool:
         return self._open
-
-    def history(self) -> list[str]:
-        return []
 
     async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
         stream = self._stream

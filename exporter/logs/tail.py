@@ -117,6 +117,7 @@ from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
 from exporter.logs.fileopen import identity, open_log
 from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
 from exporter.logs.replaced import pread as _pread
+from exporter.logs.source import SourceStats
 
 __all__ = ["LogTailer", "TailerStats"]
 
@@ -124,16 +125,13 @@ _HEAD_BYTES = _TAIL_BYTES = FINGERPRINT_BYTES
 
 
 @dataclass
-class TailerStats:
-    """Counters for one ``LogTailer``; all monotonic."""
+class TailerStats(SourceStats):
+    """Counters for one ``LogTailer``, all monotonic: the line source's stats (truncations, rotations, lost
+    bytes, long lines: `exporter.logs.source.SourceStats`), and what it read."""
 
     lines: int = 0  # complete lines returned
     bytes: int = 0  # bytes consumed
-    truncations: int = 0  # file shrank below our offset, or its first bytes changed (rewritten in place)
-    rotations: int = 0  # path now names a different file (inode/device changed, or recreated after delete)
     opens: int = 0
-    long_lines: int = 0  # lines cut at max_line_bytes
-    lost_bytes: int = 0  # bytes lost: seen by a look and never read, or estimated (see `replaced.Growth`)
 
 
 def _decode(line: bytes | bytearray) -> str:

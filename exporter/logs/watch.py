@@ -3,7 +3,8 @@ observer thread elsewhere) and the wakers `follow` waits on.
 
 Events only reduce latency; `follow`'s timer is the guarantee (see `exporter.logs.follow`). Both watches
 watch the log's directory, not the file, so that a rotation or a re-creation is seen; both end a wait
-through `WakeUps`: `any` for a change, `urgent` also for a writer closing the file."""
+through `WakeUps`: `any` for a change, `urgent` also for a writer closing the file. The wakers' timers run
+on a `Clock`: the event loop, or a test's that moves only when the test moves it."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pathlib
 import stat
 import struct
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from exporter.loops import waits_on_descriptors
 
@@ -382,10 +384,10 @@ class WakeUps:
     writer would be read once per line. llama-server keeps its log open until it exits.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, batch_interval: float) -> None:
-        self.any = Waker(loop)  # ends an idle wait
-        self.urgent = Waker(loop)  # also ends a batch wait
-        self._loop, self._batch_interval = loop, batch_interval
+    def __init__(self, clock: Clock, batch_interval: float) -> None:
+        self.any = Waker(clock)  # ends an idle wait
+        self.urgent = Waker(clock)  # also ends a batch wait
+        self._clock, self._batch_interval = clock, batch_interval
         self._last_close = -math.inf
 
     def clear(self) -> None:
@@ -396,7 +398,7 @@ class WakeUps:
         self.any.set()
 
     def writer_closed(self) -> None:
-        now = self._loop.time()
+        now = self._clock.time()
         if now - self._last_close < self._batch_interval:
             self.any.set()
         else:
@@ -408,15 +410,30 @@ class WakeUps:
         self.any.set()
 
 
+class Timer(Protocol):
+    """A timer `Clock.call_later` started (`asyncio.TimerHandle`)."""
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """The time follow() reads and the timers it waits with: the event loop itself, or in a test a clock that
+    stands still until the test moves it, so that the follower's tests are driven step by step, not timed."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer: ...
+
+
 class Waker:
     """What follow() sleeps on between drains: set by filesystem events or stop, or the timer runs out.
 
     One future and one timer per sleep; cheaper than an asyncio.Event waited on through tasks, which
-    counts when a busy server wakes the follower a hundred times a second.
+    counts when a busy server wakes the follower a hundred times a second. The timer runs on `clock`.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._set = False
         self._future: asyncio.Future[None] | None = None
 
@@ -435,8 +452,8 @@ class Waker:
         """Until set() (at once if it was set since the last clear()) or `timeout` seconds."""
         if self._set:
             return
-        future = self._future = self._loop.create_future()
-        timer = self._loop.call_later(timeout, _resolve, future)
+        future = self._future = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(timeout, resolve, future)
         try:
             await future
         finally:
@@ -444,6 +461,7 @@ class Waker:
             self._future = None
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def resolve(future: asyncio.Future[None]) -> None:
+    """Resolve `future` (a wait's end) unless something resolved it first."""
     if not future.done():
         future.set_result(None)

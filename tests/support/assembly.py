@@ -27,6 +27,7 @@ from pathlib import Path
 
 from exporter.build import build_logs, servers_registry
 from exporter.config import parse_config
+from exporter.logs.file_source import FileSource
 from exporter.metrics.servers import ServersCollector
 from exporter.serve import open_servers
 from exporter.unit import refresh_all
@@ -74,8 +75,9 @@ class Assembly:
         """Read every log to its end, poll by poll, each poll's lines fed as one batch; the lines read."""
         count = 0
         for pipeline in self.pipelines:
-            tailer = pipeline.tailer
-            assert tailer is not None
+            source = pipeline.source
+            assert isinstance(source, FileSource)
+            tailer = source.tailer
             while True:
                 before = (tailer.stats.bytes, tailer.stats.opens, tailer.stats.rotations, tailer.stats.truncations)
                 lines = tailer.poll()

@@ -1,13 +1,24 @@
-"""Watching follow() from a test: wait on a condition (bounded, never a fixed sleep), collect the batches
-it delivers, list the filesystem watches the process holds, and pick inotify or watchdog."""
+"""Driving follow() from a test: a clock that stands still until the test moves it (`ManualClock`), a wait
+on a condition (`wait_until`, with a hang guard only, never a fixed sleep), the batches it delivers, the
+filesystem watches the process holds, and inotify or watchdog.
+
+With `ManualClock` no wait of the follower ends by itself: a batch wait, a poll timer, a probe's look or a
+scrape's timeout comes when the test moves the clock, so what a test sees before it does was caused by a
+filesystem event, a writer's close, a scrape or a stop, however slow the host. The only real-time limit is
+`HANG_GUARD`, which fires only if the code hangs.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from seq_log import seqs
@@ -15,15 +26,98 @@ from watchdog.observers.api import BaseObserver
 
 from exporter.logs import watch as watch_mod
 
+#: Real seconds after which a wait is taken for a hang: the only wall-clock limit of the follower's tests.
+HANG_GUARD = 60.0
 
-async def wait_until(cond: Callable[[], bool], what: str, timeout: float = 3.0) -> None:
-    """Wait until `cond()` holds; fail naming `what` after `timeout` seconds."""
+
+async def wait_until(cond: Callable[[], bool], what: str, timeout: float = HANG_GUARD) -> None:
+    """Wait until `cond()` holds, letting the event loop run (filesystem events come in); fail naming `what`
+    only if it never does (`timeout`: a hang guard, not a margin)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"hung waiting for {what}")
         await asyncio.sleep(0.002)
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let the event loop run what is ready (a woken follower's pass, the events already in), `rounds` turns."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@dataclass(order=True)
+class _Timer:
+    when: float
+    seq: int
+    callback: Callable[..., object] = field(compare=False)
+    args: tuple[Any, ...] = field(compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """follow()'s clock in a test (`exporter.logs.watch.Clock`), and the tailer's (it is callable): it stands
+    still until the test moves it (`advance`, `run_until`); the timers due then fire at their times, in order,
+    each one's effect run before the next fires. `delays` lists the delays of the timers set, in order."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+        self.delays: list[float] = []
+        self._timers: list[_Timer] = []
+        self._seq = 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> _Timer:
+        timer = _Timer(self.now + delay, self._seq, callback, args)
+        self._seq += 1
+        self.delays.append(delay)
+        heapq.heappush(self._timers, timer)
+        return timer
+
+    def next_timer(self) -> float | None:
+        """When the next timer set and not cancelled is due; None when there is none."""
+        while self._timers and self._timers[0].cancelled:
+            heapq.heappop(self._timers)
+        return self._timers[0].when if self._timers else None
+
+    async def advance(self, seconds: float) -> None:
+        """Move the clock `seconds` on, firing every timer due meanwhile at its time."""
+        until = self.now + seconds
+        while (when := self.next_timer()) is not None and when <= until:
+            timer = heapq.heappop(self._timers)
+            self.now = max(self.now, when)
+            timer.callback(*timer.args)
+            await settle()
+        self.now = until
+        await settle()
+
+    async def run_until(self, cond: Callable[[], bool], what: str, *, within: float = math.inf) -> float:
+        """Let the follower run until `cond()` holds, moving the clock to the next timer whenever what is
+        ready has run, but never more than `within` seconds on from now: a timer later than that does not
+        fire (say, a 60 s poll timer), so what the follower does then must be caused by something else (a
+        filesystem event). Fails only if it hangs. Returns the seconds it took on the clock."""
+        loop = asyncio.get_running_loop()
+        start, deadline = self.now, loop.time() + HANG_GUARD
+        while True:
+            await settle()
+            if cond():
+                return self.now - start
+            if loop.time() > deadline:
+                raise AssertionError(f"hung waiting for {what} (the clock at {self.now - start} s)")
+            when = self.next_timer()
+            if when is None or when - start > within:
+                await asyncio.sleep(0.001)  # no timer to fire: something (the kernel, a thread) must come in
+            else:
+                await self.advance(when - self.now)
 
 
 def live_watches() -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 from paths import B11434
 
 from exporter.logs import events as ev
+from exporter.logs.file_source import FileSource
 from exporter.logs.parse import parse_lines
 from exporter.logs.tail import LogTailer
 from exporter.model.forecast import forecast
@@ -193,10 +194,11 @@ async def test_a_restart_may_change_the_format_only_in_a_new_file(tmp_path: Path
     before = _observed(state)
 
     def read_to_the_end() -> None:  # as the follower does: poll after poll (each reads one chunk)
-        assert pipeline.tailer is not None
+        source = pipeline.source
+        assert isinstance(source, FileSource)
         for _ in range(10_000):
-            pipeline.feed(pipeline.tailer.poll())
-            if pipeline.tailer.at_eof:
+            pipeline.feed(source.tailer.poll())
+            if source.tailer.at_eof:
                 return
         raise AssertionError("the tailer never reached the end of the log")
 

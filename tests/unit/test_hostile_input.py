@@ -24,6 +24,7 @@ from exporter import diagnose
 from exporter.logs import events as ev
 from exporter.logs.parse import parse_line
 from exporter.logs.recognize import UNRECOGNIZED_AFTER_LINES
+from exporter.logs.source import StreamSource
 from exporter.model.bounds import MAX_BYTES, MAX_SLOTS, MAX_TOKENS
 from exporter.model.forecast import forecast
 from exporter.model.state import ServerState
@@ -119,40 +120,38 @@ def test_no_real_line_is_rejected() -> None:
             assert state.rejected == {}, (path.name, state.rejected, state.last_unexpected)
 
 
-class _Source:
+class _Source(StreamSource):
     """A line source that feeds some lines and then fails, as a broken journal reader or pipe would."""
 
     description = "test source"
     up = True
 
-    def __init__(self, lines: list[str], error: Exception | None) -> None:
-        self.lines, self.error = lines, error
-
-    def history(self) -> list[str]:
-        return []
+    def __init__(self, lines: list[str], fails: Exception | None) -> None:
+        super().__init__()
+        self.lines, self.fails = lines, fails
 
     async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
         on_lines(self.lines)
-        if self.error is not None:
-            raise self.error
+        if self.fails is not None:
+            raise self.fails
 
 
 @pytest.mark.parametrize("error", [RuntimeError("reader died"), None], ids=["raises", "ends"])
 async def test_a_pipeline_that_stops_shows_as_down(error: Exception | None) -> None:
     """Whatever ends the pipeline (an error, a source that ends), the log source reads down, not a frozen up."""
     state = ServerState()
-    pipeline = LogPipeline(state, None, _Source([POISON[0][0], "srv  update_slots: all slots are idle"], error))
+    pipeline = LogPipeline(state, _Source([POISON[0][0], "srv  update_slots: all slots are idle"], error))
     assert pipeline.up
     stop = asyncio.Event()
     with contextlib.suppress(RuntimeError):
-        await pipeline.run(poll_interval=1, batch_interval=0, use_watchdog=False, stop=stop)
+        await pipeline.run(stop=stop)
     assert not pipeline.up and pipeline.stopped is not None
     assert state.rejected == {"malformed": 1}
 
 
 def test_rejections_are_logged_once_per_reason_and_interval(caplog: pytest.LogCaptureFixture) -> None:
     state = ServerState()
-    pipeline = LogPipeline(state, None, _Source([], None))
+    pipeline = LogPipeline(state, _Source([], None))
     with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         for _ in range(1000):
             pipeline.feed([POISON[0][0]])  # 1,000 poison lines within the interval: one log line
@@ -197,7 +196,7 @@ def test_a_log_that_is_not_llama_servers_says_so(caplog: pytest.LogCaptureFixtur
     ]
     noise = ["".join(chr(rng.randrange(32, 127)) for _ in range(80)) for _ in range(600)]
     state = ServerState()
-    pipeline = LogPipeline(state, None, _Source([], None))
+    pipeline = LogPipeline(state, _Source([], None))
     with caplog.at_level(logging.WARNING, logger="exporter.pipeline"):
         pipeline.feed(other[: UNRECOGNIZED_AFTER_LINES - 1])
         assert pipeline.understood is None  # not enough lines to tell yet

@@ -18,6 +18,7 @@ from paths import FIXTURES, REPO
 from exporter.diagnose.inputs import diagnose_file
 from exporter.diagnose.read import InputError
 from exporter.logs import recognize
+from exporter.logs.file_source import FileSource
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
@@ -66,8 +67,8 @@ def test_a_foreign_log_written_line_by_line_is_said_within_50_lines(
         for n, line in enumerate(sample.read_bytes().splitlines(keepends=True), 1):
             out.write(line)
             out.flush()
-            assert pipeline.tailer is not None
-            pipeline.feed(pipeline.tailer.poll())
+            assert isinstance(pipeline.source, FileSource)
+            pipeline.feed(pipeline.source.tailer.poll())
             if pipeline.understood is not None and decided_at is None:
                 decided_at = n
     assert pipeline.understood is False
@@ -94,8 +95,8 @@ def test_diagnose_and_the_follower_agree_on_a_short_file(tmp_path: Path) -> None
     assert pipeline.understood is None
     with log.open("a") as out:
         out.write("0.00.003.960 I srv  llama_server: initializing ...\n")
-    assert pipeline.tailer is not None
-    pipeline.feed(pipeline.tailer.poll())
+    assert isinstance(pipeline.source, FileSource)
+    pipeline.feed(pipeline.source.tailer.poll())
     assert pipeline.understood is True
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fake_nvml import GIB, FakeNvml, h200
+from follow_watch import HANG_GUARD, ManualClock, wait_until
 from paths import B11434
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import unit as unit_mod
 from exporter.logs import follow as follow_mod
+from exporter.logs.file_source import FileSource
 from exporter.logs.tail import LogTailer
 from exporter.metrics.servers import ServersCollector, merge_units
 from exporter.model.live import HttpSnapshot, ProcessInfo, ProcSnapshot
@@ -154,14 +156,17 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
     monkeypatch.setattr(follow_mod, "BATCH_START", 5.0)
     log = tmp_path / "server.log"
     log.write_bytes(CAPTURE.read_bytes())
-    pipeline = LogPipeline(ServerState(), LogTailer(log))
+    # The follower's clock stands still: its 5 s batch wait (and the scrape's own timeout) never ends by itself.
+    pipeline = LogPipeline(
+        ServerState(), FileSource(LogTailer(log), poll_interval=60, batch_interval=30, clock=ManualClock())
+    )
     pipeline.replay_existing()
     server = FollowedServer({}, pipeline, LiveSources(pipeline.state))
     collector = ServersCollector([server])
     registry = CollectorRegistry()
     registry.register(collector)
     stop = asyncio.Event()
-    task = asyncio.create_task(pipeline.run(poll_interval=60, batch_interval=30, use_watchdog=True, stop=stop))
+    task = asyncio.create_task(pipeline.run(stop=stop))
 
     async def lines_after(n: int) -> None:
         with log.open("a") as f:
@@ -173,23 +178,14 @@ async def test_a_scrape_counts_the_lines_written_before_it(tmp_path: Path, monke
         return next(f.samples[0].value for f in families if f.name == "llamacpp_exporter_log_lines")
 
     await lines_after(1)
-    for _ in range(500):  # read at once (the follower was idle)
-        if pipeline.lines == 1:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: pipeline.lines == 1, "the first line, read at once (the follower was idle)")
     await lines_after(1)  # soon after: busy, and this read is followed by the 5 s batch wait
-    for _ in range(500):
-        if pipeline.lines == 2:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: pipeline.lines == 2, "the second line")
     await lines_after(40)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await refresh_all([server])  # what the web app runs before it renders /metrics
-    assert scraped() == 42
-    assert loop.time() - started < 1.0
+    await asyncio.wait_for(refresh_all([server]), HANG_GUARD)  # what the web app runs before it renders /metrics
+    assert scraped() == 42  # the clock stood still: the scrape had them read
     stop.set()
-    await asyncio.wait_for(task, timeout=1.0)
+    await asyncio.wait_for(task, HANG_GUARD)
 
 
 GOOD = """

@@ -1,6 +1,8 @@
 """How follow() batches a writer's lines and paces its wake-ups to the writer, and a scrape that reads what
-the log holds before it answers, without waiting for the batch or a flood. Waits are on conditions with a
-bounded timeout, never a fixed sleep.
+the log holds before it answers, without waiting for the batch or a flood. Driven: the follower runs on a
+`ManualClock` that the test moves (a millisecond between two writes, a quiet spell), so its batch waits, its
+looks at the file and a scrape's timeout end when the test says, and what happens before that was caused by
+an event, a close or a scrape; the only real-time limit is the hang guard.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from follow_watch import Seen, use_watch, wait_until
+from follow_watch import HANG_GUARD, ManualClock, Seen, use_watch, wait_until
 from seq_log import append, lines_bytes, seqs
 
 from exporter.logs import follow as follow_mod
@@ -27,21 +29,19 @@ async def test_follow_batches_a_busy_writer(tmp_path: Path) -> None:
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=0.05))
+    clock = ManualClock()
+    task = asyncio.create_task(follow(t, seen, clock=clock, poll_interval=60, stop=stop, batch_interval=0.05))
     await wait_until(lambda: seen.has(0), "seq 0")
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     with p.open("ab") as f:
         for i in range(1, 301):
             f.write(lines_bytes(i, i + 1))
             f.flush()
-            await asyncio.sleep(0.001)
-    await wait_until(lambda: seen.has(300), "seq 300")
-    elapsed = loop.time() - started
+            await clock.advance(0.001)
+    await clock.run_until(lambda: seen.has(300), "seq 300", within=1)
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(301))
-    assert seen.batches - 1 <= elapsed / 0.05 + 4  # not one batch per write (the first wait is 25 ms)
+    assert seen.batches - 1 <= clock.now / 0.05 + 4  # not one batch per write (the first wait is 25 ms)
 
 
 @pytest.mark.parametrize("watch", ["inotify", "watchdog"])
@@ -57,17 +57,19 @@ async def test_follow_reads_at_once_when_the_writer_closes(
     stop = asyncio.Event()
     # Batch waits of 600 s: once the follower is busy, only the close can have it read before the test ends.
     monkeypatch.setattr(follow_mod, "BATCH_START", 600.0)
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=600))
+    clock = ManualClock()
+    task = asyncio.create_task(follow(t, seen, clock=clock, poll_interval=60, stop=stop, batch_interval=600))
     await wait_until(lambda: t.last_error is not None, "the first (missing-file) poll")
     with p.open("wb") as f:
         for i in range(100):  # a write every few ms: two drains close together make the follower busy
             f.write(lines_bytes(i, i + 1))
             f.flush()
-            await asyncio.sleep(0.003)
-    # Closed: the server exited. Read within the 600 s batch wait, before a successor truncates the log.
-    await wait_until(lambda: seen.has(99), "the last line before the close", timeout=120)
+            await clock.advance(0.003)
+    # Closed: the server exited. Read within the 600 s batch wait (the clock stays short of its end),
+    # before a successor truncates the log.
+    await clock.run_until(lambda: seen.has(99), "the last line before the close", within=1)
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(100))
     # Busy: the writes were not read one by one (the waits grew 25, 50, 100, 200, 400 ms meanwhile).
     assert seen.batches <= 8
@@ -96,20 +98,21 @@ async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: 
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=0.2))
+    clock = ManualClock()
+    task = asyncio.create_task(follow(t, seen, clock=clock, poll_interval=60, stop=stop, batch_interval=0.2))
     await wait_until(lambda: seen.has(0), "seq 0")
-    with p.open("ab") as f:  # a stream: a line every 5 ms for about 2 s
+    with p.open("ab") as f:  # a stream: a line every 5 ms for 2 s
         for i in range(1, 401):
             f.write(lines_bytes(i, i + 1))
             f.flush()
-            await asyncio.sleep(0.005)
-    await wait_until(lambda: seen.has(400), "seq 400")
-    await asyncio.sleep(0.5)  # quiet: the follower goes back to waiting for an event
+            await clock.advance(0.005)
+    await clock.run_until(lambda: seen.has(400), "seq 400", within=1)
+    await clock.advance(0.5)  # quiet: the follower goes back to waiting for an event
     batches, waits_before = seen.batches, len(waits)
     append(p, 401, 402)
-    await wait_until(lambda: seen.has(401), "the line after the quiet spell", timeout=10.0)
+    await wait_until(lambda: seen.has(401), "the line after the quiet spell")  # the clock stands: its event
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(402))
 
     batch_waits = [w for w in waits[:waits_before] if w < 60]
@@ -123,22 +126,26 @@ async def test_follow_cadence_adapts_to_the_writer(tmp_path: Path, monkeypatch: 
     assert all(w == 60 for w in waits[waits_before:])
 
 
-async def _in_a_batch_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Seen, CatchUp, Any, Any]:
-    """A follower busy with a writer, now in a 600 s batch wait (the first one, made long: what the test sees
-    before it ends happened because of the scrape, however slow the host): the log, what it read, its CatchUp,
-    its stop event and its task."""
+async def _in_a_batch_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Seen, CatchUp, Any, Any, ManualClock]:
+    """A follower busy with a writer, now in a 600 s batch wait (the first one, made long), on a clock that stands
+    still (what the test sees before it moves it happened because of the scrape, however slow the host): the
+    log, what it read, its CatchUp, its stop event, its task and its clock."""
     waits = record_waits(monkeypatch)
     monkeypatch.setattr(follow_mod, "BATCH_START", 600.0)
     # Without close events (the portable pass) the size probe would end the wait once the writer is quiet.
     monkeypatch.setattr(follow_mod, "PROBE_INTERVAL", 60)
     p = tmp_path / "server.log"
     append(p, 0, 1)
-    t, seen, catch_up, stop = LogTailer(p), Seen(), CatchUp(), asyncio.Event()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=600, catch_up=catch_up))
+    t, seen, catch_up, stop, clock = LogTailer(p), Seen(), CatchUp(), asyncio.Event(), ManualClock()
+    task = asyncio.create_task(
+        follow(t, seen, clock=clock, poll_interval=60, stop=stop, batch_interval=600, catch_up=catch_up)
+    )
     await wait_until(lambda: seen.has(0), "seq 0")
     append(p, 1, 2)  # soon after the last read: busy, so the read of it is followed by a batch wait
     await wait_until(lambda: seen.has(1) and 600.0 in waits, "the batch wait")
-    return p, seen, catch_up, stop, task
+    return p, seen, catch_up, stop, task, clock
 
 
 async def test_a_scrape_reads_the_log_without_waiting_for_the_batch(
@@ -147,35 +154,36 @@ async def test_a_scrape_reads_the_log_without_waiting_for_the_batch(
     """A scrape (CatchUp) during a batch wait has the lines written before it read at once, and
     waits for that read (several chunks: it goes on when the read reaches where the log ended);
     the follower then goes on batching."""
-    p, seen, catch_up, stop, task = await _in_a_batch_wait(tmp_path, monkeypatch)
+    p, seen, catch_up, stop, task, clock = await _in_a_batch_wait(tmp_path, monkeypatch)
     n = 2
     while p.stat().st_size < 200_000:  # several of the tailer's reads, below CATCH_UP_MAX_BYTES
         append(p, n, n + 500)
         n += 500
-    await asyncio.wait_for(catch_up(), timeout=120)  # the batch wait lasts 600 s: this did not wait for it
+    # The clock stands: neither the 600 s batch wait nor the scrape's own timeout can end; the scrape did.
+    await asyncio.wait_for(catch_up(), HANG_GUARD)
     assert seen.has(n - 1), "the lines written before the scrape are read when it returns"
     batches = seen.batches
     append(p, n, n + 10)
-    await asyncio.sleep(0.3)
+    await clock.advance(0.3)
     assert seen.batches == batches  # still batching: the next read is at the end of the wait
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(n))
 
 
 async def test_a_scrape_does_not_wait_for_a_flood(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With more unread than CATCH_UP_MAX_BYTES, a scrape only ends the batch wait: it answers with
     what was read so far while the follower reads the backlog."""
-    p, seen, catch_up, stop, task = await _in_a_batch_wait(tmp_path, monkeypatch)
+    p, seen, catch_up, stop, task, _clock = await _in_a_batch_wait(tmp_path, monkeypatch)
     n = 2
     while p.stat().st_size < 2 * follow_mod.CATCH_UP_MAX_BYTES:
         append(p, n, n + 1000)
         n += 1000
     await catch_up()
     assert not seen.has(2)  # returned before the follower read anything
-    await wait_until(lambda: seen.has(n - 1), "the backlog, read before the 600 s wait ends", timeout=120)
+    await wait_until(lambda: seen.has(n - 1), "the backlog, read before the 600 s wait ends")  # the clock stands
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(n))
 
 
@@ -183,19 +191,19 @@ async def test_a_scrape_before_or_after_the_follower_returns_at_once(tmp_path: P
     p = tmp_path / "server.log"
     append(p, 0, 1)
     catch_up = CatchUp()
-    await asyncio.wait_for(catch_up(), timeout=1.0)  # no follower yet
-    t, seen, stop = LogTailer(p), Seen(), asyncio.Event()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, catch_up=catch_up))
+    await asyncio.wait_for(catch_up(), HANG_GUARD)  # no follower yet
+    t, seen, stop, clock = LogTailer(p), Seen(), asyncio.Event(), ManualClock()
+    task = asyncio.create_task(follow(t, seen, clock=clock, poll_interval=60, stop=stop, catch_up=catch_up))
     await wait_until(lambda: seen.has(0), "seq 0")
     batches = seen.batches
-    await asyncio.wait_for(catch_up(), timeout=30)  # idle, nothing unread: at once, not at the 60 s poll
+    await asyncio.wait_for(catch_up(), HANG_GUARD)  # idle, nothing unread: at once (the clock stands)
     assert seen.batches == batches
     append(p, 1, 2)
     await catch_up()  # written just before the scrape, its filesystem event not handled yet: read now
     assert seen.has(1)
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
-    await asyncio.wait_for(catch_up(), timeout=1.0)  # stopped
+    await asyncio.wait_for(task, HANG_GUARD)
+    await asyncio.wait_for(catch_up(), HANG_GUARD)  # stopped
 
 
 async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,16 +213,18 @@ async def test_a_scrape_reads_a_polled_log_at_once(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(follow_mod, "ACTIVE_SPAN", 0)  # not even in the second after a line
     p = tmp_path / "server.log"
     append(p, 0, 1)
-    t, seen, stop, catch_up = LogTailer(p), Seen(), asyncio.Event(), CatchUp()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, use_watchdog=False, stop=stop, catch_up=catch_up))
+    t, seen, stop, catch_up, clock = LogTailer(p), Seen(), asyncio.Event(), CatchUp(), ManualClock()
+    task = asyncio.create_task(
+        follow(t, seen, clock=clock, poll_interval=60, use_watchdog=False, stop=stop, catch_up=catch_up)
+    )
     await wait_until(lambda: seen.has(0), "seq 0")
     append(p, 1, 10)
-    await asyncio.sleep(0.1)
-    assert not seen.has(1)  # polled every 60 s
-    await asyncio.wait_for(catch_up(), timeout=1.0)
+    await clock.advance(0.1)
+    assert not seen.has(1)  # looked at every 60 s
+    await asyncio.wait_for(catch_up(), HANG_GUARD)
     assert seen.has(9)
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
 
 
 async def test_follow_batches_a_writer_that_closes_after_every_write(tmp_path: Path) -> None:
@@ -224,16 +234,14 @@ async def test_follow_batches_a_writer_that_closes_after_every_write(tmp_path: P
     t = LogTailer(p)
     seen = Seen()
     stop = asyncio.Event()
-    task = asyncio.create_task(follow(t, seen, poll_interval=60, stop=stop, batch_interval=0.05))
+    clock = ManualClock()
+    task = asyncio.create_task(follow(t, seen, clock=clock, poll_interval=60, stop=stop, batch_interval=0.05))
     await wait_until(lambda: seen.has(0), "seq 0")
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     for i in range(1, 301):
         append(p, i, i + 1)
-        await asyncio.sleep(0.001)
-    await wait_until(lambda: seen.has(300), "seq 300")
-    elapsed = loop.time() - started
+        await clock.advance(0.001)
+    await clock.run_until(lambda: seen.has(300), "seq 300", within=1)
     stop.set()
-    await asyncio.wait_for(task, timeout=30)  # a hang guard, not a margin
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(301))
-    assert seen.batches - 1 <= elapsed / 0.05 + 3  # not one batch per write
+    assert seen.batches - 1 <= clock.now / 0.05 + 3  # not one batch per write

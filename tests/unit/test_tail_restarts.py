@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 from corpus_replay import exported
-from follow_watch import use_watch
+from follow_watch import HANG_GUARD, use_watch
 from paths import FIXTURES
 from watchdog.observers.polling import PollingObserver
 
 from exporter.logs import watch as watch_mod
+from exporter.logs.file_source import FileSource
 from exporter.logs.follow import follow
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
@@ -71,7 +72,7 @@ class Looks:
                 self.cond.notify_all()
         return result
 
-    def wait_after(self, when: float, timeout: float = 10.0) -> bool:
+    def wait_after(self, when: float, timeout: float = HANG_GUARD) -> bool:
         with self.cond:
             return self.cond.wait_for(lambda: self.last > when, timeout)
 
@@ -118,24 +119,24 @@ async def test_a_wrapper_restarting_the_server_loses_nothing_uncounted(
     log = tmp_path / "llama-server.stderr"
     state = ServerState()
     tailer = LogTailer(log)
-    pipeline = LogPipeline(state, tailer)
+    # The exporter's defaults: a stat() every second, batches of up to 2 s.
+    pipeline = LogPipeline(
+        state, FileSource(tailer, poll_interval=1.0, batch_interval=2.0, use_watchdog=watch != "polling")
+    )
     pipeline.replay_existing()  # no file yet: everything is live
     looks = Looks(tailer)
     stop = asyncio.Event()
-    # The exporter's defaults: a stat() every second, batches of up to 2 s.
-    task = asyncio.create_task(
-        pipeline.run(poll_interval=1.0, batch_interval=2.0, use_watchdog=watch != "polling", stop=stop)
-    )
+    task = asyncio.create_task(pipeline.run(stop=stop))
     wrapper = Wrapper(log, looks)
     wrapper.start()
     while wrapper.is_alive():
         await asyncio.sleep(0.05)
     assert wrapper.error is None, wrapper.error
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + HANG_GUARD  # real time: the restart gaps are real, and so is the follower's clock
     while tailer.stats.bytes + tailer.stats.lost_bytes < wrapper.written and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, HANG_GUARD)
 
     unread = wrapper.written - tailer.stats.bytes
     print(
@@ -219,25 +220,29 @@ def test_a_writer_seen_quiet_before_the_restart_counts_no_estimate(tmp_path: Pat
 async def test_without_close_events_a_writer_that_stops_is_read_before_the_batch_wait_ends(tmp_path: Path) -> None:
     """Polling with 30 s waits: a busy writer's last lines are read once it stops (two probes see no
     growth), and a line after a quiet spell is read at once (a probe sees it), not after 30 s."""
-    from follow_watch import Seen, wait_until
+    from follow_watch import HANG_GUARD, ManualClock, Seen, wait_until
     from seq_log import append, lines_bytes, seqs
 
     log = tmp_path / "llama-server.stderr"
     append(log, 0, 1)
-    tailer, seen, stop = LogTailer(log), Seen(), asyncio.Event()
-    task = asyncio.create_task(follow(tailer, seen, poll_interval=30, batch_interval=30, use_watchdog=False, stop=stop))
+    clock = ManualClock()  # the follower's and the tailer's, moved by the test
+    tailer, seen, stop = LogTailer(log, clock=clock), Seen(), asyncio.Event()
+    task = asyncio.create_task(
+        follow(tailer, seen, poll_interval=30, batch_interval=30, use_watchdog=False, stop=stop, clock=clock)
+    )
     await wait_until(lambda: seen.has(0), "seq 0")
-    with log.open("ab") as f:  # busy: a line every millisecond or so, then the writer stops
+    with log.open("ab") as f:  # busy: a line every millisecond, then the writer stops
         for i in range(1, 400):
             f.write(lines_bytes(i, i + 1))
             f.flush()
-            await asyncio.sleep(0.001)
-    await wait_until(lambda: seen.has(399), "the last line, after the writer stopped", timeout=10)
-    await asyncio.sleep(0.3)  # quiet
+            await clock.advance(0.001)
+    # Read once the looks see the writer quiet, long before the 30 s batch wait ends.
+    await clock.run_until(lambda: seen.has(399), "the last line, after the writer stopped", within=1)
+    await clock.advance(0.3)  # quiet
     append(log, 400, 401)
-    await wait_until(lambda: seen.has(400), "a line after a quiet spell", timeout=10)
+    await clock.run_until(lambda: seen.has(400), "a line after a quiet spell", within=1)  # a look saw it
     stop.set()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, HANG_GUARD)
     assert seqs(seen.lines) == list(range(401))
 
 

@@ -4,7 +4,8 @@ A writer thread behaves as llama-server does: one `write()` per line, its log op
 never reopened unless it starts again. Between its lines it rotates the log the ways logrotate and
 people do: rename and create (the writer goes on into the renamed file for a while, then reopens the
 path), copytruncate, truncate, delete and recreate (late writes into the deleted file). The follower
-runs meanwhile, with inotify and with polling only. At the end each sequence number was read exactly
+runs meanwhile, with inotify and with polling only, on a `ManualClock` the test moves while the writer
+writes (its only real-time limits are hang guards). At the end each sequence number was read exactly
 once, or its bytes are in `lost_bytes`: what was read plus what was counted lost is what was written.
 """
 
@@ -18,10 +19,10 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from follow_watch import HANG_GUARD, ManualClock, wait_until
 
 from exporter.logs.follow import follow
 from exporter.logs.tail import LogTailer
@@ -113,25 +114,33 @@ async def test_every_line_is_read_once_or_counted_lost(tmp_path: Path, fs_events
     writer = Writer(path, tailer, seed=20261201 + fs_events, rounds=12)
     # A busy writer is read in batches; at the default 2 s batches each rotation would wait about a
     # second to be seen, and what is checked here is what is read, not when.
+    clock = ManualClock()
     follower = asyncio.ensure_future(
-        follow(tailer, received.extend, use_watchdog=fs_events, poll_interval=0.05, batch_interval=0.2, stop=stop)
+        follow(
+            tailer,
+            received.extend,
+            use_watchdog=fs_events,
+            poll_interval=0.05,
+            batch_interval=0.2,
+            stop=stop,
+            clock=clock,
+        )
     )
     writer.start()
     try:
-        while not writer.done.is_set():
-            await asyncio.sleep(0.05)
+        while not writer.done.is_set():  # the follower's time moves on as the writer writes
+            await clock.advance(0.01)
+            await asyncio.sleep(0.001)
         assert writer.error is None, writer.error
 
         def accounted() -> int:
             return sum(len(text.encode()) + 1 for text in received) + tailer.stats.lost_bytes
 
         total = sum(map(len, writer.written.values()))
-        deadline = time.monotonic() + 15
-        while accounted() < total and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await clock.run_until(lambda: accounted() >= total, "every byte read or counted lost")
     finally:
         stop.set()
-        await asyncio.wait_for(follower, 10)
+        await asyncio.wait_for(follower, HANG_GUARD)
 
     intact: list[int] = []
     fragments = 0  # bytes of lines cut by a truncation while half read (the rest is in the lost bytes)
@@ -167,25 +176,22 @@ async def test_a_rotated_file_written_on_is_read_at_once(tmp_path: Path) -> None
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.write(fd, _line(0, rng))
     tailer = LogTailer(path)
-    follower = asyncio.ensure_future(follow(tailer, received.extend, poll_interval=30, stop=stop))
+    # The clock moves a second between two writes (batch waits end), never to the 30 s poll timer: only an
+    # event can have the follower read.
+    clock = ManualClock()
+    follower = asyncio.ensure_future(follow(tailer, received.extend, poll_interval=30, stop=stop, clock=clock))
     try:
-        await _until(lambda: len(received) == 1)
+        await wait_until(lambda: len(received) == 1, "the first line")
         path.rename(tmp_path / "llama-server.log.1")
         path.touch()  # logrotate's `create`
-        await _until(lambda: tailer.stats.rotations == 1)
+        await wait_until(lambda: tailer.stats.rotations == 1, "the rotation")
         for i in range(1, 4):
+            await clock.advance(1)
             os.write(fd, _line(i, rng))
-            await _until(functools.partial(lambda n: len(received) == n, i + 1))
+            await wait_until(functools.partial(lambda n: len(received) == n, i + 1), f"line {i}")
     finally:
         os.close(fd)
         stop.set()
-        await asyncio.wait_for(follower, 10)
+        await asyncio.wait_for(follower, HANG_GUARD)
+    assert clock.now < 30
     assert [text[: len("seq=000000")] for text in received] == [f"seq={i:06d}" for i in range(4)]
-
-
-async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met (the 30 s poll timer never fired: only an event can wake it)")
-        await asyncio.sleep(0.01)

@@ -25,6 +25,7 @@ from watchdog.observers.polling import PollingObserver
 from exporter.logs import watch as watch_mod
 from exporter.logs.file_source import FileSource
 from exporter.logs.follow import follow
+from exporter.logs.replaced import QUIET
 from exporter.logs.tail import LogTailer
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
@@ -76,11 +77,22 @@ class Looks:
         with self.cond:
             return self.cond.wait_for(lambda: self.last > when, timeout)
 
+    def saw_quiet(self, stopped: float, timeout: float = HANG_GUARD) -> bool:
+        """Whether (within `timeout`) the follower looked at the file after the writer `stopped`, and again
+        twice `QUIET` after that look: the second look sees the writer had stopped, so nothing is estimated
+        (a look right after the last write cannot tell a writer that stopped from one still writing)."""
+        if not self.wait_after(stopped, timeout):
+            return False
+        with self.cond:
+            seen = self.last
+        return self.wait_after(seen + 2 * QUIET, timeout)
+
 
 class Wrapper(threading.Thread):
     """Four llama-server runs on one log: each opens it with mode "w", writes its lines one write() at a
     time, exits, and the next starts RESTART_GAP later (and not before the follower looked at the file
-    once since the last line: that is what a probe every 50 ms does on a host that is not starved)."""
+    since the last line, and again once it could see the writer had stopped: what a probe every 50 ms does
+    on a host that is not starved; a starved follower makes the restart wait)."""
 
     def __init__(self, log: Path, looks: Looks) -> None:
         super().__init__(daemon=True)
@@ -101,8 +113,8 @@ class Wrapper(threading.Thread):
                 os.close(fd)  # the server exits (a crash: its last lines are the ones that explain it)
                 last = time.monotonic()
                 time.sleep(RESTART_GAP)
-                if i < len(RUNS) - 1 and not self.looks.wait_after(last, timeout=0):
-                    self.looks.wait_after(last)
+                if i < len(RUNS) - 1 and not self.looks.saw_quiet(last, timeout=0):
+                    self.looks.saw_quiet(last)
                     self.late.append(time.monotonic() - last)
         except BaseException as exc:
             self.error = exc
@@ -166,7 +178,6 @@ def test_a_truncation_counts_what_a_probe_saw_and_estimates_what_none_did(tmp_pa
     """The counting itself, step by step: a probe between reads remembers the size; the restart's truncation
     counts the difference, and, since the last look saw the server still writing, what it wrote after that
     look at the rate the looks saw; a probe that comes after the restart counts nothing of the new run."""
-    from exporter.logs.replaced import QUIET
 
     log = tmp_path / "llama-server.stderr"
     first = RUNS[0].read_bytes().splitlines(keepends=True)
@@ -197,8 +208,6 @@ def test_a_truncation_counts_what_a_probe_saw_and_estimates_what_none_did(tmp_pa
 def test_a_writer_seen_quiet_before_the_restart_counts_no_estimate(tmp_path: Path) -> None:
     """A look QUIET after the old server's last growth saw no more: it had stopped, nothing is estimated;
     what that look saw and no read took is counted to the byte."""
-    from exporter.logs.replaced import QUIET
-
     log = tmp_path / "llama-server.stderr"
     first = RUNS[0].read_bytes().splitlines(keepends=True)
     log.write_bytes(b"".join(first[:100]))

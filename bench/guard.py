@@ -3,6 +3,7 @@
     $ .venv/bin/python bench/guard.py            # about 3 minutes on 2 cores
     $ .venv/bin/python bench/guard.py --quick    # smaller sizes, for a first look
     $ .venv/bin/python bench/guard.py --overhead-only --threads 1   # llama-server on one core, one left over
+    $ .venv/bin/python bench/guard.py --against /tmp/base --threads 1  # CPU per streamed token, B/A (below)
 
 Every figure comes from real processes: llama-server (b11434, `LLAMA_SERVER_BIN` or the tests' build)
 with the tests' tiny random llama, and `python -m exporter --guard.listen-address`. Direct and guarded
@@ -16,6 +17,11 @@ runs alternate in the same seconds, so the machine's load falls on both.
 - mixed: a seeded load of mixed sizes (some streaming, up to 6 in flight) that overflows a 1,024-cell
   `-kvu` pool now and then: aborted requests, answered requests, p50/p99 latency and tokens per second,
   direct and through the guard.
+- against (`--against DIR`, DIR another checkout, e.g. `git worktree add /tmp/base main`): the CPU per
+  streamed token of two exporters, A from DIR and B from this checkout, each with its guard in front of one
+  llama-server, their long streams alternating (A B, then B A) so that the load falls on both alike; B/A is
+  what a change costs on the streaming path, within a few per cent on a shared 2-core machine (the
+  overhead table's figure, a difference of two small CPU figures over 7 streams, is too coarse for that).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from llama_harness import ExporterProcess, LlamaServer, find_llama_server, make_prompt  # noqa: E402
+from llama_harness import ExporterProcess, LlamaServer, find_llama_server, free_port, make_prompt  # noqa: E402
+from llama_requests import try_http_status  # noqa: E402
 from tiny_gguf import write_tiny_llama  # noqa: E402
 
 
@@ -281,6 +289,67 @@ def mixed(direct: str, guard: str, n: int) -> list[str]:
     return lines
 
 
+def guard_at(checkout: Path, server: LlamaServer, out: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The exporter of `checkout` (its own code, this Python) with its guard in front of `server`: (process, port)."""
+    port, guard = free_port(), free_port()
+    command = [sys.executable, "-m", "exporter", "--log-file", str(server.log_file)]
+    command += ["--listen-address", f"127.0.0.1:{port}", "--server-url", server.url, "--nvml", "off"]
+    command += ["--guard.listen-address", f"127.0.0.1:{guard}"]
+    with out.open("ab") as sink:
+        proc = subprocess.Popen(command, cwd=checkout, stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while try_http_status(f"http://127.0.0.1:{port}/") != 200:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the exporter of {checkout} did not start: {out.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, guard
+
+
+def against(other: Path, binary: Path, model: Path, tmp: Path, threads: str, rounds: int) -> list[str]:
+    """CPU per streamed token through the guard of `other` (A) and of this checkout (B), streams alternating."""
+    server = LlamaServer(binary, model, ("-c", "4096", "-np", "4", "-kvu", "-t", threads), log_file=tmp / "ab.log")
+    server.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    sides: list[tuple[int, int]] = []  # (pid, guard port) of A, then B
+    try:
+        for checkout, name in ((other, "a"), (ROOT, "b")):
+            proc, port = guard_at(checkout, server, tmp / f"exporter-{name}.out")
+            procs.append(proc)
+            sides.append((proc.pid, port))
+        long = {"prompt": "Hello", "n_predict": 3000, "ignore_eos": True, "stream": True, "cache_prompt": False}
+
+        def stream(port: int) -> int:
+            client = Client(f"http://127.0.0.1:{port}")
+            try:
+                return _tokens(client.post("/completion", long)[1], True)
+            finally:
+                client.close()
+
+        for _, port in sides:  # warm both
+            stream(port)
+        cpu, tokens = [0.0, 0.0], [0, 0]
+        for r in range(rounds):
+            for i in (0, 1) if r % 2 == 0 else (1, 0):
+                pid, port = sides[i]
+                before = cpu_seconds(pid)
+                tokens[i] += stream(port)
+                cpu[i] += cpu_seconds(pid) - before
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+        server.stop()
+    a, b = (cpu[i] / max(tokens[i], 1) for i in (0, 1))
+    return [
+        "| exporter | streamed tokens | CPU s | CPU per streamed token, µs |",
+        "|---|---|---|---|",
+        f"| A: {other} | {tokens[0]:,} | {cpu[0]:.2f} | {a * 1e6:.1f} |",
+        f"| B: {ROOT} | {tokens[1]:,} | {cpu[1]:.2f} | {b * 1e6:.1f} |",
+        f"| B/A | | | {b / a:.3f} |",
+    ]
+
+
 def serve(binary: Path, model: Path, tmp: Path, args: Sequence[str]) -> tuple[LlamaServer, ExporterProcess, str]:
     server = LlamaServer(binary, model, args, log_file=tmp / f"llama-server-{args[1]}.log").start()
     from llama_harness import free_port
@@ -300,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fits-only", action="store_true", help="only the load that always fits")
     parser.add_argument("--overhead-only", action="store_true", help="only the overhead table")
     parser.add_argument("--threads", type=int, default=2, help="llama-server's -t (default 2)")
+    parser.add_argument("--against", type=Path, help="only: CPU per streamed token, this checkout's guard vs DIR's")
+    parser.add_argument("--rounds", type=int, default=30, help="--against: streams of 3,000 tokens each side")
     args = parser.parse_args(argv)
     binary = find_llama_server()
     if binary is None:
@@ -311,6 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmpdir)
         model = write_tiny_llama(tmp / "tiny.gguf")
         threads = ("-t", str(args.threads))
+        if args.against is not None:
+            print(f"\n## CPU per streamed token, {args.rounds} streams of 3,000 tokens each side, alternating\n")
+            print("\n".join(against(args.against.resolve(), binary, model, tmp, str(args.threads), args.rounds)))
+            print(f"\nload average {os.getloadavg()[0]:.2f}")
+            return 0
         server, exporter, guard = serve(binary, model, tmp, ("-c", "4096", "-np", "4", "-kvu", *threads))
         try:
             if not args.fits_only:

@@ -1,5 +1,6 @@
 """The guard's row: what it did with each request, its queue, how long requests waited, and the demand it
-admitted against the pool (exporter/guard/books.py exports these families).
+admitted against the pool (exporter/guard/books.py exports these families), and by client the time to first
+byte, end to end and queue wait (exporter/guard/client_metrics.py).
 
 The guard fronts one llama-server (a plain server or a router), so its series are one per exporter
 target and carry no ``server`` or ``model`` label: every query here is filtered by job and instance
@@ -31,6 +32,37 @@ def guard(lay: Layout) -> None:
     lay.add(_queue(), 6, 8)
     lay.add(_queue_wait(), 6, 8)
     lay.add(_demand_vs_pool(), 6, 8)
+    lay.add(
+        _by_client(
+            "Guard: time to first byte by client (p95)",
+            "llamacpp_guard_client_time_to_first_byte_seconds",
+            "from each request's arrival at the guard to the guard sending its answer's head (a stream's first token), "
+            "queue included: the first token as the client waits for it. Only answers that came whole with a 2xx are "
+            "timed (refusals and errors are in the outcomes)",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        _by_client(
+            "Guard: end to end by client (p95)",
+            "llamacpp_guard_client_request_duration_seconds",
+            "from each request's arrival at the guard to the guard sending its answer's last byte, queue "
+            "included. Only answers that came whole with a 2xx are timed (refusals and errors are in the outcomes)",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        _by_client(
+            "Guard: queue wait by client (p95)",
+            "llamacpp_guard_client_queue_wait_seconds",
+            "how long each client's requests waited in the guard's queue before they were admitted, refused or "
+            "abandoned",
+        ),
+        8,
+        8,
+    )
 
 
 def _outcomes() -> Panel:
@@ -119,4 +151,21 @@ def _demand_vs_pool() -> Panel:
         unit="short",
         axis_label="tokens (KV cells)",
         overrides=[capacity_line("C")],
+    )
+
+
+def _by_client(title: str, family: str, what: str) -> Panel:
+    """p95 of one of the guard's histograms by client, one line each."""
+    return timeseries(
+        title,
+        f"p95 of {family} (histogram) by client: {what}. Clients are named by --guard.client-from, at most "
+        "--guard.max-clients, the rest 'other'.",
+        [
+            q(
+                "histogram_quantile(0.95, sum by (instance, client, le) "
+                f"(rate({family}_bucket{{G}}[$__rate_interval])))",
+                "{{instance}} {{client}}",
+            )
+        ],
+        unit="s",
     )

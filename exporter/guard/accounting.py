@@ -25,10 +25,13 @@ from aiohttp import web
 
 from exporter.guard.access_log import AccessLog
 from exporter.guard.admission import Ticket
+from exporter.guard.books import WAIT_BUCKETS
 from exporter.guard.clients import ClientNamer
 from exporter.guard.preempt import SlotView
 from exporter.guard.sizing import GENERATION_ROUTES
 from exporter.metrics.catalogue.guard import Outcome
+from exporter.model.histogram import Histogram
+from exporter.model.latency import DURATION_BUCKETS, TTFT_BUCKETS
 
 
 class _LiveSlot(Protocol):
@@ -52,7 +55,7 @@ class Record:
     client: str
     route: str
     started: float  # wall clock (epoch seconds)
-    t0: float  # monotonic
+    t0: float  # monotonic, when the guard had read its head (the handler started)
     ticket: Ticket | None = None
     model: str | None = None
     budget: int | None = None
@@ -63,6 +66,8 @@ class Record:
     cells: int | None = None  # cells its slot held when last seen
     generated: int = 0  # tokens it had generated when last seen
     running: bool = False  # placed in a slot now
+    first_byte: float | None = None  # monotonic, just before the guard sent the head of llama-server's answer
+    last_byte: float | None = None  # monotonic, just before the guard sent the answer's end
 
 
 @dataclass
@@ -72,9 +77,11 @@ class ClientBooks:
     outcomes: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    wait_sum: float = 0.0
-    wait_count: int = 0
     in_flight: int = 0
+    waits: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))  # seconds in the queue
+    # Requests llama-server answered with a 2xx: seconds from arrival to the first byte sent, and to the last.
+    first_bytes: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    durations: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS))
 
 
 _current: contextvars.ContextVar[Record | None] = contextvars.ContextVar("guard_request", default=None)
@@ -155,9 +162,30 @@ class Accounting:
         record = _current.get()
         if record is not None:
             record.wait += seconds
+            self.books(record.client).waits.observe(seconds)
+
+    def answering(self) -> None:
+        """The head of llama-server's answer to the request being handled goes to its client now (once: a
+        request's answer is begun once, whatever was replayed or sent again before)."""
+        record = _current.get()
+        if record is not None and record.first_byte is None:
+            record.first_byte = time.monotonic()
+
+    def answered(self, status: int) -> None:
+        """The end of llama-server's answer (`status`), come whole, goes to the client of the request being
+        handled now: timed here, before its last byte goes, so that a scrape after the client has it shows it.
+
+        Timed: the answers that came whole with a 2xx. The guard's refusals, the server's errors, a client gone
+        and an answer broken off or stopped are counted by outcome, never timed (a fast refusal would make the
+        latency look better)."""
+        record = _current.get()
+        if record is None or record.first_byte is None:
+            return
+        record.last_byte = time.monotonic()
+        if 200 <= status < 300:
             b = self.books(record.client)
-            b.wait_sum += seconds
-            b.wait_count += 1
+            b.first_bytes.observe(record.first_byte - record.t0)
+            b.durations.observe(record.last_byte - record.t0)
 
     def _count(self, record: Record, outcome: Outcome) -> None:
         record.outcomes.append(outcome)

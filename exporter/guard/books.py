@@ -62,6 +62,16 @@ class GuardBooks:
         if self.clients is not None:
             self.clients.waited(seconds)
 
+    def answering(self) -> None:
+        """The relay sends the head of llama-server's answer to the request being handled (its first byte)."""
+        if self.clients is not None:
+            self.clients.answering()
+
+    def answered(self, status: int) -> None:
+        """The relay sends the end of the answer (`status`) to the request being handled (its last byte)."""
+        if self.clients is not None:
+            self.clients.answered(status)
+
 
 class GuardCollector(Collector):
     """The guard's families (see the module's docstring)."""

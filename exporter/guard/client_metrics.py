@@ -46,13 +46,17 @@ class ClientCollector(Collector):
         in_flight = c.GUARD_CLIENT_IN_FLIGHT_REQUESTS.gauge()
         prompts = c.GUARD_CLIENT_PROMPT_TOKENS.counter()
         generated = c.GUARD_CLIENT_GENERATED_TOKENS.counter()
-        waits = c.GUARD_CLIENT_QUEUE_WAIT_SECONDS.summary()
+        waits = c.GUARD_CLIENT_QUEUE_WAIT_SECONDS.histogram_family()
+        first_bytes = c.GUARD_CLIENT_TIME_TO_FIRST_BYTE_SECONDS.histogram_family()
+        durations = c.GUARD_CLIENT_REQUEST_DURATION_SECONDS.histogram_family()
         for name, b in clients:
             in_flight.add_metric([name], b.in_flight)
             prompts.add_metric([name], b.prompt_tokens)
             generated.add_metric([name], b.generated_tokens)
-            waits.add_metric([name], count_value=b.wait_count, sum_value=b.wait_sum)
-        yield from (in_flight, prompts, generated, waits)
+            waits.add_metric([name], b.waits.buckets(), b.waits.sum)
+            first_bytes.add_metric([name], b.first_bytes.buckets(), b.first_bytes.sum)
+            durations.add_metric([name], b.durations.buckets(), b.durations.sum)
+        yield from (in_flight, prompts, generated, waits, first_bytes, durations)
         yield c.GUARD_CLIENTS_LIMIT.gauge(a.namer.max_clients)
         log = a.access_log
         if log is not None:

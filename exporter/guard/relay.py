@@ -103,6 +103,9 @@ class Relay:
             # head waits for that event, so that until then the client has no byte and the request can be
             # sent again (or replayed) if llama-server dies (or the guard stops it) meanwhile.
             first = await self._first_event(upstream, run) if run is not None and run.streaming else b""
+            # The client's time to first byte ends here, once per request, never per chunk (with its first
+            # event when a stream): stamped before the send, so that the client has no byte before it.
+            self.books.answering()
             await response.prepare(request)
             done = await self._relay(request, response, upstream, first, run)
             return response
@@ -155,6 +158,7 @@ class Relay:
         if run is not None and run.stop.is_set() and run.streaming:
             await self._end_stopped_stream(response, run)
             return False
+        self.books.answered(response.status)  # the end to end: the answer came whole, its end goes now
         await response.write_eof()
         return True
 

@@ -195,3 +195,49 @@ def test_the_guard_row_queries_in_prometheus(promtool_bin: Path, tmp_path: Path)
         (target("Guard: demand admitted vs pool", "C"), {f"llamacpp_guard_pool_limit_tokens{gauge}": 1000}),
     ]
     _promtool_expressions(promtool_bin, tmp_path, series, cases)
+
+
+@pytest.mark.promtool
+def test_the_guard_rows_panels_by_client_query_in_prometheus(promtool_bin: Path, tmp_path: Path) -> None:
+    """The p95 by client of the guard's time to first byte, end to end and queue wait, over the series the real
+    client collector exports for two clients whose every observation falls in one bucket (so the p95 is that
+    bucket's lower bound plus 95 % of its width)."""
+    from exporter.guard.accounting import Accounting
+    from exporter.guard.client_metrics import ClientCollector
+    from exporter.guard.clients import ClientNamer
+
+    accounting = Accounting(ClientNamer())
+    observed = {"orchestrator": (0.2, 3.0, 0.5), "chat": (0.02, 0.3, 0.02)}
+    for name, (first, end, wait) in observed.items():
+        b = accounting.books(name)
+        for _ in range(60):
+            b.first_bytes.observe(first)
+            b.durations.observe(end)
+            b.waits.observe(wait)
+    job, instance = 'job="llamacpp"', 'instance="a:9778"'
+    series: dict[str, str] = {}
+    for sample in collector_samples(ClientCollector(accounting)):
+        labels = ", ".join([job, instance, *(f'{k}="{v}"' for k, v in sample.labels.items())])
+        growing = sample.name.endswith(("_total", "_bucket", "_sum", "_count"))
+        series[f"{sample.name}{{{labels}}}"] = f"0+{sample.value}x10" if growing else f"{sample.value}x10"
+    panels = {p["title"]: p for p in guard_row_json()}
+
+    def target(title: str) -> str:
+        return _substituted(panels[title]["targets"][0]["expr"])
+
+    def p95(low: float, high: float) -> float:
+        return low + 0.95 * (high - low)
+
+    by = {"orchestrator": f'{{client="orchestrator", {instance}}}', "chat": f'{{client="chat", {instance}}}'}
+    cases: list[tuple[str, dict[str, float]]] = [
+        (
+            target("Guard: time to first byte by client (p95)"),
+            {by["orchestrator"]: p95(0.1, 0.25), by["chat"]: p95(0.01, 0.025)},
+        ),
+        (target("Guard: end to end by client (p95)"), {by["orchestrator"]: p95(2.5, 5.0), by["chat"]: p95(0.25, 0.5)}),
+        (
+            target("Guard: queue wait by client (p95)"),
+            {by["orchestrator"]: p95(0.25, 0.5), by["chat"]: p95(0.01, 0.05)},
+        ),
+    ]
+    _promtool_expressions(promtool_bin, tmp_path, series, cases)

@@ -59,6 +59,12 @@ GUARD_METRICS = {
     "llamacpp_guard_admitted_prompt_tokens",
     "llamacpp_guard_pool_limit_tokens",
 }
+#: The guard row's families by client: each plotted as its p95 by client.
+GUARD_CLIENT_HISTOGRAMS = {
+    "llamacpp_guard_client_time_to_first_byte_seconds_bucket",
+    "llamacpp_guard_client_request_duration_seconds_bucket",
+    "llamacpp_guard_client_queue_wait_seconds_bucket",
+}
 
 #: Keys that Grafana's Prometheus plugin stores on annotations and query variables but that are not
 #: part of the core dashboard schema the SDK models (so its round trip drops them).
@@ -392,12 +398,25 @@ def test_stacked_panels_stack_one_instance_each() -> None:
 
 
 def test_the_guard_row_plots_what_the_guard_exports() -> None:
-    """One row for the guard: its requests by outcome (a rate), its queue, the queue wait's quantiles and the
-    demand it admitted against its pool limit; every name it queries is one the guard's collector exports."""
+    """One row for the guard: its requests by outcome (a rate), its queue, the queue wait's quantiles, the
+    demand it admitted against its pool limit, and by client the p95 of its time to first byte, end to end and
+    queue wait; every name it queries is one the guard's collectors export."""
+    from exporter.guard.accounting import Accounting
+    from exporter.guard.client_metrics import ClientCollector
+    from exporter.guard.clients import ClientNamer
+
     panels = guard_row_json()
+    accounting = Accounting(ClientNamer())
+    accounting.books("orchestrator")
     exported = {sample.name for sample in collector_samples(guard_collector())}
+    exported |= {sample.name for sample in collector_samples(ClientCollector(accounting))}
     queried = {n for p in panels for t in p["targets"] for n in metric_names_in(t["expr"])}
-    assert queried == GUARD_METRICS and exported >= GUARD_METRICS, (queried ^ GUARD_METRICS, GUARD_METRICS - exported)
+    wanted = GUARD_METRICS | GUARD_CLIENT_HISTOGRAMS
+    assert queried == wanted and exported >= wanted, (queried ^ wanted, wanted - exported)
+    for family in GUARD_CLIENT_HISTOGRAMS:
+        (target,) = _panel_with(family)["targets"]
+        assert "histogram_quantile(0.95, sum by (instance, client, le)" in target["expr"]
+        assert "{{client}}" in target["legendFormat"]
     outcomes = _panel_with("llamacpp_guard_requests_total")
     assert "rate(" in outcomes["targets"][0]["expr"] and "{{outcome}}" in outcomes["targets"][0]["legendFormat"]
     wait = _panel_with("llamacpp_guard_queue_wait_seconds_bucket")

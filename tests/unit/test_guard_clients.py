@@ -101,7 +101,7 @@ def test_counts_reach_the_client_whose_handler_makes_them_and_no_other() -> None
     accounting.count_for(1, "preempted")
     assert accounting.clients["orchestrator"].outcomes == {"queued": 1, "admitted": 1, "preempted": 1}
     assert accounting.clients["claude-cli"].outcomes == {"admitted": 1, "retried": 1}
-    assert accounting.clients["orchestrator"].wait_count == 1 and books.outcomes["preempted"] == 1
+    assert accounting.clients["orchestrator"].waits.count == 1 and books.outcomes["preempted"] == 1
 
 
 def test_cells_by_client_come_from_the_matched_slots_fresher_from_the_exporters_read() -> None:

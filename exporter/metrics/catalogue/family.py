@@ -88,6 +88,11 @@ class Family:
             family.add_metric([key], h.buckets(), h.sum)
         return family
 
+    def histogram_family(self) -> HistogramMetricFamily:
+        """An empty histogram family, for `add_metric` with its labels (an unbounded label's values: `client`)."""
+        assert self.type == "histogram", self.name
+        return HistogramMetricFamily(self.family, self.help, labels=self.labels)
+
     def summary(self) -> SummaryMetricFamily:
         """An empty summary family, for `add_metric` with its labels."""
         assert self.type == "summary", self.name

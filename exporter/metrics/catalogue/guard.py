@@ -142,9 +142,31 @@ GUARD_CLIENT_GENERATED_TOKENS = Family(
 
 GUARD_CLIENT_QUEUE_WAIT_SECONDS = Family(
     "llamacpp_guard_client_queue_wait_seconds",
-    "summary",
+    "histogram",
     CLIENT,
-    "Time each client's requests waited in the guard's queue (count: requests that waited).",
+    "Time each client's requests waited in the guard's queue before they were admitted, refused or abandoned "
+    "(count: requests that waited; the buckets of llamacpp_guard_queue_wait_seconds).",
+    labels=("client",),
+)
+
+GUARD_CLIENT_TIME_TO_FIRST_BYTE_SECONDS = Family(
+    "llamacpp_guard_client_time_to_first_byte_seconds",
+    "histogram",
+    CLIENT,
+    "Time from a request's arrival at the guard (its head read) to the guard sending its client the head of "
+    "llama-server's answer (a stream's head goes with its first event: the first token), queue and replays "
+    "included; requests whose answer came whole with a 2xx status only (the buckets of "
+    "llamacpp_time_to_first_token_seconds).",
+    labels=("client",),
+)
+
+GUARD_CLIENT_REQUEST_DURATION_SECONDS = Family(
+    "llamacpp_guard_client_request_duration_seconds",
+    "histogram",
+    CLIENT,
+    "Time from a request's arrival at the guard to the guard sending the last byte of its answer, for the "
+    "requests of llamacpp_guard_client_time_to_first_byte_seconds (the buckets of "
+    "llamacpp_request_duration_seconds).",
     labels=("client",),
 )
 

@@ -4,6 +4,7 @@
     $ .venv/bin/python bench/guard.py --quick    # smaller sizes, for a first look
     $ .venv/bin/python bench/guard.py --overhead-only --threads 1   # llama-server on one core, one left over
     $ .venv/bin/python bench/guard.py --against /tmp/base --threads 1  # CPU per streamed token, B/A (below)
+    $ .venv/bin/python bench/guard.py --against /tmp/base --per-request  # CPU per small request, B/A
 
 Every figure comes from real processes: llama-server (b11434, `LLAMA_SERVER_BIN` or the tests' build)
 with the tests' tiny random llama, and `python -m exporter --guard.listen-address`. Direct and guarded
@@ -21,7 +22,9 @@ runs alternate in the same seconds, so the machine's load falls on both.
   streamed token of two exporters, A from DIR and B from this checkout, each with its guard in front of one
   llama-server, their long streams alternating (A B, then B A) so that the load falls on both alike; B/A is
   what a change costs on the streaming path, within a few per cent on a shared 2-core machine (the
-  overhead table's figure, a difference of two small CPU figures over 7 streams, is too coarse for that).
+  overhead table's figure, a difference of two small CPU figures over 7 streams, is too coarse for that);
+  with `--per-request`, blocks of 20 small requests (one token, not streamed) instead: what the guard's
+  sizing, admission and relay cost a request.
 """
 
 from __future__ import annotations
@@ -306,8 +309,15 @@ def guard_at(checkout: Path, server: LlamaServer, out: Path) -> tuple[subprocess
     return proc, guard
 
 
-def against(other: Path, binary: Path, model: Path, tmp: Path, threads: str, rounds: int) -> list[str]:
-    """CPU per streamed token through the guard of `other` (A) and of this checkout (B), streams alternating."""
+#: `--against --per-request`: small requests a turn, on one connection.
+REQUEST_BLOCK = 20
+
+
+def against(
+    other: Path, binary: Path, model: Path, tmp: Path, threads: str, rounds: int, per_request: bool = False
+) -> list[str]:
+    """CPU per streamed token through the guard of `other` (A) and of this checkout (B), streams alternating;
+    `per_request`: CPU per small request instead (one token, not streamed: sizing, admission, the relay)."""
     server = LlamaServer(binary, model, ("-c", "4096", "-np", "4", "-kvu", "-t", threads), log_file=tmp / "ab.log")
     server.start()
     procs: list[subprocess.Popen[bytes]] = []
@@ -318,10 +328,13 @@ def against(other: Path, binary: Path, model: Path, tmp: Path, threads: str, rou
             procs.append(proc)
             sides.append((proc.pid, port))
         long = {"prompt": "Hello", "n_predict": 3000, "ignore_eos": True, "stream": True, "cache_prompt": False}
+        small = {"prompt": "Hello", "n_predict": 1, "cache_prompt": False}
 
         def stream(port: int) -> int:
             client = Client(f"http://127.0.0.1:{port}")
             try:
+                if per_request:  # a block of small requests on one keep-alive connection, as SDKs send them
+                    return sum(client.post("/completion", small)[0] == 200 for _ in range(REQUEST_BLOCK))
                 return _tokens(client.post("/completion", long)[1], True)
             finally:
                 client.close()
@@ -341,8 +354,9 @@ def against(other: Path, binary: Path, model: Path, tmp: Path, threads: str, rou
             p.wait(10)
         server.stop()
     a, b = (cpu[i] / max(tokens[i], 1) for i in (0, 1))
+    unit = "request" if per_request else "streamed token"
     return [
-        "| exporter | streamed tokens | CPU s | CPU per streamed token, µs |",
+        f"| exporter | {unit}s | CPU s | CPU per {unit}, µs |",
         "|---|---|---|---|",
         f"| A: {other} | {tokens[0]:,} | {cpu[0]:.2f} | {a * 1e6:.1f} |",
         f"| B: {ROOT} | {tokens[1]:,} | {cpu[1]:.2f} | {b * 1e6:.1f} |",
@@ -371,6 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="llama-server's -t (default 2)")
     parser.add_argument("--against", type=Path, help="only: CPU per streamed token, this checkout's guard vs DIR's")
     parser.add_argument("--rounds", type=int, default=30, help="--against: streams of 3,000 tokens each side")
+    parser.add_argument(
+        "--per-request", action="store_true", help="--against: CPU per small request (blocks of 20) instead"
+    )
     args = parser.parse_args(argv)
     binary = find_llama_server()
     if binary is None:
@@ -383,8 +400,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = write_tiny_llama(tmp / "tiny.gguf")
         threads = ("-t", str(args.threads))
         if args.against is not None:
-            print(f"\n## CPU per streamed token, {args.rounds} streams of 3,000 tokens each side, alternating\n")
-            print("\n".join(against(args.against.resolve(), binary, model, tmp, str(args.threads), args.rounds)))
+            what = f"blocks of {REQUEST_BLOCK} small requests" if args.per_request else "streams of 3,000 tokens"
+            unit = "request" if args.per_request else "streamed token"
+            print(f"\n## CPU per {unit}, {args.rounds} {what} each side\n")
+            other = args.against.resolve()
+            lines = against(other, binary, model, tmp, str(args.threads), args.rounds, args.per_request)
+            print("\n".join(lines))
             print(f"\nload average {os.getloadavg()[0]:.2f}")
             return 0
         server, exporter, guard = serve(binary, model, tmp, ("-c", "4096", "-np", "4", "-kvu", *threads))

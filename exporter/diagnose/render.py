@@ -456,8 +456,8 @@ def _ending_lines(e: Ending) -> list[str]:
     return lines
 
 
-def render_text(report: Report) -> str:
-    """The report for people: aligned tables, thousands separators."""
+def _summary_lines(report: Report) -> list[str]:
+    """The report's head: the files, how many lines and runs, the verdict, how runs ended, the history."""
     if len(report.files) == 1:
         out: list[str] = [f"llama-server log: {report.file}"]
     else:
@@ -487,51 +487,64 @@ def render_text(report: Report) -> str:
             f"{_plural(om.aborted_requests, 'aborted request')}, {_plural(om.retries, 'retry', 'retries')} "
             "(--max-runs 0 shows all)."
         )
+    return out
+
+
+def _run_lines(r: RunReport, *, several_files: bool) -> list[str]:
+    """One run: its head, how it ended, its configuration, activity, first tokens, failures and advice."""
+    out: list[str] = []
+    c = r.configuration
+    where = f"{r.file}, " if several_files else ""
+    head = f"Run {r.index} ({where}lines {r.first_line:,}-{r.last_line:,}"
+    if r.duration_s is not None:
+        head += f", {_duration(r.duration_s)}"
+    head += ")"
+    if r.source:
+        head += f" [router child {r.model}, port {r.source}]" if r.model else f" [router child {r.source}]"
+    what = []
+    if c.build is not None:
+        what.append(f"llama-server b{c.build}")
+    if c.model:
+        what.append(f"model '{c.model}'")
+    if c.verbosity is not None:
+        what.append(f"-lv {c.verbosity}")
+    if not r.started:
+        what.append("its start-up is not in the log")
+    out.append(head + (": " + ", ".join(what) if what else ""))
+    out.extend("  " + x for x in _ending_lines(r.ending))
+    out.append("  Configuration")
+    out.extend("    " + x for x in _config_lines(c))
+    out.append("  Activity")
+    out.extend("    " + x for x in _count_lines(r.counts))
+    if r.first_tokens is not None:
+        out.append("  First tokens by cache outcome (`prompt eval time`; the exporter's `cache` label)")
+        out.extend("    " + x for line in first_token_lines(r.first_tokens) for x in _wrap(line, "", "  "))
+    s = r.failure_summary
+    if s.total:
+        out.append("  Failures")
+        if s.total > s.shown:
+            out.append(
+                f"    {s.total:,} failures; the first and last {s.shown:,} are shown (--max-failures 0 shows all). "
+                f"All of them: {s.aborted_requests:,} requests aborted, {s.victims:,} of them collateral victims; "
+                f"overflow = the failed batch in {s.overflow_is_failed_batch:,}; most tokens in one slot "
+                f"{s.max_tokens_at_abort:,}"
+            )
+        for f in r.failures:
+            out.extend("    " + x for x in _failure_lines(f.number, f))
+    if r.recommendations:
+        out.append("  Recommendations")
+        out.extend("    " + x for x in _recommendation_lines(r))
+    elif c.overcommit is not None and c.overcommit <= 1.0 and s.total:
+        out.append("  The pool is not overcommitted: these failures have another cause than slots sharing a pool.")
+    return out
+
+
+def render_text(report: Report) -> str:
+    """The report for people: aligned tables, thousands separators."""
+    out = _summary_lines(report)
     for r in report.runs:
-        c = r.configuration
         out.append("")
-        where = f"{r.file}, " if len(report.files) > 1 else ""
-        head = f"Run {r.index} ({where}lines {r.first_line:,}-{r.last_line:,}"
-        if r.duration_s is not None:
-            head += f", {_duration(r.duration_s)}"
-        head += ")"
-        if r.source:
-            head += f" [router child {r.model}, port {r.source}]" if r.model else f" [router child {r.source}]"
-        what = []
-        if c.build is not None:
-            what.append(f"llama-server b{c.build}")
-        if c.model:
-            what.append(f"model '{c.model}'")
-        if c.verbosity is not None:
-            what.append(f"-lv {c.verbosity}")
-        if not r.started:
-            what.append("its start-up is not in the log")
-        out.append(head + (": " + ", ".join(what) if what else ""))
-        out.extend("  " + x for x in _ending_lines(r.ending))
-        out.append("  Configuration")
-        out.extend("    " + x for x in _config_lines(c))
-        out.append("  Activity")
-        out.extend("    " + x for x in _count_lines(r.counts))
-        if r.first_tokens is not None:
-            out.append("  First tokens by cache outcome (`prompt eval time`; the exporter's `cache` label)")
-            out.extend("    " + x for line in first_token_lines(r.first_tokens) for x in _wrap(line, "", "  "))
-        s = r.failure_summary
-        if s.total:
-            out.append("  Failures")
-            if s.total > s.shown:
-                out.append(
-                    f"    {s.total:,} failures; the first and last {s.shown:,} are shown (--max-failures 0 shows all). "
-                    f"All of them: {s.aborted_requests:,} requests aborted, {s.victims:,} of them collateral victims; "
-                    f"overflow = the failed batch in {s.overflow_is_failed_batch:,}; most tokens in one slot "
-                    f"{s.max_tokens_at_abort:,}"
-                )
-            for f in r.failures:
-                out.extend("    " + x for x in _failure_lines(f.number, f))
-        if r.recommendations:
-            out.append("  Recommendations")
-            out.extend("    " + x for x in _recommendation_lines(r))
-        elif c.overcommit is not None and c.overcommit <= 1.0 and s.total:
-            out.append("  The pool is not overcommitted: these failures have another cause than slots sharing a pool.")
+        out.extend(_run_lines(r, several_files=len(report.files) > 1))
     if report.guard is not None:
         out.extend(["", f"Clients (the guard's access log: {', '.join(report.guard.files)})"])
         out.extend(x for advice in report.guard.advice for x in _wrap(advice, "  ", "    "))

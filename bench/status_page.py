@@ -9,7 +9,7 @@ filled with its 360 points first (`StatusSource.sample`, an hour of samples). Th
 block of each kind at a time (metrics, page, json, metrics, …), each `--renders` renders, timed with
 `time.process_time` (CPU time of this process, not wall time):
 
-- metrics: the `/metrics` body (`generate_latest` on the production registry);
+- metrics: the `/metrics` body, as the web app renders it (`Assembly.render`, the production registry);
 - page: the `/` body (`status.document` of the units' views, then `status.page`);
 - json: the `/api/status` body (the document, then `json.dumps`).
 

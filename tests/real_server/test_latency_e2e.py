@@ -63,11 +63,7 @@ def test_a_missed_cache_is_labelled_full_reprocess_and_a_returning_conversation_
         LlamaServer(llama_server_bin, tiny_gemma2_model, ARGS, log_file=tmp_path / "ls.log") as srv,
         ExporterProcess(srv.log_file) as exporter,
     ):
-        for prompt in prompts:
-            status, body = http_json(srv.url + "/completion", body=_body(prompt), timeout=60)
-            assert status == 200, body
-        wait_for(lambda: srv.log_text().count("total time =") == len(prompts), timeout=15, what="three timings")
-        expected = _outcomes(srv.log_text())
+        expected = _outcomes(_send(srv, prompts))
         assert {k: len(v) for k, v in expected.items()} == {"cold": 1, "cached": 1, "full_reprocess": 1}, _said(
             srv.log_text()
         )
@@ -119,11 +115,7 @@ def test_a_conversation_back_after_its_checkpoint_was_evicted_is_re_processed_wh
         LlamaServer(llama_server_bin, tiny_gemma2_model, args, log_file=tmp_path / "ls.log") as srv,
         ExporterProcess(srv.log_file) as exporter,
     ):
-        for prompt in prompts:
-            status, body = http_json(srv.url + "/completion", body=_body(prompt), timeout=60)
-            assert status == 200, body
-        wait_for(lambda: srv.log_text().count("total time =") == len(prompts), timeout=15, what="three timings")
-        text = srv.log_text()
+        text = _send(srv, prompts)
         expected = _outcomes(text)
         back = "full_reprocess" if checkpoints == 1 else "checkpoint_restored"
         assert {k: len(v) for k, v in expected.items()} == {"cold": 2, back: 1}, _said(text)  # 2nd turn: mostly new
@@ -152,6 +144,15 @@ def test_a_conversation_back_after_its_checkpoint_was_evicted_is_re_processed_wh
 def _body(prompt: str) -> dict[str, Any]:
     """Eight tokens always (no end of text at random): the slot's state after a request is the same every run."""
     return {"prompt": prompt, "n_predict": 8, "cache_prompt": True, "ignore_eos": True, "seed": 1}
+
+
+def _send(srv: LlamaServer, prompts: list[str]) -> str:
+    """Send the prompts one after the other; the log once it has every request's timings."""
+    for prompt in prompts:
+        status, body = http_json(srv.url + "/completion", body=_body(prompt), timeout=60)
+        assert status == 200, body
+    wait_for(lambda: srv.log_text().count("total time =") == len(prompts), timeout=15, what="every request's timings")
+    return srv.log_text()
 
 
 def _said(text: str) -> str:
@@ -233,11 +234,7 @@ def test_a_recurrent_state_re_processes_every_prompt_that_does_not_continue_it(
         LlamaServer(llama_server_bin, model, ARGS, log_file=tmp_path / "ls.log") as srv,
         ExporterProcess(srv.log_file) as exporter,
     ):
-        for prompt in prompts:
-            status, body = http_json(srv.url + "/completion", body=_body(prompt), timeout=60)
-            assert status == 200, body
-        wait_for(lambda: srv.log_text().count("total time =") == len(prompts), timeout=15, what="three timings")
-        text = srv.log_text()
+        text = _send(srv, prompts)
         expected = _outcomes(text)
         assert {k: len(v) for k, v in expected.items()} == {"cold": 1, "full_reprocess": 2}, _said(text)
         wait_for(lambda: _counted(exporter, expected, len(prompts)), timeout=15, what="three first tokens counted")

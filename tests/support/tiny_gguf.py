@@ -70,6 +70,19 @@ def _vocab(extra: int = 0) -> tuple[list[str], list[float], list[int]]:
     return toks, scores, types
 
 
+def _add_vocab(w: gguf.GGUFWriter, toks: list[str], scores: list[float], types: list[int]) -> None:
+    """The vocabulary (`_vocab`) as a llama (SentencePiece) tokenizer: unknown 0, BOS 1 (added), EOS 2."""
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+
 def _write(
     path: Path,
     arch: str,
@@ -106,15 +119,7 @@ def _write(
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
 
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    _add_vocab(w, toks, scores, types)
 
     def tensor(name: str, *shape: int, ones: bool = False, zeros: bool = False, f16: bool = False) -> None:
         # numpy shape is (rows=out, cols=in); GGUF/ggml reverse it, which the writer handles.
@@ -223,15 +228,7 @@ def _write_recurrent(path: Path, arch: str, heads_kv: list[int], *, ctx_train: i
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
+    _add_vocab(w, toks, scores, types)
 
     def tensor(name: str, *shape: int, value: float | None = None) -> None:
         arr: npt.NDArray[np.float32]

@@ -15,51 +15,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import aiohttp
-from aiohttp.test_utils import TestServer
+from guard_rig import Rig, rig
 from prometheus_client import CollectorRegistry
-from scripted_upstream import Upstream
 
-from exporter.guard import GuardSettings, RunningGuard, start_guard
-from exporter.guard.accounting import Accounting, ClientBooks
-from exporter.guard.admission import Pool
+from exporter.guard.accounting import Accounting
 from exporter.guard.books import WAIT_BUCKETS
 from exporter.guard.client_metrics import ClientCollector
 from exporter.guard.clients import ClientNamer
 from exporter.model.latency import DURATION_BUCKETS, TTFT_BUCKETS
-from exporter.settings import GuardArea
-
-POOL = Pool(capacity=1000, slot_window=1000, unified=True)
-
-
-@dataclass
-class Rig:
-    up: Upstream
-    guard: RunningGuard
-    url: str
-    session: aiohttp.ClientSession
-
-    def client(self, name: str) -> ClientBooks:
-        return self.guard.guard.accounting.clients[name]
 
 
 @asynccontextmanager
-async def rig() -> AsyncIterator[Rig]:
-    up = Upstream(window=1000)
-    server = TestServer(up.app())
-    await server.start_server()
-    upstream = str(server.make_url("")).rstrip("/")
-    accounting = Accounting(ClientNamer(header="X-Client-Name", sources=["header"]))
-    running = await start_guard(
-        GuardSettings.of(GuardArea(), upstream), lambda: POOL, "127.0.0.1", 0, accounting=accounting
-    )
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
-    try:
-        yield Rig(up, running, f"http://127.0.0.1:{running.port}", session)
-    finally:
-        await session.close()
-        await running.close()
-        await server.close()
+async def named() -> AsyncIterator[Rig]:
+    """The guard, its clients named by the `X-Client-Name` header."""
+    async with rig(accounting=Accounting(ClientNamer(header="X-Client-Name", sources=["header"]))) as r:
+        yield r
 
 
 @dataclass
@@ -82,7 +52,7 @@ async def post(r: Rig, client: str, body: dict[str, object]) -> Measured:
 
 
 async def test_a_stream_is_timed_inside_its_clients_interval_and_around_the_upstreams_hold() -> None:
-    async with rig() as r:
+    async with named() as r:
         r.up.hold("s", "s+")
         task = asyncio.ensure_future(post(r, "chat", {"prompt": "a b c", "tag": "s", "script": "stream-hold"}))
         await r.up.arrived("s")
@@ -104,7 +74,7 @@ async def test_a_stream_is_timed_inside_its_clients_interval_and_around_the_upst
 
 
 async def test_the_first_byte_is_stamped_when_the_head_goes_not_per_chunk() -> None:
-    async with rig() as r:
+    async with named() as r:
         r.up.hold("s", "s+")
         task = asyncio.ensure_future(post(r, "chat", {"prompt": "a", "tag": "s", "script": "stream-hold"}))
         await r.up.arrived("s")
@@ -126,7 +96,7 @@ async def test_the_first_byte_is_stamped_when_the_head_goes_not_per_chunk() -> N
 
 
 async def test_refusals_errors_and_a_client_gone_are_counted_never_timed() -> None:
-    async with rig() as r:
+    async with named() as r:
         failed = await post(r, "batch", {"prompt": "a", "tag": "f", "script": "fail"})
         assert failed.status == 500
         answered = await post(r, "batch", {"prompt": "a", "tag": "a"})  # a whole answer, not streamed
@@ -149,7 +119,7 @@ async def test_refusals_errors_and_a_client_gone_are_counted_never_timed() -> No
 
 
 async def test_the_families_are_histograms_by_client_in_the_latency_buckets() -> None:
-    async with rig() as r:
+    async with named() as r:
         for name in ("a", "b"):
             assert (await post(r, name, {"prompt": "x", "tag": name})).status == 200
         registry = CollectorRegistry()

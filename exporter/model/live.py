@@ -94,6 +94,9 @@ class ProcSnapshot:
     process: ProcessInfo | None = None
     host: HostMemory | None = None
     error: str | None = None
+    #: The pid of the llama-server this reader had found, which has exited since, while no other has taken
+    #: its place: the server is down (not merely unseen, as one in another container would be).
+    exited: int | None = None
 
     @property
     def ok(self) -> bool:

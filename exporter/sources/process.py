@@ -121,6 +121,9 @@ class ProcessFinder(ABC):
         self.self_pid = os.getpid() if self_pid is None else self_pid
         self._cached: tuple[int, int, str] | None = None  # (pid, start ticks, found_by) of the last auto match
         self._guessed: int | None = None  # the last pid taken by name only (said once in the log)
+        # (pid, start ticks) of the process this reader found last, kept while none is found: gone with no
+        # successor, it has exited.
+        self._last_found: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ what a reader provides
 
@@ -188,7 +191,21 @@ class ProcessFinder(ABC):
             process, error = None, f"reading processes{self._where()}: {exc}"
         if host_error:
             error = f"{error}; {host_error}" if error else host_error
-        return ProcSnapshot(process, host, error)
+        if process is not None:
+            self._last_found = (process.pid, process.start_ticks)
+            return ProcSnapshot(process, host, error)
+        return ProcSnapshot(process, host, error, self._exited())
+
+    def _exited(self) -> int | None:
+        """The pid of the process found last, if it no longer runs (its pid gone, or another process's now)."""
+        if self._last_found is None:
+            return None
+        pid, ticks = self._last_found
+        try:
+            now = self.start_ticks(pid)
+        except OSError:
+            return None
+        return pid if now is None or now != ticks else None
 
     def command_line(self, argv: list[str], environ: Mapping[str, str]) -> ServerCommandLine:
         """llama-server's settings from its command line and `LLAMA_*` environment."""

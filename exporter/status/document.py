@@ -67,13 +67,16 @@ def unit_name(labels: Mapping[str, str]) -> str:
 
 
 def server_state(view: ServerView) -> tuple[str, str]:
-    """(`up`, `loading`, `down` or `unknown`, where it comes from: `http` (/health) or `log`)."""
+    """(`up`, `loading`, `down` or `unknown`, where it comes from: `http` (/health), `proc` (the process the
+    exporter had found has exited, and none took its place: a crash or a kill writes no line) or `log`)."""
     http = view.http
     if http is not None and "/health" in http.status:
         return ("up" if http.up else "loading" if http.loading else "down"), "http"
     run = view.state.run
     if run.exiting or run.start_error:
         return "down", "log"
+    if view.proc is not None and view.proc.process is None and view.proc.exited is not None:
+        return "down", "proc"
     if run.ready:
         return "up", "log"
     if run.in_startup or run.n_slots is not None:

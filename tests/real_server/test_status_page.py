@@ -14,6 +14,8 @@ about a second to load (tests/support/tiny_gguf.py), started after the exporter,
 kill -9 and a restart: `/api/status`, sampled without pause, says down, loading, up at each start, in that
 order; the page loaded between two `loading` samples shows the loading badge (a screenshot); the incident's
 cells per slot are the release lines'; the page says down after the kill, then up, and shows the crash.
+Without `--http`, where the state comes from the log: a kill -9 writes no line, and the page says down from
+the process the exporter had found exiting, then up again at the next start.
 
 Client names do not appear among the hostile input: the guard takes only names of letters, digits and
 `._-:@/+` (exporter/guard/clients.py), so none can carry markup.
@@ -303,3 +305,23 @@ def test_a_real_server_through_an_overflow_and_a_restart(
             assert 'class="badge up"' in page.html
             assert "crash: cause unknown" in page.text and "pool overflow: 4 requests aborted" in page.text
             _screenshot(chrome, tmp_path / "restarted.png")
+
+
+def test_without_http_a_killed_server_is_down_from_its_process(
+    llama_server_bin: Path, tiny_llama_model: Path, tmp_path: Path
+) -> None:
+    """`--http off`: the state comes from the log, and a kill -9 writes no line. The process the exporter had found
+    writing the log is gone and none took its place: `/api/status` says down, from `proc`; the next start is up
+    again, from the log."""
+    log = tmp_path / "llama-server.log"
+    log.touch()
+    server = LlamaServer(llama_server_bin, tiny_llama_model, SEED_ARGS, log_file=log)
+    with ExporterProcess(log, ["--http", "off", "--nvml", "off"]) as exporter, server:
+        wait_for(lambda: _status(exporter)["state"] == "up", timeout=30, what="up from the log")
+        wait_for(lambda: _status(exporter)["since"] is not None, timeout=30, what="the server's process found")
+        server.kill9()
+        wait_for(lambda: _status(exporter)["state"] == "down", timeout=30, what="down after the kill")
+        assert _status(exporter)["state_source"] == "proc"
+        server.start()
+        wait_for(lambda: _status(exporter)["state"] == "up", timeout=30, what="up after the restart")
+        assert _status(exporter)["state_source"] == "log"

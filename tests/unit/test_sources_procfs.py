@@ -165,6 +165,27 @@ def test_found_pid_is_kept_while_it_lives_and_rescanned_after(tmp_path: Path) ->
     assert p is not None and (p.pid, p.start_ticks) == (4300, 1000000)
 
 
+def test_the_server_found_then_gone_is_said_to_have_exited_until_another_is_found(tmp_path: Path) -> None:
+    """A crash or a kill writes no line: the reader says the process it had found has exited (the status page's
+    `down`), never a server it never found (one in another container is unseen, not down), and not once a new
+    server writes the log."""
+    root = _copy("single", tmp_path)
+    never = ProcReader(root / "missing", log_file=LOG, self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100)
+    assert never.read().exited is None
+    reader = ProcReader(root, log_file=LOG, self_pid=EXPORTER_PID, page_size=4096, clock_ticks=100)
+    assert reader.read().exited is None
+    saved = tmp_path / "saved"
+    (root / "4242").rename(saved)  # killed: its pid is gone
+    snap = reader.read()
+    assert snap.process is None and snap.exited == 4242
+    saved.rename(root / "4242")
+    _restart(root, 4242, 4242, 999999)  # the pid reused by the next start: a new process, found and running
+    snap = reader.read()
+    assert snap.process is not None and snap.process.start_ticks == 999999 and snap.exited is None
+    (root / "4242").rename(saved)
+    assert reader.read().exited == 4242
+
+
 # ---------------------------------------------------------------- a new pid is a server start, counted once
 
 

@@ -231,8 +231,8 @@ def test_the_guard_section_from_a_real_guard() -> None:
     assert "<h3>Guard</h3>" in page(doc) and "refused: 2" in page(doc)
 
 
-def test_up_loading_down_from_health_else_from_the_log() -> None:
-    from exporter.model.live import HttpSnapshot
+def test_up_loading_down_from_health_else_from_the_log_or_an_exited_process() -> None:
+    from exporter.model.live import HttpSnapshot, ProcSnapshot
     from exporter.status.document import server_state
 
     state = ServerState()
@@ -242,5 +242,8 @@ def test_up_loading_down_from_health_else_from_the_log() -> None:
     loading = HttpSnapshot(loading=True, status={"/health": 503})
     assert server_state(ServerView(state, http=loading)) == ("loading", "http")
     assert server_state(ServerView(state, http=HttpSnapshot(status={"/health": 0}))) == ("down", "http")
+    # Killed: no line says so, but the process the exporter had found is gone and none took its place.
+    assert server_state(ServerView(state, proc=ProcSnapshot(exited=4242))) == ("down", "proc")
+    assert server_state(ServerView(state, proc=ProcSnapshot(error="no llama-server found"))) == ("up", "log")
     state.run.exiting = True
     assert server_state(ServerView(state)) == ("down", "log")

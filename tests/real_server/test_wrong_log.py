@@ -28,10 +28,12 @@ def _healthz(exporter: ExporterProcess) -> dict[str, object]:
 
 
 def _warnings(exporter: ExporterProcess, about: Path) -> list[str]:
+    """The exporter's WARNING lines about `about` (the pipeline's, or the file source's about the file itself)."""
     return [
         line
         for line in exporter.output_file.read_text().splitlines()
-        if " WARNING exporter.pipeline: " in line and str(about) in line
+        if (" WARNING exporter.pipeline: " in line or " WARNING exporter.logs.file_source: " in line)
+        and str(about) in line
     ]
 
 

@@ -41,6 +41,10 @@ LIVE_PREFIXES = (
     "llamacpp_host_memory_",
     "llamacpp_gpu_",
     "llamacpp_process_",
+    # Not a live read, but what the scrapes saw as well as the lines: a slot counts as active from a scrape
+    # that saw it process or its turns move (exporter.model.activity), so two exporters fed the same lines and
+    # scraped at other moments (a file read whole at a scrape, a journal's lines arriving over a second) differ.
+    "llamacpp_kv_pool_active_",
 )
 #: Exporter flags for comparisons: no llama-server answers HTTP here, so slot tokens come from the log only.
 NO_HTTP_SERVER = ("--server-url", "http://127.0.0.1:1")

@@ -43,6 +43,19 @@ SRC_GLOB = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "b11434", "*", "llama-server.log"
 )
 EXCLUDE = ("exhaust-jsonl", "exhaust-no-prefix")
+# The runs of shared/captures/b11434, the corpus the limits were set on. tests/fixtures/b11434 holds more runs
+# since (recorded by scripts/record-build.sh); one prints a token that is part of a UTF-8 character as U+FFFD,
+# at which mtail 3.0.0~rc50 stops counting (google/mtail#698), so the comparison reads only these.
+RUNS = (
+    "checkpoints-swa-lv4",
+    "exhaust-default-verbosity",
+    "exhaust-jsonl",
+    "exhaust-long-lv4",
+    "exhaust-lv4",
+    "exhaust-no-prefix",
+    "longprompt-lv4",
+    "recover-purge-lv4",
+)
 
 TS_RE = re.compile(r"^(\d+)\.(\d{2})\.(\d{3})\.(\d{3}) ([IWED]) ")
 TASK_RE = re.compile(r"(task |task id = |id_task = )(\d+)")
@@ -51,7 +64,8 @@ TASK_RE = re.compile(r"(task |task id = |id_task = )(\d+)")
 def load_runs(pattern=SRC_GLOB):
     runs = []
     for path in sorted(glob.glob(pattern)):
-        if any(x in path for x in EXCLUDE):
+        run = os.path.basename(os.path.dirname(path))
+        if run in EXCLUDE or (pattern == SRC_GLOB and run not in RUNS):
             continue
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             raw = f.read().split("\n")

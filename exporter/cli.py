@@ -32,9 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        from exporter.serve import serve
+        from exporter.serve import default_on_signals, serve
 
-        return asyncio.run(serve(config))
+        try:
+            return asyncio.run(serve(config))
+        finally:
+            default_on_signals()
     except KeyboardInterrupt:
         print("llamacpp-exporter: interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -53,7 +53,8 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
     """Run until SIGINT/SIGTERM (or until `stop` is set). Returns the process exit code.
 
     Without `stop` (the program itself), the signals stay with it to the end: one that comes once the
-    stop has begun, however late (asyncio's own shutdown, Python's), ends the process at once (`end_now`).
+    stop has begun, however late in asyncio's own shutdown, ends the process at once (`end_now`); after
+    `serve`, in Python's, the system's default does (`default_on_signals`, called by `cli`).
     """
     async with contextlib.AsyncExitStack() as stack:
         if stop is None:
@@ -84,6 +85,16 @@ def end_on_signals() -> None:
     for sig in stop_signals():
         with contextlib.suppress(ValueError, OSError):  # not the main thread
             signal.signal(sig, end_now)
+
+
+def default_on_signals() -> None:
+    """Once the stop is done (`serve` has returned): a stop signal ends the process as the system does,
+    killed by it, with no Python code run. Python's finalization clears its own handlers, and a signal one of
+    them had caught just before is then printed as "Signal 2 ignored due to race condition" with a traceback.
+    One caught before this call is handled first, by `end_now` (`signal.signal` runs pending handlers)."""
+    for sig in stop_signals():
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def stop_signals() -> list[signal.Signals]:

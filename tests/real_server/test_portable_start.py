@@ -118,6 +118,31 @@ def test_a_second_ctrl_c_while_stopping_ends_without_a_traceback(configuration: 
 
 
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_once_stopped_a_ctrl_c_ends_the_process_as_the_system_does(configuration: str, tmp_path: Path) -> None:
+    """After the stop (`main` has returned), the stop signals are the system's default again: one that comes
+    during Python's own finalization kills the process with no Python code run. With a Python handler still
+    in place, finalization clears it, and a signal it had caught just before is printed as "Signal 2 ignored
+    due to race condition" with a traceback (seen once in CI). Here the signal is sent from the process itself
+    after `main`: killed by SIGINT, nothing printed after."""
+    log = tmp_path / "llama-server.log"
+    log.write_text("")
+    code = f"""
+import os, signal, threading
+from exporter.cli import main
+threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+code = main(["--log-file", {str(log)!r}, "--listen-address", "127.0.0.1:0", "--nvml", "off", "--http", "off",
+             "--proc", "off"])
+print("main returned", code, flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+print("still running", flush=True)
+"""
+    out = python(code, CONFIGURATIONS[configuration])
+    assert out.returncode == -signal.SIGINT, (out.returncode, out.stdout, out.stderr)
+    assert out.stdout == "main returned 0\n", out.stdout
+    assert "received SIGINT: stopping" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
 def test_the_guard_listens_on_every_address_given(configuration: str, tmp_path: Path) -> None:
     """127.0.0.1 and ::1 both answer (502: no llama-server behind it); an address that cannot be bound ends the
     start in one line, and none is left bound."""

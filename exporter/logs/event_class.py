@@ -38,6 +38,9 @@ class Traits(NamedTuple):
     series: bool = False
     #: Part of an abort's trail of lines (the aborted requests' errors and releases): it does not end it.
     abort_trail: bool = False
+    #: Each event of this kind counts one (while the state counts) in `ServerState.counted`, exported by the
+    #: catalogue's counter that names the kind (`Family.event`): no handler, state field or collector line.
+    counted: bool = False
 
 
 NO_TRAITS = Traits()

@@ -93,8 +93,8 @@ class ServerLogCollector(Collector):
     def _counters(self, st: ServerState) -> Iterator[Metric]:
         yield server_starts_family(st)
         yield server_crashes_family(st)
-        yield c.KV_RETRIES.counter(st.kv_retries)
-        yield c.KV_MEMORY_SLOT_FAILURES.counter(st.memory_slot_failures)
+        for family, kind in c.EVENT_COUNTERS:
+            yield family.counter(st.counted[kind])
         yield c.KV_CASCADES.counts(st.cascades)
         yield c.CONTEXT_EXCEEDED.counter(st.context_exceeded)
         yield c.DECODE_FAILURES.counts(st.decode_failures)

@@ -189,14 +189,11 @@ def _on_new_prompt(st: ServerState, e: ev.NewPrompt) -> None:
 def _on_kv_retry(st: ServerState, e: ev.KVRetry) -> None:
     st.run.in_cascade = True
     if st.counting:
-        st.kv_retries += 1
         st.incidents.retry()
 
 
 def _on_memory_slot_failure(st: ServerState, e: ev.MemorySlotFailure) -> None:
     st.run.in_cascade = True
-    if st.counting:
-        st.memory_slot_failures += 1
 
 
 def _on_decode_fatal(st: ServerState, e: ev.DecodeFatal) -> None:
@@ -564,9 +561,24 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
 }
 
 
+def _counting(kind: type, handler: Callable[[ServerState, Any], None] | None) -> Callable[[ServerState, Any], None]:
+    """`handler` (if any), then one more event of `kind` counted: a kind that declares `counted` needs no
+    handler of its own to be counted."""
+
+    def count(st: ServerState, e: Any) -> None:
+        if handler is not None:
+            handler(st, e)
+        if st.counting:
+            st.counted[kind] += 1
+
+    return count
+
+
+_HANDLERS = {**HANDLERS, **{kind: _counting(kind, HANDLERS.get(kind)) for kind in ev.COUNTED}}
+
 # One lookup per event on the hot path: its handler, its bounds check, and whether provenance looks at it.
 DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerRun, Any], bool] | None, bool]] = {
-    kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in HANDLERS.items()
+    kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in _HANDLERS.items()
 }
 
 

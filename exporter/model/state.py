@@ -53,8 +53,7 @@ class ServerState:
     last_unexpected: str | None = None  # the last error of an `unexpected` rejection (for the exporter's log)
     server_starts: int = 0
     server_crashes: Counter[str] = field(default_factory=Counter)  # runs ended without their exit line, by cause
-    kv_retries: int = 0
-    memory_slot_failures: int = 0
+    counted: Counter[type] = field(default_factory=Counter)  # events of the kinds that declare `counted`, by kind
     cascades: Counter[str] = field(default_factory=Counter)
     context_exceeded: int = 0
     decode_failures: Counter[str] = field(default_factory=Counter)
@@ -87,6 +86,16 @@ class ServerState:
     _unmatched_process_starts: int = 0
 
     # ------------------------------------------------------------------ derived values
+
+    @property
+    def kv_retries(self) -> int:
+        """`retrying with smaller batch size` lines counted."""
+        return self.counted[ev.KVRetry]
+
+    @property
+    def memory_slot_failures(self) -> int:
+        """`failed to find a memory slot for batch` warnings counted."""
+        return self.counted[ev.MemorySlotFailure]
 
     def pool_capacity(self) -> tuple[int | None, str]:
         """KV cells in the pool (all streams) and where the figure came from.

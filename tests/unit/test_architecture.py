@@ -118,7 +118,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "logs": frozenset({"logs"}),
     "model": frozenset({"model", "logs.events", "logs.event_class"}),
     "sources": frozenset({"sources", "model"}),
-    "metrics": frozenset({"metrics", "model"}),
+    "metrics": frozenset({"metrics", "model", "logs.events"}),
     "web": frozenset({"web"}),
     "guard": frozenset({"guard", "model", "metrics.catalogue", "web"}),
     "diagnose": frozenset({"diagnose", "logs", "model"}),

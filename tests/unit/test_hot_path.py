@@ -25,7 +25,7 @@ from exporter.logs.parse import (
     parse_message,
 )
 from exporter.logs.tail import LogTailer
-from exporter.model.handlers import HANDLERS
+from exporter.model.handlers import DISPATCH, HANDLERS
 from exporter.model.router import ROUTER_EVENTS
 
 FIXTURES = B11434
@@ -111,8 +111,11 @@ def test_line_starts_with_equals_the_plain_search(text: str) -> None:
 
 
 def test_every_event_type_has_a_state_handler() -> None:
-    """All but the two the state reads itself (a line's format, a rejected line) and a router's own lines (`ServerLog`)."""
-    assert set(HANDLERS) == set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected, *ROUTER_EVENTS}
+    """All but the two the state reads itself (a line's format, a rejected line) and a router's own lines
+    (`ServerLog`); a kind that is only counted (`Traits.counted`) needs none of its own."""
+    kinds = set(typing.get_args(ev.Event)) - {ev.LineFormat, ev.Rejected, *ROUTER_EVENTS}
+    assert set(DISPATCH) == kinds
+    assert set(HANDLERS) | ev.COUNTED == kinds
 
 
 def test_tailer_block_decoding_equals_per_line_decoding(tmp_path: Path) -> None:

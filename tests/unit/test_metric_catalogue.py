@@ -26,8 +26,13 @@ from emitted import Emitted, emitted
 from paths import REPO
 from prometheus_client.core import Metric
 
+from exporter.logs import events as ev
 from exporter.metrics.catalogue import BY_NAME, CATALOGUE
-from exporter.metrics.catalogue.family import CLIENT, GUARD, HOST, ROUTER, Family
+from exporter.metrics.catalogue.family import CLIENT, GUARD, HOST, ROUTER, SERVER, Family
+from exporter.metrics.catalogue.server import EVENT_COUNTERS
+from exporter.metrics.server_log import ServerLogCollector
+from exporter.model.state import ServerState
+from exporter.model.view import ServerView
 
 #: Families the exporter serves that are not its own: client_python's process collector (`process_…`).
 FOREIGN = re.compile(r"(process|python)_")
@@ -112,6 +117,37 @@ def test_names_are_one_each_and_counters_end_in_total() -> None:
         assert f.name.endswith("_total") == (f.type == "counter"), f.name
         assert f.name.endswith("_info") == (f.type == "info"), f.name
         assert set(f.values) <= set(f.labels), f.name
+
+
+def test_every_counted_event_kind_has_one_server_counter() -> None:
+    """A kind that declares `counted` is exported by exactly one unlabelled server counter naming it, and a
+    counter names only such a kind: the state counts it whatever the family says."""
+    named = [f.event for f in CATALOGUE if f.event is not None]
+    assert sorted(k.__name__ for k in named) == sorted(k.__name__ for k in ev.COUNTED) != []
+    for family, kind in EVENT_COUNTERS:
+        assert (family.type, family.scope, family.labels) == ("counter", SERVER, ()), family.name
+        assert kind in ev.COUNTED
+
+
+def test_a_counted_kind_is_counted_without_a_handler_and_only_while_counting() -> None:
+    """The generic count: every applied event of the kind counts once, one applied while the state
+    replays (counting off) does not, and the scrape shows the count."""
+    state = ServerState()
+    state.apply(ev.SlotsInitialized(1))
+    state.apply(ev.KVRetry(0, 512))
+    state.counting = False
+    state.apply(ev.KVRetry(0, 256))
+    state.counting = True
+    state.apply(ev.MemorySlotFailure(256))
+    state.apply(ev.KVRetry(0, 128))
+    assert (state.counted[ev.KVRetry], state.counted[ev.MemorySlotFailure]) == (2, 1)
+    samples = {
+        s.name: s.value
+        for m in ServerLogCollector(lambda: ServerView(state)).collect()
+        for s in m.samples
+        if s.name in ("llamacpp_kv_retries_total", "llamacpp_kv_memory_slot_failures_total")
+    }
+    assert samples == {"llamacpp_kv_retries_total": 2, "llamacpp_kv_memory_slot_failures_total": 1}
 
 
 # ------------------------------------------------------------------------------------ names in the products

@@ -31,6 +31,7 @@ from exporter.logs.events.slot import SlotEvent
 
 __all__ = [
     "ABORT_TRAIL",
+    "COUNTED",
     "DEMAND_GROWS",
     "DEMAND_SHRINKS",
     "GENERIC",
@@ -66,3 +67,4 @@ PROGRESS: frozenset[type] = frozenset(k for k in KINDS if traits(k).progress)
 TASK_LINES: frozenset[type] = frozenset(k for k in KINDS if traits(k).task_line)
 SERIES_POINTS: frozenset[type] = frozenset(k for k in KINDS if traits(k).series)
 ABORT_TRAIL: frozenset[type] = frozenset(k for k in KINDS if traits(k).abort_trail)
+COUNTED: frozenset[type] = frozenset(k for k in KINDS if traits(k).counted)

@@ -11,12 +11,16 @@ from exporter.logs.event_class import Traits, event
 class MemorySlotFailure:
     """Library warning `decode: failed to find a memory slot for batch of size N` (and older wordings)."""
 
+    TRAITS = Traits(counted=True)
+
     batch_size: int
 
 
 @event
 class KVRetry:
     """`failed to find free space in the KV cache, retrying with smaller batch size, off|i = O, n_batch = B`."""
+
+    TRAITS = Traits(counted=True)
 
     offset: int
     n_batch: int

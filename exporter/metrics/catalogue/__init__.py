@@ -7,8 +7,8 @@ health, a router's children), `guard` (the guard and its books by client); `fami
 Collectors build their families from these entries (`SLOT_TOKENS.gauge()`, `KV_CASCADES.counts(...)`), so
 no collector writes a name or a help text of its own; tests/unit/test_metric_catalogue.py feeds every
 collector and checks that they emit exactly this catalogue, and that the rules, the dashboard and the docs
-name only families in it, and document each. A leaf: it imports the model's constants and
-prometheus_client's family types, nothing else of the exporter.
+name only families in it, and document each. A leaf: it imports the model's constants, the event kinds a
+counter of events counts, and prometheus_client's family types, nothing else of the exporter.
 """
 
 from __future__ import annotations

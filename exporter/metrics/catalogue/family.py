@@ -3,6 +3,7 @@ prometheus_client family it builds (`exporter.metrics.catalogue`)."""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,6 +43,9 @@ class Family:
     help: str
     labels: tuple[str, ...] = ()
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # a bounded label → its values
+    #: A counter of events: the kind (one that declares `counted`) whose events it counts. Collected with the
+    #: server's other counters from `ServerState.counted` (`EVENT_COUNTERS`), with no line of its own.
+    event: builtins.type | None = None
 
     @cached_property
     def family(self) -> str:

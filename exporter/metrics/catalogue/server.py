@@ -4,6 +4,7 @@ checkpoints and the prompt cache, request sizes (the log collectors: `server_log
 
 from __future__ import annotations
 
+from exporter.logs import events as ev
 from exporter.metrics.catalogue.family import SERVER, Family
 from exporter.model.forecast import HORIZONS, SIZE_SOURCES
 from exporter.model.latency import CACHE_OUTCOMES, FINISH_REASONS
@@ -103,7 +104,11 @@ SERVER_CRASHES = Family(
 )
 
 KV_RETRIES = Family(
-    "llamacpp_kv_retries_total", "counter", SERVER, "'retrying with smaller batch size' lines: the KV pool had no room."
+    "llamacpp_kv_retries_total",
+    "counter",
+    SERVER,
+    "'retrying with smaller batch size' lines: the KV pool had no room.",
+    event=ev.KVRetry,
 )
 
 KV_MEMORY_SLOT_FAILURES = Family(
@@ -111,6 +116,7 @@ KV_MEMORY_SLOT_FAILURES = Family(
     "counter",
     SERVER,
     "'failed to find a memory slot for batch' library warnings.",
+    event=ev.MemorySlotFailure,
 )
 
 KV_CASCADES = Family(
@@ -441,4 +447,10 @@ REQUESTS_QUEUED = Family(
     SERVER,
     "Requests waiting: for a slot in llama-server (its own /metrics: requests_deferred; needs its --metrics) and "
     "in the guard's queue for room in the KV pool.",
+)
+
+#: The counters of events with the kind each counts (`Family.event`), in this module's order: the server's collector
+#: yields them together.
+EVENT_COUNTERS: tuple[tuple[Family, type], ...] = tuple(
+    (f, f.event) for f in list(globals().values()) if isinstance(f, Family) and f.event is not None
 )

@@ -53,9 +53,9 @@ class ClientCollector(Collector):
             in_flight.add_metric([name], b.in_flight)
             prompts.add_metric([name], b.prompt_tokens)
             generated.add_metric([name], b.generated_tokens)
-            waits.add_metric([name], b.waits.buckets(), b.waits.sum)
-            first_bytes.add_metric([name], b.first_bytes.buckets(), b.first_bytes.sum)
-            durations.add_metric([name], b.durations.buckets(), b.durations.sum)
+            waits.add((name,), b.waits)
+            first_bytes.add((name,), b.first_bytes)
+            durations.add((name,), b.durations)
         yield from (in_flight, prompts, generated, waits, first_bytes, durations)
         yield c.GUARD_CLIENTS_LIMIT.gauge(a.namer.max_clients)
         log = a.access_log

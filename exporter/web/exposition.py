@@ -69,6 +69,9 @@ class _Cache(dict[Any, str]):
 
 
 _label_pairs = _Cache()  # (name, value) -> 'name="value"', the value escaped (both formats write it so)
+# A sample's labels, as its dict lists them -> '{a="x",b="y"}', sorted by name: most of a scrape's label sets
+# (a histogram's buckets, a slot's series) are the same at every scrape.
+_label_sets = _Cache()
 _values = _Cache()  # a sample's value -> as both formats write it (Go's float format)
 _text_names = _Cache()  # sample name -> itself, once seen to be in the legacy character set
 _om_names = _Cache()  # sample name -> as OpenMetrics writes it (names escaped to underscores)
@@ -76,7 +79,7 @@ _om_names = _Cache()  # sample name -> as OpenMetrics writes it (names escaped t
 
 def cached() -> int:
     """Entries held by the fullest cache (never more than `CACHE_ENTRIES`)."""
-    return max(len(c) for c in (_label_pairs, _values, _text_names, _om_names))
+    return max(len(c) for c in (_label_pairs, _label_sets, _values, _text_names, _om_names))
 
 
 class _Slow(Exception):
@@ -91,11 +94,16 @@ def _pair(key: tuple[str, str]) -> str:
     return _label_pairs.put(key, f'{name}="{escaped}"')
 
 
+def _label_set(key: tuple[tuple[str, str], ...]) -> str:
+    pairs = _label_pairs
+    return _label_sets.put(key, "{" + ",".join([pairs.get(pair) or _pair(pair) for pair in sorted(key)]) + "}")
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    pairs = _label_pairs
-    return "{" + ",".join([pairs.get(key) or _pair(key) for key in sorted(labels.items())]) + "}"
+    key = tuple(labels.items())
+    return _label_sets.get(key) or _label_set(key)
 
 
 def _value(value: float) -> str:

@@ -102,7 +102,12 @@ def _odd_families() -> list[Metric]:
     utf8_label.add_metric(["v"], 1.0)
     unit = GaugeMetricFamily("odd_seconds", "A family with a unit.", unit="seconds")
     unit.add_metric([], 2.5)
-    return [counter, gauge, gauge_hist, summary, states, timestamped, exemplar, utf8, utf8_label, unit]
+    # The same label set written in two orders (a cache keyed by the dict's order must still sort), and sets
+    # that differ only in one value.
+    orders = GaugeMetricFamily("odd_orders", "Label sets in two orders.")
+    for labels in ({"b": "1", "a": "2"}, {"a": "2", "b": "1"}, {"b": "1", "a": "3"}, {"a": "2"}, {"a": "2", "le": "x"}):
+        orders.samples.append(Sample("odd_orders", labels, 1.0))
+    return [counter, gauge, gauge_hist, summary, states, timestamped, exemplar, utf8, utf8_label, unit, orders]
 
 
 def test_every_branch_the_fast_path_takes_or_leaves_is_prometheus_clients_byte_for_byte() -> None:

@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 from emitted import Emitted, emitted
 from paths import REPO
-from prometheus_client.core import Metric
+from prometheus_client.core import HistogramMetricFamily, Metric
 
 from exporter.logs import events as ev
 from exporter.metrics.catalogue import BY_NAME, CATALOGUE
 from exporter.metrics.catalogue.family import CLIENT, GUARD, HOST, ROUTER, SERVER, Family
 from exporter.metrics.catalogue.server import EVENT_COUNTERS
 from exporter.metrics.server_log import ServerLogCollector
+from exporter.model.histogram import Histogram
 from exporter.model.state import ServerState
 from exporter.model.view import ServerView
 
@@ -148,6 +149,21 @@ def test_a_counted_kind_is_counted_without_a_handler_and_only_while_counting() -
         if s.name in ("llamacpp_kv_retries_total", "llamacpp_kv_memory_slot_failures_total")
     }
     assert samples == {"llamacpp_kv_retries_total": 2, "llamacpp_kv_memory_slot_failures_total": 1}
+
+
+@pytest.mark.parametrize("values", [(), ("full_reprocess",)])
+def test_a_histogram_family_has_prometheus_clients_samples(values: tuple[str, ...]) -> None:
+    """`Histograms.add` writes the samples `HistogramMetricFamily.add_metric` writes from `Histogram.buckets()`:
+    equal values, label dicts and order, for an empty histogram and a filled one."""
+    family = BY_NAME["llamacpp_time_to_first_token_seconds"]
+    labels = family.labels if values else ()
+    for h in (Histogram((0.5, 1.0, 2.5)), Histogram((0.5, 1.0, 2.5), [1, 0, 3, 2], 17.25, 6)):
+        ours = family.histogram_family() if values else BY_NAME["llamacpp_request_duration_seconds"].histogram_family()
+        ours.add(values, h)
+        theirs = HistogramMetricFamily(ours.name, ours.documentation, labels=labels)
+        theirs.add_metric(list(values), h.buckets(), h.sum)
+        assert ours.samples == theirs.samples
+        assert [list(s.labels) for s in ours.samples] == [list(s.labels) for s in theirs.samples]
 
 
 # ------------------------------------------------------------------------------------ names in the products

@@ -30,6 +30,7 @@ legacy character set).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -107,8 +108,8 @@ def _labels(labels: dict[str, str]) -> str:
 
 
 def _value(value: float) -> str:
-    if value == 0:  # 0.0 and -0.0 are one key, two texts
-        return _go_float(value)
+    if value == 0:  # 0.0 and -0.0 are one key, two texts (a histogram's empty buckets: often)
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
     return _values.get(value) or _values.put(value, _go_float(value))
 
 
@@ -122,12 +123,6 @@ def _om_name(name: str) -> str:
     if not _is_valid_legacy_metric_name(name):
         raise _Slow
     return _om_names.put(name, om._escape(name, om.UNDERSCORES, om._is_legacy_labelname_rune))
-
-
-def _plain(s: Any) -> None:
-    """A sample the fast path writes: no timestamp, exemplar or native histogram."""
-    if s.timestamp is not None or s.exemplar is not None or s.native_histogram is not None:
-        raise _Slow
 
 
 class _One:
@@ -152,11 +147,13 @@ def _text_family(metric: Metric) -> list[str]:
     out = [f"# HELP {name} {help_text}\n# TYPE {name} {_TEXT_TYPES.get(kind, kind)}\n"]
     moved: dict[str, list[str]] = {}
     names, base = _text_names, metric.name
-    for s in metric.samples:
-        _plain(s)
-        line = f"{names.get(s.name) or _text_name(s.name)}{_labels(s.labels)} {_value(s.value)}\n"
-        if s.name.startswith(base) and s.name[len(base) :] in _OM_SUFFIXES:
-            moved.setdefault(s.name[len(base) :], []).append(line)
+    # A sample unpacked rather than read by attribute: the hot loop of a scrape.
+    for sample, labels, value, timestamp, exemplar, native in metric.samples:
+        if timestamp is not None or exemplar is not None or native is not None:
+            raise _Slow
+        line = f"{names.get(sample) or _text_name(sample)}{_labels(labels)} {_value(value)}\n"
+        if sample.endswith(_OM_SUFFIXES) and sample.startswith(base) and sample[len(base) :] in _OM_SUFFIXES:
+            moved.setdefault(sample[len(base) :], []).append(line)
         else:
             out.append(line)
     for suffix, lines in sorted(moved.items()):
@@ -186,10 +183,11 @@ def _om_family(metric: Metric) -> list[str]:
     if metric.unit:
         out.append(f"# UNIT {name} {metric.unit}\n")
     names = _om_names
-    for s in metric.samples:
-        _plain(s)
-        value = _value(s.value) if s.value is not None else ""
-        out.append(f"{names.get(s.name) or _om_name(s.name)}{_labels(s.labels)} {value}\n")
+    for sample, labels, value, timestamp, exemplar, native in metric.samples:
+        if timestamp is not None or exemplar is not None or native is not None:
+            raise _Slow
+        text = _value(value) if value is not None else ""
+        out.append(f"{names.get(sample) or _om_name(sample)}{_labels(labels)} {text}\n")
     return out
 
 

@@ -561,24 +561,19 @@ HANDLERS: dict[type[Any], Callable[[ServerState, Any], None]] = {
 }
 
 
-def _counting(kind: type, handler: Callable[[ServerState, Any], None] | None) -> Callable[[ServerState, Any], None]:
-    """`handler` (if any), then one more event of `kind` counted: a kind that declares `counted` needs no
-    handler of its own to be counted."""
-
-    def count(st: ServerState, e: Any) -> None:
-        if handler is not None:
-            handler(st, e)
-        if st.counting:
-            st.counted[kind] += 1
-
-    return count
+def _only_counted(st: ServerState, e: Any) -> None:
+    """The handler of a kind that is only counted (`Traits.counted`: `ServerState.apply` counts it)."""
 
 
-_HANDLERS = {**HANDLERS, **{kind: _counting(kind, HANDLERS.get(kind)) for kind in ev.COUNTED}}
+Handler = Callable[["ServerState", Any], None]
+Check = Callable[["ServerRun", Any], bool]
 
-# One lookup per event on the hot path: its handler, its bounds check, and whether provenance looks at it.
-DISPATCH: dict[type[Any], tuple[Callable[[ServerState, Any], None], Callable[[ServerRun, Any], bool] | None, bool]] = {
-    kind: (handler, CHECKS.get(kind), kind in CHECKED) for kind, handler in _HANDLERS.items()
+# One lookup per event on the hot path: its handler, its bounds check, whether provenance looks at it, and
+# whether it is counted (`ServerState.counted`: in `apply`, not by a wrapper around the handler, which cost a
+# call per event on a log full of retries).
+DISPATCH: dict[type[Any], tuple[Handler, Check | None, bool, bool]] = {
+    kind: (HANDLERS.get(kind, _only_counted), CHECKS.get(kind), kind in CHECKED, kind in ev.COUNTED)
+    for kind in [*HANDLERS, *sorted(ev.COUNTED - HANDLERS.keys(), key=lambda k: k.__name__)]
 }
 
 

@@ -183,7 +183,7 @@ class ServerState:
                 self.reject(e.reason)
                 return False
             return True
-        handler, check, checked = entry
+        handler, check, checked, counted = entry
         if check is not None and not check(self.run, e):
             self.reject("out_of_range")
             return False
@@ -202,6 +202,8 @@ class ServerState:
             self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
             self.reject("unexpected")
             return False
+        if counted and self.counting:
+            self.counted[kind] += 1
         return True
 
     def accepts(self, e: ev.Event) -> bool:

@@ -175,6 +175,10 @@ def _message(fast: bool = True) -> str:
         + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
         + _alternatives(SLOT_RULES, "s", fast)
         + ")|"
+        # A line that starts so and failed the slot branch fails the rest too (no other rule's word is "slot"):
+        # said here, it leaves at once rather than after every tag and function alternative.
+        + ("(?!slot )" if fast else "")
+        + "(?:"
         + ABORT_RULE
         + "(?P<abort>)|"
         + atomic(
@@ -185,7 +189,7 @@ def _message(fast: bool = True) -> str:
         + atomic(r"\w+: +-? *", "function")
         + ")?"
         + _alternatives(TEXT_RULES, "t", fast)
-        + ")"
+        + "))"
     )
 
 

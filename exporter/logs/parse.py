@@ -119,17 +119,58 @@ def _trie(words: Sequence[str]) -> str:
     return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
 
 
+def _closes_a_group(rx: str) -> bool:
+    """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
+    neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
+    if re.compile(rx).groups != len(re.compile(rx).groupindex):
+        return False
+    depth, i, found, named = 0, 0, False, -1  # named: the depth a named group opened at the top level
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":  # a class: skip to its end (a "]" right after "[" or "[^" is a literal)
+            i += 2 if rx[i + 1 : i + 2] == "^" else 1
+            i = rx.index("]", i + 1)
+        elif c == "(":
+            if depth == 0 and rx.startswith("(?P<", i):
+                named = 0
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0 and named == 0:
+                found = found or rx[i + 1 : i + 2] not in ("?", "*", "{")
+                named = -1
+        elif c == "|" and depth == 0:
+            return False
+        i += 1
+    return found
+
+
+def _marked(rx: str, name: str, every: bool) -> str:
+    """The rule, and the empty group `name` after it, so that it closes last and `Match.lastgroup` names the
+    rule; without `every`, left out where one of the rule's own groups always closes (`_closes_a_group`): the
+    last of them to close names it then (each group name is one rule's), and a match costs a step per group in
+    the pattern (the match object's spans are made group by group)."""
+    return rx if not every and _closes_a_group(rx) else f"{rx}(?P<{name}>)"
+
+
+def rule_names(rules: Sequence[tuple[str, str, object]], tag: str) -> list[list[str]]:
+    """For each rule, the group names `Match.lastgroup` can give when it matched (see `_marked`)."""
+    return [[f"{tag}{i}", *re.compile(rx).groupindex] for i, (_, rx, _) in enumerate(rules)]
+
+
 def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:
     """`(?=words)(?:(?=[f])rule0(?P<tag0>)|(?=[f])rule1(?P<tag1>)|…)`.
 
     The rules' anchors, read from the rule table: the lookahead on all the rules' leading words (`_trie`)
     rejects most lines after a character or two, before any rule is tried; a rule is then entered only
     when the message starts with the first letter of one of its own words (`[f]`). Without `anchored`,
-    the bare alternatives: the same matches, found slower (the reference a test compares the scan with).
-    The empty group at the end of each rule closes last, so `Match.lastgroup` names the rule that matched.
+    the bare alternatives, each with its empty group: the same matches, found slower (the reference a test
+    compares the scan with). `Match.lastgroup` names the rule that matched (`_marked`).
     """
     if not anchored:
-        return "(?:" + "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules)) + ")"
+        return "(?:" + "|".join(_marked(rx, f"{tag}{i}", True) for i, (_, rx, _) in enumerate(rules)) + ")"
     words = [word for words, _, _ in rules for word in words.split()]
     # Neighbours with the same first letters share one look at them (the rules' order is kept).
     runs: list[tuple[str, list[str]]] = []
@@ -137,7 +178,7 @@ def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: 
         firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
         if not runs or runs[-1][0] != firsts:
             runs.append((firsts, []))
-        runs[-1][1].append(f"{rx}(?P<{tag}{i}>)")
+        runs[-1][1].append(_marked(rx, f"{tag}{i}", False))
     rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
     return f"(?={_trie(words)})(?:{rules_rx})"
 
@@ -204,11 +245,14 @@ def compile_scan(fast: bool = True) -> re.Pattern[str]:
 _MESSAGE = _message()
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
 _SCAN_LINES = compile_scan()
+# Each rule's build, under every name `Match.lastgroup` can give for it.
 _SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
-    f"s{i}": build for i, (_, _, build) in enumerate(SLOT_RULES)
+    name: build for (_, _, build), names in zip(SLOT_RULES, rule_names(SLOT_RULES, "s"), strict=True) for name in names
 }
 _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
-_TEXT_BUILDS = {f"t{i}": build for i, (_, _, build) in enumerate(TEXT_RULES)}
+_TEXT_BUILDS = {
+    name: build for (_, _, build), names in zip(TEXT_RULES, rule_names(TEXT_RULES, "t"), strict=True) for name in names
+}
 _TEXT_BUILDS["abort"] = abort_cause
 
 

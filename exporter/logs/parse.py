@@ -34,9 +34,12 @@ from exporter.logs.rules import ABORT_RULE, SLOT_RULES, TEXT_RULES, abort_cause
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
-# (`(?:x|)` rather than `(?:x)?`, and ASCII classes: the same matches, found faster by Python's regex engine.)
+# (`(?:x|)` rather than `(?:x)?`, ASCII classes, `[0-9][0-9]` rather than `\d{2}`: the same matches, found with
+# fewer steps of Python's regex engine, on every line of a log.)
 # The mark is not llama-server's: `unwrap_marked` puts it where it removed JSONL wrapping or colours.
-_LEAD = r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
+_LEAD = (
+    r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:[0-9]+\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] |)(?:[IWEDT] |)"
+)
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
 _LEAD_PARTS = re.compile(
     r"(?P<mark>[\udc1d\udc1e]|)(?:\[ *\d+\] |)(?P<ts>\d+\.\d{2}\.\d{3}\.\d{3} |)(?P<lvl>[IWEDT] |)"

@@ -230,9 +230,10 @@ def _message(fast: bool = True) -> str:
             r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + r") *-? *",
             "tag",
         )
+        # (`(?:x|)`, not `(?:x)?`: an optional group is a repeat, with steps of its own on every line.)
         + "(?:"
         + atomic(r"\w+: +-? *", "function")
-        + ")?"
+        + "|)"
         + _alternatives(TEXT_RULES, "t", fast)
         + "))"
     )

@@ -212,6 +212,9 @@ def _message(fast: bool = True) -> str:
     )
     # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
     other_tag = r"[^:\n]*(?::(?! )[^:\n]*)*: " if fast else r"(?:[^:\n]|:(?! ))*: "
+    # Spaces, a `-` bullet, spaces (` *-? *`), only ever inside an atomic group; spelled as alternatives that
+    # start with their character, the regex engine passes each by at one look when the line has none.
+    bullet = r"(?: (?: *)|)(?:-|)(?: (?: *)|)" if fast else r" *-? *"
     return (
         "(?:"
         + slot_head
@@ -227,12 +230,12 @@ def _message(fast: bool = True) -> str:
         + ABORT_RULE
         + "(?P<abort>)|"
         + atomic(
-            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + r") *-? *",
+            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + ")" + bullet,
             "tag",
         )
         # (`(?:x|)`, not `(?:x)?`: an optional group is a repeat, with steps of its own on every line.)
         + "(?:"
-        + atomic(r"\w+: +-? *", "function")
+        + atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
         + "|)"
         + _alternatives(TEXT_RULES, "t", fast)
         + "))"

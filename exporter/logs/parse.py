@@ -122,28 +122,29 @@ def _trie(words: Sequence[str]) -> str:
     return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
 
 
-def _closes_a_group(rx: str) -> bool:
+def closes_a_group(rx: str) -> bool:
     """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
     neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
     if re.compile(rx).groups != len(re.compile(rx).groupindex):
         return False
-    depth, i, found, named = 0, 0, False, -1  # named: the depth a named group opened at the top level
+    depth, i, found, named = 0, 0, False, False  # named: inside a named group opened at the top level
     while i < len(rx):
         c = rx[i]
         if c == "\\":
             i += 1
-        elif c == "[":  # a class: skip to its end (a "]" right after "[" or "[^" is a literal)
+        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]"; so is "\\]")
             i += 2 if rx[i + 1 : i + 2] == "^" else 1
-            i = rx.index("]", i + 1)
+            i += 2 if rx[i] == "\\" else 1
+            while rx[i] != "]":
+                i += 2 if rx[i] == "\\" else 1
         elif c == "(":
-            if depth == 0 and rx.startswith("(?P<", i):
-                named = 0
+            named = named or (depth == 0 and rx.startswith("(?P<", i))
             depth += 1
         elif c == ")":
             depth -= 1
-            if depth == 0 and named == 0:
+            if depth == 0 and named:
                 found = found or rx[i + 1 : i + 2] not in ("?", "*", "{")
-                named = -1
+                named = False
         elif c == "|" and depth == 0:
             return False
         i += 1
@@ -152,10 +153,10 @@ def _closes_a_group(rx: str) -> bool:
 
 def _marked(rx: str, name: str, every: bool) -> str:
     """The rule, and the empty group `name` after it, so that it closes last and `Match.lastgroup` names the
-    rule; without `every`, left out where one of the rule's own groups always closes (`_closes_a_group`): the
+    rule; without `every`, left out where one of the rule's own groups always closes (`closes_a_group`): the
     last of them to close names it then (each group name is one rule's), and a match costs a step per group in
     the pattern (the match object's spans are made group by group)."""
-    return rx if not every and _closes_a_group(rx) else f"{rx}(?P<{name}>)"
+    return rx if not every and closes_a_group(rx) else f"{rx}(?P<{name}>)"
 
 
 def rule_names(rules: Sequence[tuple[str, str, object]], tag: str) -> list[list[str]]:

@@ -100,3 +100,27 @@ def test_every_rule_on_the_hostile_corpus_matches_the_same() -> None:
     assert len(fast) > 1000  # the mutations leave most matching lines matching
     assert fast == _matches(REFERENCE, text)
     assert parse.scan_events(text, FAST) == parse.scan_events(text, REFERENCE)
+
+
+@pytest.mark.parametrize(
+    ("rx", "closes"),
+    [
+        (r"a(?P<x>b)", True),
+        (r"(?:a|b)(?P<x>c)", True),
+        (r"(?P<x>a|b)", True),
+        (r"\((?P<x>b)", True),
+        (r"[^\]|(](?P<x>b)", True),  # "|" and "(" in a class, after an escaped "]"
+        (r"[]|](?P<x>b)", True),  # a "]" first in a class is a literal
+        (r"(?P<x>[)|])c", True),
+        (r"a(?P<x>b)?", False),
+        (r"(?P<x>b){0,1}", False),
+        (r"x|(?P<x>b)", False),
+        (r"[\]](?P<x>a)|b", False),
+        (r"((?P<x>b))", False),  # not at the top level: not looked into
+        (r"(?P<x>b)(c)", False),  # an unnamed group could close last
+        (r"no group", False),
+    ],
+)
+def test_which_rules_name_themselves(rx: str, closes: bool) -> None:
+    """A rule loses its empty group only where one of its own named groups closes whenever it matches."""
+    assert parse.closes_a_group(rx) is closes

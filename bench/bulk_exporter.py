@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,11 +33,11 @@ from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
 
 
-def _batches(tailer: LogTailer) -> Iterator[list[str]]:
-    """The file's lines, batch by batch (about 1 MiB each), to its end."""
+def _batches(tailer: LogTailer) -> Iterator[Sequence[str]]:
+    """The file's lines, batch by batch (one read each, as the follower reads), to its end."""
     while True:
         before = tailer.stats.bytes
-        lines = tailer.poll()
+        lines = tailer.read()
         if not lines and tailer.stats.bytes == before:
             return
         yield lines

@@ -4,8 +4,9 @@ Reads a log (the bench corpus: `bench/make_corpus.py --out corpus.log --lines 60
 exporter catches up on one, and times each step on its own, over the whole file, the best of
 `--repeat` rounds (CPU time of this process):
 
-- ``tail``: `LogTailer.poll` to the end (reading, decoding, splitting into lines);
-- ``join``: a batch's lines joined into the one text the scan runs over;
+- ``tail``: `LogTailer.read` to the end (reading, decoding, counting the lines; a batch keeps its text);
+- ``join``: a batch's pieces (a read's first line, its block of complete lines) joined into the one text
+  the scan runs over (timed as reading and joining, less `tail`);
 - ``looks``: the two looks at a batch before its scan (a line with a router tag, `line_starts_with`;
   one that needs unwrapping, `is_plain`);
 - ``parse``: the scan and building the events (`parse_joined`: `is_plain` again, the scan, the line
@@ -32,18 +33,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.logs import events as ev  # (imports after the sys.path set-up above)
-from exporter.logs.parse import is_plain, line_starts_with, parse_joined
+from exporter.logs.parse import LineBatch, is_plain, line_starts_with, parse_joined
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH
 from exporter.model.state import ServerState
 from exporter.pipeline import LogPipeline
 
 
-def _batches(path: str) -> list[list[str]]:
-    tailer, out = LogTailer(path), list[list[str]]()
+def _batches(path: str) -> list[LineBatch]:
+    tailer, out = LogTailer(path), list[LineBatch]()
     while True:
         before = tailer.stats.bytes
-        lines = tailer.poll()
+        lines = tailer.read()
         if not lines and tailer.stats.bytes == before:
             return out
         out.append(lines)
@@ -58,7 +59,7 @@ def _best(step: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
-def _parse_all(texts: list[str], batches: list[list[str]]) -> None:
+def _parse_all(texts: list[str], batches: list[LineBatch]) -> None:
     for text, lines in zip(texts, batches, strict=True):
         parse_joined(text, lines)  # (the events are dropped, as the pipeline drops them after each batch)
 
@@ -85,7 +86,7 @@ def profile(path: str, repeat: int) -> dict[str, float | int]:
     """CPU µs a line of each step (see the module's docstring)."""
     tail = _best(lambda: _batches(path), repeat)
     batches = _batches(path)
-    texts = ["\n" + "\n".join(lines) for lines in batches]
+    texts = [lines.text for lines in batches]
     events = [parse_joined(text, lines) for text, lines in zip(texts, batches, strict=True)]
     n = sum(map(len, batches))
 
@@ -96,7 +97,7 @@ def profile(path: str, repeat: int) -> dict[str, float | int]:
 
     seconds = {
         "tail": tail,
-        "join": _best(lambda: ["\n" + "\n".join(lines) for lines in batches], repeat),
+        "join": _best(lambda: [lines.text for lines in _batches(path)], repeat) - tail,
         "looks": _best(lambda: [(line_starts_with(t, "["), is_plain(t)) for t in texts], repeat),
         "parse": _best(lambda: _parse_all(texts, batches), repeat),
         "apply": _best(lambda: _apply_all(events), repeat),

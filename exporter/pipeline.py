@@ -210,7 +210,7 @@ class LogPipeline:
             self._report_unrecognized()
         return self.replayed_lines
 
-    def _replayed(self, lines: list[str]) -> None:
+    def _replayed(self, lines: Sequence[str]) -> None:
         self._apply(lines)
         self.replayed_lines += len(lines)
 

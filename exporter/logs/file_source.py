@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from exporter.logs.follow import CatchUp, follow
@@ -68,14 +68,14 @@ class FileSource:
         stats = self.tailer.stats
         return stats.opens + stats.rotations + stats.truncations
 
-    def replay(self, on_lines: Callable[[list[str]], None]) -> None:
+    def replay(self, on_lines: Callable[[Sequence[str]], None]) -> None:
         """Read the file as it is now to its end, one poll's lines at a time."""
         tailer = self.tailer
         stats = tailer.stats
         switches = stats.truncations + stats.rotations
         while True:
             before = stats.bytes
-            lines = tailer.poll()
+            lines = tailer.read()
             on_lines(lines)
             # Stop at the end, on a poll that made no progress (a persistent read error must not spin),
             # and on a second truncation or rotation: a file that always looks rewritten (a procfs
@@ -88,7 +88,7 @@ class FileSource:
                 break
         self._report_error()
 
-    async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+    async def run(self, on_lines: Callable[[Sequence[str]], None], stop: asyncio.Event) -> None:
         await follow(
             self.tailer,
             on_lines,

@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from exporter.logs.tail import LogTailer
 from exporter.logs.watch import Clock, InotifyWatch, ParentWatch, Timer, Waker, WakeUps, resolve
@@ -76,16 +76,16 @@ def _progress(tailer: LogTailer) -> tuple[int, int, int, int]:
     return s.bytes, s.opens, s.rotations, s.truncations
 
 
-def _read_once(tailer: LogTailer, on_lines: Callable[[list[str]], None]) -> int:
+def _read_once(tailer: LogTailer, on_lines: Callable[[Sequence[str]], None]) -> int:
     """One poll, its lines handed on; the number of lines (the list is gone before the next poll)."""
-    lines = tailer.poll()
+    lines = tailer.read()
     if lines:
         on_lines(lines)
     return len(lines)
 
 
 async def _drain(
-    tailer: LogTailer, on_lines: Callable[[list[str]], None], stop: asyncio.Event, catch_up: CatchUp
+    tailer: LogTailer, on_lines: Callable[[Sequence[str]], None], stop: asyncio.Event, catch_up: CatchUp
 ) -> int:
     """Read until EOF (yielding between chunks); the number of lines read."""
     switches = tailer.stats.rotations + tailer.stats.truncations
@@ -228,7 +228,7 @@ class Probe:
 
 async def follow(
     tailer: LogTailer,
-    on_lines: Callable[[list[str]], None],
+    on_lines: Callable[[Sequence[str]], None],
     *,
     poll_interval: float = 1.0,
     use_watchdog: bool = True,
@@ -271,7 +271,7 @@ class _Follower:
     def __init__(
         self,
         tailer: LogTailer,
-        on_lines: Callable[[list[str]], None],
+        on_lines: Callable[[Sequence[str]], None],
         clock: Clock,
         *,
         poll_interval: float,

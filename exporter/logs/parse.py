@@ -26,16 +26,20 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import overload
 
 from exporter.logs import events as ev
 from exporter.logs.rules import ABORT_RULE, SLOT_RULES, TEXT_RULES, abort_cause
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
-# (`(?:x|)` rather than `(?:x)?`, and ASCII classes: the same matches, found faster by Python's regex engine.)
+# (`(?:x|)` rather than `(?:x)?`, ASCII classes, `[0-9][0-9]` rather than `\d{2}`: the same matches, found with
+# fewer steps of Python's regex engine, on every line of a log.)
 # The mark is not llama-server's: `unwrap_marked` puts it where it removed JSONL wrapping or colours.
-_LEAD = r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:\d+\.\d{2}\.\d{3}\.\d{3} |)(?:[IWEDT] |)"
+_LEAD = (
+    r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:[0-9]+\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] |)(?:[IWEDT] |)"
+)
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
 _LEAD_PARTS = re.compile(
     r"(?P<mark>[\udc1d\udc1e]|)(?:\[ *\d+\] |)(?P<ts>\d+\.\d{2}\.\d{3}\.\d{3} |)(?P<lvl>[IWEDT] |)"
@@ -118,17 +122,59 @@ def _trie(words: Sequence[str]) -> str:
     return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
 
 
+def closes_a_group(rx: str) -> bool:
+    """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
+    neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
+    if re.compile(rx).groups != len(re.compile(rx).groupindex):
+        return False
+    depth, i, found, named = 0, 0, False, False  # named: inside a named group opened at the top level
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]"; so is "\\]")
+            i += 2 if rx[i + 1 : i + 2] == "^" else 1
+            i += 2 if rx[i] == "\\" else 1
+            while rx[i] != "]":
+                i += 2 if rx[i] == "\\" else 1
+        elif c == "(":
+            named = named or (depth == 0 and rx.startswith("(?P<", i))
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0 and named:
+                found = found or rx[i + 1 : i + 2] not in ("?", "*", "{")
+                named = False
+        elif c == "|" and depth == 0:
+            return False
+        i += 1
+    return found
+
+
+def _marked(rx: str, name: str, every: bool) -> str:
+    """The rule, and the empty group `name` after it, so that it closes last and `Match.lastgroup` names the
+    rule; without `every`, left out where one of the rule's own groups always closes (`closes_a_group`): the
+    last of them to close names it then (each group name is one rule's), and a match costs a step per group in
+    the pattern (the match object's spans are made group by group)."""
+    return rx if not every and closes_a_group(rx) else f"{rx}(?P<{name}>)"
+
+
+def rule_names(rules: Sequence[tuple[str, str, object]], tag: str) -> list[list[str]]:
+    """For each rule, the group names `Match.lastgroup` can give when it matched (see `_marked`)."""
+    return [[f"{tag}{i}", *re.compile(rx).groupindex] for i, (_, rx, _) in enumerate(rules)]
+
+
 def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:
     """`(?=words)(?:(?=[f])rule0(?P<tag0>)|(?=[f])rule1(?P<tag1>)|…)`.
 
     The rules' anchors, read from the rule table: the lookahead on all the rules' leading words (`_trie`)
     rejects most lines after a character or two, before any rule is tried; a rule is then entered only
     when the message starts with the first letter of one of its own words (`[f]`). Without `anchored`,
-    the bare alternatives: the same matches, found slower (the reference a test compares the scan with).
-    The empty group at the end of each rule closes last, so `Match.lastgroup` names the rule that matched.
+    the bare alternatives, each with its empty group: the same matches, found slower (the reference a test
+    compares the scan with). `Match.lastgroup` names the rule that matched (`_marked`).
     """
     if not anchored:
-        return "(?:" + "|".join(f"{rx}(?P<{tag}{i}>)" for i, (_, rx, _) in enumerate(rules)) + ")"
+        return "(?:" + "|".join(_marked(rx, f"{tag}{i}", True) for i, (_, rx, _) in enumerate(rules)) + ")"
     words = [word for words, _, _ in rules for word in words.split()]
     # Neighbours with the same first letters share one look at them (the rules' order is kept).
     runs: list[tuple[str, list[str]]] = []
@@ -136,7 +182,7 @@ def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: 
         firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
         if not runs or runs[-1][0] != firsts:
             runs.append((firsts, []))
-        runs[-1][1].append(f"{rx}(?P<{tag}{i}>)")
+        runs[-1][1].append(_marked(rx, f"{tag}{i}", False))
     rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
     return f"(?={_trie(words)})(?:{rules_rx})"
 
@@ -167,6 +213,9 @@ def _message(fast: bool = True) -> str:
     )
     # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
     other_tag = r"[^:\n]*(?::(?! )[^:\n]*)*: " if fast else r"(?:[^:\n]|:(?! ))*: "
+    # Spaces, a `-` bullet, spaces (` *-? *`), only ever inside an atomic group; spelled as alternatives that
+    # start with their character, the regex engine passes each by at one look when the line has none.
+    bullet = r"(?: (?: *)|)(?:-|)(?: (?: *)|)" if fast else r" *-? *"
     return (
         "(?:"
         + slot_head
@@ -175,17 +224,22 @@ def _message(fast: bool = True) -> str:
         + "(?:(?(timing_fn)(?P<timings_head>)$|(?!))|"
         + _alternatives(SLOT_RULES, "s", fast)
         + ")|"
+        # A line that starts so and failed the slot branch fails the rest too (no other rule's word is "slot"):
+        # said here, it leaves at once rather than after every tag and function alternative.
+        + ("(?!slot )" if fast else "")
+        + "(?:"
         + ABORT_RULE
         + "(?P<abort>)|"
         + atomic(
-            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + r") *-? *",
+            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + ")" + bullet,
             "tag",
         )
+        # (`(?:x|)`, not `(?:x)?`: an optional group is a repeat, with steps of its own on every line.)
         + "(?:"
-        + atomic(r"\w+: +-? *", "function")
-        + ")?"
+        + atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
+        + "|)"
         + _alternatives(TEXT_RULES, "t", fast)
-        + ")"
+        + "))"
     )
 
 
@@ -199,11 +253,14 @@ def compile_scan(fast: bool = True) -> re.Pattern[str]:
 _MESSAGE = _message()
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
 _SCAN_LINES = compile_scan()
+# Each rule's build, under every name `Match.lastgroup` can give for it.
 _SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
-    f"s{i}": build for i, (_, _, build) in enumerate(SLOT_RULES)
+    name: build for (_, _, build), names in zip(SLOT_RULES, rule_names(SLOT_RULES, "s"), strict=True) for name in names
 }
 _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
-_TEXT_BUILDS = {f"t{i}": build for i, (_, _, build) in enumerate(TEXT_RULES)}
+_TEXT_BUILDS = {
+    name: build for (_, _, build), names in zip(TEXT_RULES, rule_names(TEXT_RULES, "t"), strict=True) for name in names
+}
 _TEXT_BUILDS["abort"] = abort_cause
 
 
@@ -299,13 +356,80 @@ def is_plain(text: str) -> bool:
     return not ("\x1b" in text or "\r" in text or line_starts_with(text, "{"))
 
 
+class LineBatch(Sequence[str]):
+    """Lines read together (a file's poll), held as the text the parser scans: each line after a "\\n".
+
+    A reader adds lines one by one (`append`) or a block of them as its decoded text (`add_text`); the
+    batch's `text` is then one join of those pieces, and its lines are split out only if something asks for
+    them (a router's prefixes, JSONL or colours to unwrap): a plain log is parsed without a `str` per line.
+    """
+
+    __slots__ = ("_count", "_lines", "_pieces", "_text")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []  # lines, or blocks of lines joined by "\\n"
+        self._count = 0
+        self._text: str | None = None
+        self._lines: list[str] | None = None
+
+    def append(self, line: str) -> None:
+        """One line (without its "\\n")."""
+        self._pieces.append(line)
+        self._count += 1
+        self._text = self._lines = None
+
+    def extend(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.append(line)
+
+    def add_text(self, text: str, count: int) -> None:
+        """`count` lines joined by "\\n" (so `count - 1` of them in `text`)."""
+        self._pieces.append(text)
+        self._count += count
+        self._text = self._lines = None
+
+    @property
+    def text(self) -> str:
+        """What the parser scans: "\\n" before each line, all joined ("" for no line)."""
+        if self._text is None:
+            self._text = "\n".join(["", *self._pieces]) if self._count else ""
+        return self._text
+
+    def lines(self) -> list[str]:
+        """The lines, split out of the text on first use."""
+        if self._lines is None:
+            self._lines = [line for piece in self._pieces for line in piece.split("\n")]
+        return self._lines
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        return self.lines()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lines())
+
+    def __repr__(self) -> str:
+        return f"LineBatch({self.lines()!r})"
+
+
+def joined(lines: Sequence[str]) -> str:
+    """What the parser scans of `lines`: a batch's own text, or "\\n" before each line, all joined."""
+    return lines.text if isinstance(lines, LineBatch) else "\n".join(["", *lines])
+
+
 def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     """The events of many raw log lines, in order (one line gives at most one event, after its `LineFormat`).
 
     The same events as `parse_line` on each line, at a fraction of the cost: plain text is scanned as
     one string; only a batch with JSONL, colours or CRLF line ends is unwrapped line by line first.
     """
-    return parse_joined("\n".join(["", *lines]), lines)  # "\n" first, without copying the joined text again
+    return parse_joined(joined(lines), lines)
 
 
 def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:

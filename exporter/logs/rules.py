@@ -432,9 +432,10 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
 # ggml_abort (ggml/src/ggml.c) writes "%s:%d: " __FILE__, __LINE__ and its message to stderr, without the
 # log's prefix, then abort(); GGML_ASSERT(x)'s message is "GGML_ASSERT(%s) failed". __FILE__ is the
 # absolute path the build compiled (`/home/…/ggml.c`, `D:\a\llama.cpp\…\ggml-cuda.cu`): a line that starts
-# with `/` or a drive letter is tried, every other line fails on its first character.
+# with `/` or a drive letter is tried, every other line fails on its first character (the look comes before
+# the group: a line it turns away costs no step for the group).
 ABORT_RULE = (
-    r"(?P<abort_line>(?=/|[A-Za-z]:\\)(?:[A-Za-z]:)?[^\s:]{1,300}\.(?:c|cc|cpp|cu|cuh|h|hpp|m|mm):\d{1,7}: "
+    r"(?=/|[A-Za-z]:\\)(?P<abort_line>(?:[A-Za-z]:)?[^\s:]{1,300}\.(?:c|cc|cpp|cu|cuh|h|hpp|m|mm):\d{1,7}: "
     r"(?P<abort_assert>GGML_ASSERT\()?[^\n]{1,2000})$"
 )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -78,11 +78,11 @@ class LineSource(Protocol):
         """How many contents the source has begun so far: lines after it changed may begin a new server run."""
         ...
 
-    def replay(self, on_lines: Callable[[list[str]], None]) -> None:
+    def replay(self, on_lines: Callable[[Sequence[str]], None]) -> None:
         """Hand over, in batches, the lines to apply without counting at start (maybe none)."""
         ...
 
-    async def run(self, on_lines: Callable[[list[str]], None], stop: asyncio.Event) -> None:
+    async def run(self, on_lines: Callable[[Sequence[str]], None], stop: asyncio.Event) -> None:
         """Feed new lines to `on_lines` until `stop` is set (or the source ends for good)."""
         ...
 

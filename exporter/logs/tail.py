@@ -115,6 +115,7 @@ from dataclasses import dataclass
 from exporter.logs import recognize
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
 from exporter.logs.fileopen import identity, open_log
+from exporter.logs.parse import LineBatch
 from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
 from exporter.logs.replaced import pread as _pread
 from exporter.logs.source import SourceStats
@@ -230,8 +231,12 @@ class LogTailer:
 
     def poll(self, max_bytes: int | None = None) -> list[str]:
         """Return the complete lines that are new since the last poll (reads at most ~max_bytes)."""
+        return self.read(max_bytes).lines()
+
+    def read(self, max_bytes: int | None = None) -> LineBatch:
+        """`poll`'s lines as a batch: held as the text the parser scans (lines split out only if asked for)."""
         budget = self._chunk if max_bytes is None else max(1, max_bytes)
-        out: list[str] = []
+        out = LineBatch()
         self._at_eof = False
         used, rotated_eof = self._read_rotated(budget, out)
         budget = max(1, budget - used)
@@ -391,7 +396,7 @@ class LogTailer:
         self._error = None
         return True
 
-    def _retire(self, f: _File, out: list[str]) -> None:
+    def _retire(self, f: _File, out: LineBatch) -> None:
         """The path names another file now: keep reading this one as a rotated file (its writer may go on)."""
         self._file = None
         self._rotated.append(f)
@@ -401,13 +406,13 @@ class LogTailer:
                 self._read(oldest, 1 << 62, out)  # whatever is left in it, before it is let go
             self._close(oldest, out)
 
-    def _close(self, f: _File, out: list[str]) -> None:
+    def _close(self, f: _File, out: LineBatch) -> None:
         """Done with a file: its partial line will never be completed, so it is a line."""
         self._flush_partial(f, out)
         with contextlib.suppress(OSError):
             os.close(f.fd)
 
-    def _read_rotated(self, budget: int, out: list[str]) -> tuple[int, bool]:
+    def _read_rotated(self, budget: int, out: LineBatch) -> tuple[int, bool]:
         """Read the rotated files to their end; close those their writer has left. (bytes read, all at EOF)"""
         if not self._rotated:
             return 0, True
@@ -435,7 +440,7 @@ class LogTailer:
                 self._close(r, out)
         return used, all_eof
 
-    def _check_rewritten(self, f: _File, out: list[str]) -> None:
+    def _check_rewritten(self, f: _File, out: LineBatch) -> None:
         """Handle truncation or an in-place rewrite of the current file, counting what is known lost:
         what a look showed beyond our offset, and the contents probes saw replaced before this read."""
         fd, offset = f.fd, f.offset
@@ -466,7 +471,7 @@ class LogTailer:
             return False
         return (st.st_dev, st.st_ino) != f.ident
 
-    def _read(self, f: _File, limit: int, out: list[str]) -> tuple[int, bool]:
+    def _read(self, f: _File, limit: int, out: LineBatch) -> tuple[int, bool]:
         """Read up to ``limit`` bytes of ``f``; return (bytes read, reached EOF)."""
         total = 0
         while total < limit:
@@ -480,7 +485,7 @@ class LogTailer:
                 return total, True
         return total, False
 
-    def _consume(self, f: _File, data: bytes, out: list[str]) -> None:
+    def _consume(self, f: _File, data: bytes, out: LineBatch) -> None:
         offset = f.offset
         if offset < _HEAD_BYTES and len(f.head) == offset:
             f.head += data[: _HEAD_BYTES - offset]
@@ -507,9 +512,9 @@ class LogTailer:
         if f.record is None:
             self._split(f, data, out)
             return
-        start = len(out)  # PowerShell's error records: one opens the content, then one per run appended
-        self._split(f, data, out)
-        out[start:] = f.record.feed(out[start:])
+        lines = LineBatch()  # PowerShell's error records: one opens the content, then one per run appended
+        self._split(f, data, lines)
+        out.extend(f.record.feed(lines.lines()))
         if f.record.done:
             f.record = None
 
@@ -531,7 +536,7 @@ class LogTailer:
             data = f.transcode(data)
         return data
 
-    def _split(self, f: _File, data: bytes, out: list[str]) -> None:
+    def _split(self, f: _File, data: bytes, out: LineBatch) -> None:
         first = data.find(b"\n")
         if first < 0:
             self._append(f, data, out)
@@ -544,7 +549,7 @@ class LogTailer:
             self._complete_lines(f, data[first + 1 : last], out)
         self._append(f, data[last + 1 :], out)
 
-    def _complete_lines(self, f: _File, block: bytes, out: list[str]) -> None:
+    def _complete_lines(self, f: _File, block: bytes, out: LineBatch) -> None:
         """Whole lines without their final newline: decoded and split in one go unless one is too long."""
         if len(block) > self._max_line and max(map(len, block.split(b"\n"))) > self._max_line:
             for piece in block.split(b"\n"):
@@ -552,12 +557,13 @@ class LogTailer:
                 self._end_line(f, out)
             return
         # Decoding a block equals decoding each line: "\n" and "\r" are never part of a UTF-8 sequence.
-        lines = block.decode("utf-8", errors="replace").split("\n")
-        if b"\r" in block:
-            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
-        out.extend(lines)
+        text = block.decode("utf-8", errors="replace")
+        if b"\r" not in block:  # kept whole: split into lines only if the batch is asked for them
+            out.add_text(text, block.count(b"\n") + 1)
+            return
+        out.extend(line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
 
-    def _append(self, f: _File, piece: bytes, out: list[str]) -> None:
+    def _append(self, f: _File, piece: bytes, out: LineBatch) -> None:
         if f.discarding or not piece:
             return
         room = self._max_line - len(f.partial)
@@ -570,24 +576,24 @@ class LogTailer:
         f.discarding = True
         self.stats.long_lines += 1
 
-    def _end_line(self, f: _File, out: list[str]) -> None:
+    def _end_line(self, f: _File, out: LineBatch) -> None:
         if f.discarding:  # the cut line was already returned
             f.discarding = False
             return
         out.append(_decode(f.partial))
         f.partial.clear()
 
-    def _flush_partial(self, f: _File, out: list[str]) -> None:
+    def _flush_partial(self, f: _File, out: LineBatch) -> None:
         """The file this partial line belonged to is gone or rewritten: it will never be completed."""
         if f.undecided:  # bytes too few to tell the encoding: take them as UTF-8
             f.partial += f.undecided
             f.undecided = b""
-        start = len(out)
+        last: list[str] = []
         if f.discarding:
             f.discarding = False
         elif f.partial:
-            out.append(_decode(f.partial))
+            last.append(_decode(f.partial))
             f.partial.clear()
         if f.record is not None:
-            out[start:] = f.record.feed(out[start:])
-            out += f.record.flush()
+            last = f.record.feed(last) + f.record.flush()
+        out.extend(last)

@@ -80,7 +80,7 @@ class Assembly:
             tailer = source.tailer
             while True:
                 before = (tailer.stats.bytes, tailer.stats.opens, tailer.stats.rotations, tailer.stats.truncations)
-                lines = tailer.poll()
+                lines = tailer.read()  # as the follower reads
                 if lines:
                     pipeline.feed(lines)
                     count += len(lines)

@@ -15,7 +15,7 @@ import contextlib
 import heapq
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ class Seen:
         self.lines: list[str] = []
         self.batches = 0
 
-    def __call__(self, batch: list[str]) -> None:
+    def __call__(self, batch: Sequence[str]) -> None:
         assert batch, "on_lines called with an empty batch"
         self.lines += batch
         self.batches += 1

@@ -164,3 +164,33 @@ def test_large_file_is_read_in_steps(tmp_path: Path) -> None:
     got = first + drain(t, 1000)
     assert seqs(got) == list(range(5000))
     assert not t.has_pending()
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 15])
+@pytest.mark.parametrize("piece", [13, 1000])
+def test_read_batch_text_is_its_lines_joined(tmp_path: Path, chunk: int, piece: int) -> None:
+    """`read()` hands a batch over as the text the parser scans: "\\n" before each line, the same lines
+    `poll()` gives (written in pieces, empty lines, invalid UTF-8, CRLF, a cut line, a line left unfinished)."""
+    data = (
+        b"seq=000000 \xc3\xa9\n\nseq=000001 bad \xff\n"
+        + b"seq=000002 "
+        + b"x" * 300
+        + b"\nseq=000003 a\r\nseq=000004 b\n\n\nseq=000005 end"
+    )
+    p, q = tmp_path / "a.log", tmp_path / "b.log"
+    p.write_bytes(b"")
+    q.write_bytes(b"")
+    batches, polls = LogTailer(p, max_line_bytes=200, chunk_bytes=chunk), LogTailer(q, max_line_bytes=200)
+    read: list[str] = []
+    for i in range(0, len(data), piece):
+        for path in (p, q):
+            with path.open("ab") as f:
+                f.write(data[i : i + piece])
+        while True:
+            batch = batches.read()
+            assert batch.text == "".join("\n" + x for x in batch) and len(batch) == len(batch.lines())
+            read += batch
+            if not batches.has_pending():
+                break
+    assert read == polls.poll() and read[5:] == ["seq=000004 b", "", ""] and len(read) == 8
+    assert batches.stats.lines == 8 and batches.stats.long_lines == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,9 +26,6 @@ from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
-# A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
-# router prefix ("[ port] ").
-_PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
 
@@ -42,6 +38,44 @@ def lines_of(text: str) -> list[str]:
     if last:
         lines.append(last)
     return lines
+
+
+def odd_spans(text: str) -> list[tuple[int, int]]:
+    """Where the lines of `text` are that `_feed_plain` cannot take: those that need unwrapping (JSONL,
+    colours, CR: see is_plain) or carry a router prefix ("[port] "), and a last line without its "\\n".
+    As [start, end) offsets, neighbours joined, in order. Found by searching for what makes a line odd,
+    so the cost is in the odd lines (rare in most logs), not in every line."""
+    spans: list[tuple[int, int]] = []
+    size = len(text)
+    for char in ("\x1b", "\r"):  # anywhere in a line
+        i = text.find(char)
+        while i >= 0:
+            end = text.find("\n", i) + 1 or size
+            spans.append((text.rfind("\n", 0, i) + 1, end))
+            i = text.find(char, end) if end < size else -1
+    for char in "[{":  # at the start of a line
+        end = (text.find("\n") + 1 or size) if text[:1] == char else 0
+        if end:
+            spans.append((0, end))
+        i = text.find("\n" + char, max(end - 1, 0))
+        while i >= 0:
+            end = text.find("\n", i + 1) + 1 or size
+            spans.append((i + 1, end))
+            i = text.find("\n" + char, end - 1) if end < size else -1
+    if text and text[-1] != "\n":
+        spans.append((text.rfind("\n") + 1, size))
+    if len(spans) < 2:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for start, end in spans[1:]:
+        last_start, last_end = merged[-1]
+        if start <= last_end:
+            if end > last_end:
+                merged[-1] = (last_start, end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 class Diagnoser:
@@ -134,17 +168,17 @@ class Diagnoser:
             self._feed_plain(text, first_lineno)
             return
         lineno, pos = first_lineno, 0
-        for m in _PLAIN_RUN.finditer(text):
-            if m.start() > pos:
-                odd = text[pos : m.start()]
-                self.feed_lines(lines_of(odd), lineno)
-                lineno += odd.count("\n")
-            plain = m.group()
-            self._feed_plain(plain, lineno)
-            lineno += plain.count("\n")
-            pos = m.end()
+        for start, end in odd_spans(text):
+            if start > pos:
+                plain = text[pos:start]
+                self._feed_plain(plain, lineno)
+                lineno += plain.count("\n")
+            odd = text[start:end]
+            self.feed_lines(lines_of(odd), lineno)
+            lineno += odd.count("\n")
+            pos = end
         if pos < len(text):
-            self.feed_lines(lines_of(text[pos:]), lineno)
+            self._feed_plain(text[pos:], lineno)
 
     def _feed_plain(self, text: str, first_lineno: int) -> None:
         """`feed_text` for lines that need no unwrapping and have no router prefix."""

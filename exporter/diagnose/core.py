@@ -19,7 +19,7 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import STAMP_FIRST, Run, router_source
+from exporter.diagnose.run import STAMP_FIRST, Run, elapsed_seconds, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
@@ -28,6 +28,8 @@ from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSumma
 
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
+_GENERIC = ev.GENERIC
+_FINGERPRINTED = FINGERPRINT_LINES[-1]  # a run's lines that its fingerprint hashes
 
 
 def lines_of(text: str) -> list[str]:
@@ -181,17 +183,43 @@ class Diagnoser:
             self._feed_plain(text[pos:], lineno)
 
     def _feed_plain(self, text: str, first_lineno: int) -> None:
-        """`feed_text` for lines that need no unwrapping and have no router prefix."""
+        """`feed_text` for lines that need no unwrapping and have no router prefix.
+
+        `feed_event` written out inline for the common event (one of the current run's own, not a start
+        or a format), the hot path of a big log. The lines without an event before such a line need no
+        look (`_skip_text`) when it is stamped in a run that has its first stamp: the event's line then
+        overwrites all that look would note."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
         line = ""
+        current = self._current
         for index, start, e in parse_text_indexed(text):
-            if index > done:
-                self._skip_text(text, done_at, start, first_lineno + index - 1)
+            kind = type(e)
+            run = current.get(None)
+            common = run is not None and kind not in _SPECIAL
             if index >= done:
                 end = text.find("\n", start) + 1 or len(text)
                 line = text[start:end]
+                if index > done and not (
+                    common and run.first_elapsed is not None and line[:1] in STAMP_FIRST  # type: ignore[union-attr]
+                ):
+                    self._skip_text(text, done_at, start, first_lineno + index - 1)
                 done, done_at = index + 1, end
-            self.feed_event(e, first_lineno + index, line)
+            if not common:
+                self.feed_event(e, first_lineno + index, line)
+                continue
+            assert run is not None
+            self.events += 1
+            if kind not in _GENERIC:
+                self.specific_events += 1
+            lineno = first_lineno + index
+            if line[:1] in STAMP_FIRST:
+                run.last_stamped_line = line
+                if run.first_elapsed is None:
+                    run.first_elapsed = elapsed_seconds(line)
+            fingerprint = run.fingerprint
+            if fingerprint.lines < _FINGERPRINTED:
+                fingerprint.add(lineno, line)
+            run.apply(e, lineno, line)
         last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,18 +19,17 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import STAMP_FIRST, Run, router_source
+from exporter.diagnose.run import STAMP_FIRST, Run, elapsed_seconds, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
 from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
 from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
-# A run of whole lines that need no unwrapping (no JSONL, colours or CR: see is_plain) and have no
-# router prefix ("[ port] ").
-_PLAIN_RUN = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
+_GENERIC = ev.GENERIC
+_FINGERPRINTED = FINGERPRINT_LINES[-1]  # a run's lines that its fingerprint hashes
 
 
 def lines_of(text: str) -> list[str]:
@@ -42,6 +40,44 @@ def lines_of(text: str) -> list[str]:
     if last:
         lines.append(last)
     return lines
+
+
+def odd_spans(text: str) -> list[tuple[int, int]]:
+    """Where the lines of `text` are that `_feed_plain` cannot take: those that need unwrapping (JSONL,
+    colours, CR: see is_plain) or carry a router prefix ("[port] "), and a last line without its "\\n".
+    As [start, end) offsets, neighbours joined, in order. Found by searching for what makes a line odd,
+    so the cost is in the odd lines (rare in most logs), not in every line."""
+    spans: list[tuple[int, int]] = []
+    size = len(text)
+    for char in ("\x1b", "\r"):  # anywhere in a line
+        i = text.find(char)
+        while i >= 0:
+            end = text.find("\n", i) + 1 or size
+            spans.append((text.rfind("\n", 0, i) + 1, end))
+            i = text.find(char, end) if end < size else -1
+    for char in "[{":  # at the start of a line
+        end = (text.find("\n") + 1 or size) if text[:1] == char else 0
+        if end:
+            spans.append((0, end))
+        i = text.find("\n" + char, max(end - 1, 0))
+        while i >= 0:
+            end = text.find("\n", i + 1) + 1 or size
+            spans.append((i + 1, end))
+            i = text.find("\n" + char, end - 1) if end < size else -1
+    if text and text[-1] != "\n":
+        spans.append((text.rfind("\n") + 1, size))
+    if len(spans) < 2:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for start, end in spans[1:]:
+        last_start, last_end = merged[-1]
+        if start <= last_end:
+            if end > last_end:
+                merged[-1] = (last_start, end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 class Diagnoser:
@@ -134,30 +170,56 @@ class Diagnoser:
             self._feed_plain(text, first_lineno)
             return
         lineno, pos = first_lineno, 0
-        for m in _PLAIN_RUN.finditer(text):
-            if m.start() > pos:
-                odd = text[pos : m.start()]
-                self.feed_lines(lines_of(odd), lineno)
-                lineno += odd.count("\n")
-            plain = m.group()
-            self._feed_plain(plain, lineno)
-            lineno += plain.count("\n")
-            pos = m.end()
+        for start, end in odd_spans(text):
+            if start > pos:
+                plain = text[pos:start]
+                self._feed_plain(plain, lineno)
+                lineno += plain.count("\n")
+            odd = text[start:end]
+            self.feed_lines(lines_of(odd), lineno)
+            lineno += odd.count("\n")
+            pos = end
         if pos < len(text):
-            self.feed_lines(lines_of(text[pos:]), lineno)
+            self._feed_plain(text[pos:], lineno)
 
     def _feed_plain(self, text: str, first_lineno: int) -> None:
-        """`feed_text` for lines that need no unwrapping and have no router prefix."""
+        """`feed_text` for lines that need no unwrapping and have no router prefix.
+
+        `feed_event` written out inline for the common event (one of the current run's own, not a start
+        or a format), the hot path of a big log. The lines without an event before such a line need no
+        look (`_skip_text`) when it is stamped in a run that has its first stamp: the event's line then
+        overwrites all that look would note."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
         line = ""
+        current = self._current
         for index, start, e in parse_text_indexed(text):
-            if index > done:
-                self._skip_text(text, done_at, start, first_lineno + index - 1)
+            kind = type(e)
+            run = current.get(None)
+            common = run is not None and kind not in _SPECIAL
             if index >= done:
                 end = text.find("\n", start) + 1 or len(text)
                 line = text[start:end]
+                if index > done and not (
+                    common and run.first_elapsed is not None and line[:1] in STAMP_FIRST  # type: ignore[union-attr]
+                ):
+                    self._skip_text(text, done_at, start, first_lineno + index - 1)
                 done, done_at = index + 1, end
-            self.feed_event(e, first_lineno + index, line)
+            if not common:
+                self.feed_event(e, first_lineno + index, line)
+                continue
+            assert run is not None
+            self.events += 1
+            if kind not in _GENERIC:
+                self.specific_events += 1
+            lineno = first_lineno + index
+            if line[:1] in STAMP_FIRST:
+                run.last_stamped_line = line
+                if run.first_elapsed is None:
+                    run.first_elapsed = elapsed_seconds(line)
+            fingerprint = run.fingerprint
+            if fingerprint.lines < _FINGERPRINTED:
+                fingerprint.add(lineno, line)
+            run.apply(e, lineno, line)
         last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)

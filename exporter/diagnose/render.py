@@ -53,11 +53,24 @@ def json_chunks(report: Report) -> Iterator[str]:
     assert key and '"history": []' not in tail
     yield head + '"history": ['
     for i, run in enumerate(report.history):
-        entry = dataclasses.asdict(run)
-        del entry["request_sizes"]  # the history's sum is the report's `requests`
-        del entry["configuration"]  # the run's own report has it
-        yield ("," if i else "") + "\n    " + json.dumps(entry)
+        yield ("," if i else "") + "\n    " + json.dumps(history_entry(run))
     yield ("\n  ]" if report.history else "]") + tail
+
+
+# RunSummary's fields in the history, in order: not its request sizes (the history's sum is the report's
+# `requests`) nor its configuration (the run's own report has it).
+_HISTORY_FIELDS = tuple(
+    f.name for f in dataclasses.fields(RunSummary) if f.name not in ("request_sizes", "configuration")
+)
+
+
+def history_entry(run: RunSummary) -> dict[str, Any]:
+    """`dataclasses.asdict(run)` less the fields the history leaves out, without converting them first
+    (they are most of its cost, and a long log's history has tens of thousands of runs)."""
+    entry = {name: getattr(run, name) for name in _HISTORY_FIELDS}
+    if run.memory is not None:
+        entry["memory"] = dataclasses.asdict(run.memory)
+    return entry
 
 
 def _n(value: int | None) -> str:

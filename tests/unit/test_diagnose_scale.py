@@ -4,7 +4,9 @@ report of reading line by line, and a log read in parts on several cores gives t
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import re
 import tracemalloc
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from paths import B11434
 
 from exporter import diagnose
 from exporter.diagnose import Diagnoser, Report, diagnose_file, to_json
+from exporter.diagnose.core import odd_spans
+from exporter.diagnose.render import history_entry
 
 FIXTURES = B11434
 
@@ -24,7 +28,7 @@ def test_memory_stays_bounded(tmp_path: Path) -> None:
 
     bench/diagnose_big.py builds the log the same way (support/big_log.py) and measures 1 GiB in a subprocess.
     """
-    peaks = []
+    peaks, runs = [], []
     for size_mb in (3, 12):
         built = build_log(tmp_path / f"{size_mb}.log", size_mb * 2**20)
         tracemalloc.start()
@@ -35,8 +39,10 @@ def test_memory_stays_bounded(tmp_path: Path) -> None:
             tracemalloc.stop()
         assert (report.runs_total, report.failures_total) == (built.runs, built.failures)
         assert len(report.runs) == 10 and report.omitted_runs.runs == built.runs - 10
+        runs.append(built.runs)
     print(f"peak traced memory: 3 MiB log {peaks[0] / 1024:,.0f} KiB, 12 MiB log {peaks[1] / 1024:,.0f} KiB")
-    assert peaks[1] < peaks[0] * 1.25 + 256 * 1024
+    # What may grow is the history, a line per run (RunSummary and Fingerprint: about 2.4 KiB each).
+    assert peaks[1] < peaks[0] * 1.25 + 256 * 1024 + (runs[1] - runs[0]) * 3 * 1024
     assert peaks[1] < 8 * 2**20
 
 
@@ -124,3 +130,38 @@ def test_a_big_file_that_is_not_a_log_is_refused_in_parts_too(tmp_path: Path, mo
     monkeypatch.setattr(parallel, "workers", lambda: 3)
     with pytest.raises(diagnose.InputError, match="binary data"):
         diagnose.diagnose_files([str(path)])
+
+
+def test_odd_spans_are_the_lines_between_plain_runs() -> None:
+    """`odd_spans` finds the lines that `_feed_plain` cannot take by searching for what makes them odd;
+    the reference is a regex over every line: the maximal runs of plain whole lines, and between them the rest."""
+    plain_run = re.compile(r"^(?:[^\n\[{\x1b\r][^\n\x1b\r]*\n|\n)+", re.M)
+
+    def reference(text: str) -> list[tuple[int, int]]:
+        spans, pos = [], 0
+        for m in plain_run.finditer(text):
+            if m.start() > pos:
+                spans.append((pos, m.start()))
+            pos = m.end()
+        return [*spans, (pos, len(text))] if pos < len(text) else spans
+
+    rng = random.Random(48)
+    pieces = ["a", "b c", "\n", "\n", "[", "{", "\x1b", "\r", "\n[", "\n{", "\r\n"]
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 24)))
+        assert odd_spans(text) == reference(text), repr(text)
+
+
+def test_history_entries_are_the_run_summaries_less_two_fields() -> None:
+    """The JSON history writes each RunSummary as `dataclasses.asdict` would, less its request sizes and
+    configuration, without converting those first."""
+    d = Diagnoser("captures")
+    for name in CAPTURE_NAMES:
+        d.feed_text((CAPTURE_ROOT / name / "llama-server.log").read_text(), 1)
+    history = d.finish().history
+    assert any(s.memory is not None for s in history) and any(s.request_sizes is not None for s in history)
+    for s in history:
+        want = dataclasses.asdict(s)
+        del want["request_sizes"], want["configuration"]
+        got = history_entry(s)
+        assert got == want and list(got) == list(want)

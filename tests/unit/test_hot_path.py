@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import typing
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from exporter.logs.parse import (
     parse_lines,
     parse_message,
 )
+from exporter.logs.rules import SHARED_EVENTS, shared
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH, HANDLERS
 from exporter.model.router import ROUTER_EVENTS
@@ -191,3 +193,23 @@ def test_apply_events_stops_at_a_kind_it_is_told() -> None:
     assert state.apply_events(events, 0, ROUTER_EVENTS) == 1
     assert state.apply_events(events, 2, ROUTER_EVENTS) == 4
     assert not ROUTER_EVENTS & DISPATCH.keys()  # a kind to stop at has no handler of the state's
+
+
+def test_shared_events_equal_the_events_built() -> None:
+    """`rules.shared`: an event equal to the one its build gives, one object per value, at most
+    `SHARED_EVENTS` values kept; a number that cannot be read raises and is not kept."""
+    rx = re.compile(r"(?P<a>\d+) (?P<b>\d+)")
+
+    def build(m: re.Match[str]) -> ev.Event:
+        return ev.KVRetry(int(m["a"]), int(m["b"]))
+
+    built = shared(build, "a", "b")
+    lines = [f"{i % 100} 512" for i in range(300)]
+    events = [built(typing.cast(re.Match[str], rx.match(line))) for line in lines]
+    assert events == [build(typing.cast(re.Match[str], rx.match(line))) for line in lines]
+    assert SHARED_EVENTS == 64
+    assert events[0] is events[100] and events[99] is not events[199]  # the first 64 values kept, not the later
+    huge = f"{'9' * 5000} 1"
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            built(typing.cast(re.Match[str], rx.match(huge)))

@@ -11,7 +11,7 @@ exporter catches up on one, and times each step on its own, over the whole file,
   one that needs unwrapping, `is_plain`);
 - ``parse``: the scan and building the events (`parse_joined`: `is_plain` again, the scan, the line
   format worked out per event);
-- ``apply``: `ServerState.apply` on every event, and the same again without the bounds checks
+- ``apply``: `ServerState.apply_events` on every batch's events, and the same again without the bounds checks
   (`exporter.model.bounds`) and without the provenance rules (`exporter.model.provenance`): the
   differences are what those checks cost;
 - ``feed``: `LogPipeline.feed`, everything after the tail together (the rest is its own glue:
@@ -65,14 +65,13 @@ def _parse_all(texts: list[str], batches: list[LineBatch]) -> None:
 
 
 def _apply_all(events: list[list[ev.Event]]) -> None:
-    apply = ServerState().apply
+    apply_events = ServerState().apply_events
     for batch in events:
-        for e in batch:
-            apply(e)
+        apply_events(batch)
 
 
 def _without(events: list[list[ev.Event]], part: int, repeat: int) -> float:
-    """`apply` with one part of every dispatch entry switched off (1: the bounds check, 2: provenance)."""
+    """`apply_events` with one part of every dispatch entry switched off (1: the bounds check, 2: provenance)."""
     saved = dict(DISPATCH)
     try:
         for kind, entry in saved.items():

@@ -181,23 +181,46 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
     ("new", r"new slot,? n_ctx(?:_slot)? = (?P<new_slot>\d+)", lambda s, t, m: ev.SlotCreated(s, int(m["new_slot"]))),
 ]
 
+#: Events `shared` keeps per rule: the values a busy log repeats (a cascade's batch sizes and offsets).
+SHARED_EVENTS = 64
+
+
+def shared(build: Callable[[_M], ev.Event], *groups: str) -> Callable[[_M], ev.Event]:
+    """`build`, one event object for the lines whose `groups` read the same (an event is immutable, and equal
+    to another of its values: sharing it changes no value). For the kinds a cascade repeats at every retry:
+    a lookup instead of reading the numbers and building the event. The first `SHARED_EVENTS` values are
+    kept; a value that cannot be read raises as `build` does, and is not kept."""
+    kept: dict[object, ev.Event] = {}
+
+    def build_shared(m: _M) -> ev.Event:
+        key = m.group(*groups)
+        e = kept.get(key)
+        if e is None:
+            e = build(m)
+            if len(kept) < SHARED_EVENTS:
+                kept[key] = e
+        return e
+
+    return build_shared
+
+
 # Rules for everything that is not a `slot … | task … |` line: `srv` lines and library lines.
 TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
     (
         "failed",
         r"failed to find free space in the KV cache, retrying with smaller batch size.*?\b(?:i|off) = "
         r"(?P<retry_off>\d+), n_batch = (?P<retry_batch>\d+)",
-        lambda m: ev.KVRetry(int(m["retry_off"]), int(m["retry_batch"])),
+        shared(lambda m: ev.KVRetry(int(m["retry_off"]), int(m["retry_batch"])), "retry_off", "retry_batch"),
     ),
     (
         "failed",
         r"failed to find a memory slot for batch of size (?P<memory_batch>\d+)",
-        lambda m: ev.MemorySlotFailure(int(m["memory_batch"])),
+        shared(lambda m: ev.MemorySlotFailure(int(m["memory_batch"])), "memory_batch"),
     ),
     (
         "failed",
         r"failed to find KV cache slot for u?batch of size (?P<kv_slot_batch>\d+)",
-        lambda m: ev.MemorySlotFailure(int(m["kv_slot_batch"])),
+        shared(lambda m: ev.MemorySlotFailure(int(m["kv_slot_batch"])), "kv_slot_batch"),
     ),
     ("all", r"all slots are idle", lambda m: ev.AllSlotsIdle()),
     (

@@ -107,25 +107,33 @@ class ServerLog:
             if self.counting:  # (counted as every reason is: the lines that carry an event)
                 self.main.rejected["unfollowed"] += sum(1 for e in kept if type(e) is not ev.LineFormat)
             return kept
-        apply = child.state.apply
-        for e in kept:
-            apply(e)
+        child.state.apply_events(kept)
         return kept
 
     def _main(self, events: Sequence[ev.Event]) -> None:
+        """The events of the log's own lines: the state's, in runs up to each router event; once the log is a
+        router's, one by one (a start of its own ends its children)."""
+        main, i, n = self.main, 0, len(events)
+        while i < n:
+            if not self.router.active:
+                i = main.apply_events(events, i, ROUTER_EVENTS)
+                if i == n:
+                    return
+            self._main_event(events[i])
+            i += 1
+
+    def _main_event(self, e: ev.Event) -> None:
         main = self.main
-        apply = main.apply
-        for e in events:
-            kind = type(e)
-            if kind in ROUTER_EVENTS:
-                # The router's lines are checked like any other: written the way its run writes lines.
-                reason = main.provenance.check(main.run, kind, e)
-                if reason is not None:
-                    main.reject(reason)
-                else:
-                    self._router_event(e)  # type: ignore[arg-type]
-            elif apply(e) and kind is ev.ServerStarting and self.router.active:
-                self._router_restarted()
+        kind = type(e)
+        if kind in ROUTER_EVENTS:
+            # The router's lines are checked like any other: written the way its run writes lines.
+            reason = main.provenance.check(main.run, kind, e)
+            if reason is not None:
+                main.reject(reason)
+            else:
+                self._router_event(e)  # type: ignore[arg-type]
+        elif main.apply(e) and kind is ev.ServerStarting and self.router.active:
+            self._router_restarted()
 
     def _router_event(self, e: ev.RouterMode | ev.ChildSpawned | ev.ChildStopping | ev.ChildExited) -> None:
         r = self.router

@@ -94,8 +94,11 @@ class ServerRun:
         return sum(s.tokens for s in self.slots.values())
 
     def processing(self) -> bool:
-        """Some slot has a task."""
-        return any(s.processing for s in self.slots.values())
+        """Some slot has a task (a loop, not `any` over a generator: asked at every retry that starts a cascade)."""
+        for s in self.slots.values():  # noqa: SIM110  (see the docstring)
+            if s.processing:
+                return True
+        return False
 
     def checkpoint_lines_visible(self) -> bool | None:
         """Whether the log shows checkpoint and prompt-cache lines (TRC on b9829+: only at -lv 4)."""

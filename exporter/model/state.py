@@ -1,8 +1,8 @@
 """What the log says about llama-server right now: configuration, slots, KV pool, and event counters.
 
-`ServerState.apply(event)` is the only way in. No I/O, no clock, no prometheus_client: feed it the
-events of a captured log and compare the result with what the log (or the server's own `/slots`)
-says. Slot semantics (as the README explains them):
+`ServerState.apply(event)` is the only way in (`apply_events` applies a batch the same way). No I/O, no
+clock, no prometheus_client: feed it the events of a captured log and compare the result with what the
+log (or the server's own `/slots`) says. Slot semantics (as the README explains them):
 
 - `new prompt … task.n_tokens = C` then `cached n_tokens = N`: the slot keeps N and will grow to ~C;
   prompt and generation progress lines move the estimate; `stop processing: n_tokens = N` leaves the
@@ -20,6 +20,7 @@ restart of the exporter can never make a counter jump and fire an alert.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 
 from exporter.logs import events as ev
@@ -205,6 +206,50 @@ class ServerState:
         if counted and self.counting:
             self.counted[kind] += 1
         return True
+
+    def apply_events(self, events: Sequence[ev.Event], start: int = 0, stop: Container[type] = ()) -> int:
+        """Apply `events[start:]` in order, each as `apply` does, up to the first of a kind in `stop` (kinds
+        without a `DISPATCH` entry: the caller's own); returns its index, or `len(events)` when none.
+
+        `apply`'s body again, for a batch: the loop's names are looked up once and an event costs no call of
+        its own (the bulk of a log's events go this way; `apply` stays the way in for one). The handlers never
+        change `counting` or replace `provenance`; `run` is read per event (a start replaces it).
+        """
+        provenance, counting, counted = self.provenance, self.counting, self.counted
+        dispatch = DISPATCH
+        for i in range(start, len(events)):
+            e = events[i]
+            kind = type(e)
+            entry = dispatch.get(kind)
+            if entry is None:
+                if isinstance(e, ev.LineFormat):
+                    provenance.line_format = e.code
+                elif isinstance(e, ev.Rejected):
+                    self.reject(e.reason)
+                elif kind in stop:
+                    return i
+                continue
+            handler, check, checked, is_counted = entry
+            if check is not None and not check(self.run, e):
+                self.reject("out_of_range")
+                continue
+            if checked or provenance.line_format != provenance.run_format:
+                reason = provenance.admit(self.run, kind, e)
+                if reason is not None:
+                    self.reject(reason)
+                    continue
+            try:
+                handler(self, e)
+            except NotOwnLine:
+                self.reject("inconsistent")
+                continue
+            except Exception as exc:  # a bug must cost one line, not the pipeline
+                self.last_unexpected = f"{kind.__name__}: {type(exc).__name__}: {exc}"[:200]
+                self.reject("unexpected")
+                continue
+            if is_counted and counting:
+                counted[kind] += 1
+        return len(events)
 
     def accepts(self, e: ev.Event) -> bool:
         """Whether `apply` would apply `e` rather than reject it (for readers that act on events themselves)."""

@@ -1,18 +1,24 @@
 """The fast paths give the same results as the one-line ones.
 
 `parse_lines` scans a batch as one string; `parse_line` and `parse_message` are the contract. The
-tailer decodes and splits whole blocks; per line it must give what decoding each line gives. And
-every event type has its handler in `ServerState.apply`.
+tailer decodes and splits whole blocks; per line it must give what decoding each line gives. Every
+event type has its handler in `ServerState.apply`, and a batch applied at once (`apply_events`) leaves
+the state as applying each event does.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import re
 import typing
 from pathlib import Path
 
 import pytest
+from expositions import log_registry
+from hostile_lines import POISON, mutate
 from paths import B11434
+from prometheus_client import generate_latest
 from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "prepend" import mode)
 
 from exporter.logs import events as ev
@@ -24,9 +30,11 @@ from exporter.logs.parse import (
     parse_lines,
     parse_message,
 )
+from exporter.logs.rules import SHARED_EVENTS, shared
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH, HANDLERS
 from exporter.model.router import ROUTER_EVENTS
+from exporter.model.state import ServerState
 
 FIXTURES = B11434
 LOGS = sorted(FIXTURES.glob("*/llama-server.log"))
@@ -153,3 +161,55 @@ def test_events_compare_hash_and_print_as_dataclasses_do() -> None:
     again = ev.PromptEvalTiming(12.5, 100, continuation=True)
     assert first == again and hash(first) == hash(again) and repr(again).endswith("continuation=True)")
     assert len({ev.KVRetry(0, 512), ev.KVRetry(0, 512), ev.KVRetry(1, 512)}) == 2
+
+
+def _applied(state: ServerState, events: list[ev.Event], batch: bool) -> bytes:
+    """`events` applied one by one (`apply`) or as one batch (`apply_events`); what the state then says."""
+    if batch:
+        assert state.apply_events(events) == len(events)
+    else:
+        for e in events:
+            state.apply(e)
+    said = [state.rejected, state.counted, state.last_unexpected, state.server_starts, state.incidents.changes]
+    return generate_latest(log_registry(state)) + repr(said).encode()
+
+
+@pytest.mark.parametrize("counting", [True, False])
+def test_apply_events_equals_apply_one_by_one(counting: bool) -> None:
+    """Every capture, the poison lines and seeded mutations of them all (rejected lines of each reason among
+    them): a batch applied at once leaves the state as applying each event does."""
+    rng = random.Random(48)
+    for log in [*LOGS, None]:
+        lines = log.read_text(encoding="utf-8").splitlines() if log is not None else [p for p, _ in POISON]
+        lines += [mutate(rng, rng.choice(lines)) for _ in range(len(lines))]
+        events = parse_lines(lines)
+        states = [ServerState(counting=counting) for _ in range(2)]
+        assert _applied(states[0], events, batch=False) == _applied(states[1], events, batch=True), log
+
+
+def test_apply_events_stops_at_a_kind_it_is_told() -> None:
+    events: list[ev.Event] = [ev.AllSlotsIdle(), ev.RouterMode(), ev.AllSlotsIdle(), ev.LineFormat(0)]
+    state = ServerState()
+    assert state.apply_events(events, 0, ROUTER_EVENTS) == 1
+    assert state.apply_events(events, 2, ROUTER_EVENTS) == 4
+    assert not ROUTER_EVENTS & DISPATCH.keys()  # a kind to stop at has no handler of the state's
+
+
+def test_shared_events_equal_the_events_built() -> None:
+    """`rules.shared`: an event equal to the one its build gives, one object per value, at most
+    `SHARED_EVENTS` values kept; a number that cannot be read raises and is not kept."""
+    rx = re.compile(r"(?P<a>\d+) (?P<b>\d+)")
+
+    def build(m: re.Match[str]) -> ev.Event:
+        return ev.KVRetry(int(m["a"]), int(m["b"]))
+
+    built = shared(build, "a", "b")
+    lines = [f"{i % 100} 512" for i in range(300)]
+    events = [built(typing.cast(re.Match[str], rx.match(line))) for line in lines]
+    assert events == [build(typing.cast(re.Match[str], rx.match(line))) for line in lines]
+    assert SHARED_EVENTS == 64
+    assert events[0] is events[100] and events[99] is not events[199]  # the first 64 values kept, not the later
+    huge = f"{'9' * 5000} 1"
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            built(typing.cast(re.Match[str], rx.match(huge)))

@@ -82,9 +82,7 @@ def end_now(*_: object) -> None:
 
 def end_on_signals() -> None:
     """From here to the process's end, a stop signal ends it at once (`end_now`)."""
-    for sig in stop_signals():
-        with contextlib.suppress(ValueError, OSError):  # not the main thread
-            signal.signal(sig, end_now)
+    _on_stop_signals(end_now)
 
 
 def default_on_signals() -> None:
@@ -92,9 +90,14 @@ def default_on_signals() -> None:
     killed by it, with no Python code run. Python's finalization clears its own handlers, and a signal one of
     them had caught just before is then printed as "Signal 2 ignored due to race condition" with a traceback.
     One caught before this call is handled first, by `end_now` (`signal.signal` runs pending handlers)."""
+    _on_stop_signals(signal.SIG_DFL)
+
+
+def _on_stop_signals(handler: Callable[[int, Any], object] | int) -> None:
+    """`handler` for every stop signal, where this thread may set one."""
     for sig in stop_signals():
         with contextlib.suppress(ValueError, OSError):  # not the main thread
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, handler)
 
 
 def stop_signals() -> list[signal.Signals]:

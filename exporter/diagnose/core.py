@@ -19,7 +19,7 @@ from exporter.diagnose.report import (
     RunReport,
     RunSummary,
 )
-from exporter.diagnose.run import STAMP_FIRST, Run, elapsed_seconds, router_source
+from exporter.diagnose.run import STAMP_FIRST, Run, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
@@ -213,9 +213,7 @@ class Diagnoser:
                 self.specific_events += 1
             lineno = first_lineno + index
             if line[:1] in STAMP_FIRST:
-                run.last_stamped_line = line
-                if run.first_elapsed is None:
-                    run.first_elapsed = elapsed_seconds(line)
+                run.note_stamp(line)
             fingerprint = run.fingerprint
             if fingerprint.lines < _FINGERPRINTED:
                 fingerprint.add(lineno, line)
@@ -269,7 +267,7 @@ class Diagnoser:
         if line:
             if line[:1] in STAMP_FIRST:
                 run.note_stamp(line)
-            if run.fingerprint.lines < FINGERPRINT_LINES[-1]:
+            if run.fingerprint.lines < _FINGERPRINTED:
                 run.fingerprint.add(lineno, line)
         run.apply(e, lineno, line)
 

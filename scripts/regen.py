@@ -48,6 +48,7 @@ GENERATORS: tuple[Generator, ...] = (
         (),
         ("--check",),
     ),
+    Generator("docs/metric-list.md (from the metric catalogue)", "scripts/metric_list.py", (), ("--check",)),
     Generator(
         "docs/builds.md's tables (from the captures)",
         "tests/support/build_corpus.py",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from llamacpp_rules.config import Config, absolute_url, seconds
 from llamacpp_rules.text import SEVERITIES, WHO, W
+from llamacpp_rules.values import absolute_url, seconds
+
+if TYPE_CHECKING:  # Config is made of the alert modules' settings, and they import this module
+    from llamacpp_rules.config import Config
 
 #: The Grafana dashboard's uid (dashboards/generate_dashboard.py).
 DASHBOARD_UID = "llamacpp-exporter"
@@ -99,3 +103,16 @@ class Rules:
         rule["labels"] = {"severity": severity}
         rule["annotations"] = annotations
         return rule
+
+
+#: What an alert module defines for each alert: its rule, for one configuration.
+AlertFn = Callable[[Rules], Rule]
+
+
+class Alerts(list[AlertFn]):
+    """A module's alerts in the order they are defined: each function says ``@ALERTS.add`` once, and the
+    rules file takes them module by module (``document.MODULES``)."""
+
+    def add(self, alert: AlertFn) -> AlertFn:
+        self.append(alert)
+        return alert

@@ -2,46 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import yaml
 
-from llamacpp_rules import exporter_health, guard, kv_pages, kv_pool, latency, memory, server
-from llamacpp_rules.builder import Rule, Rules
+from llamacpp_rules import exporter_health, guard, kv_pages, kv_pool, latency, memory, router, server
+from llamacpp_rules.builder import AlertFn, Rules
 from llamacpp_rules.config import Config
 from llamacpp_rules.recording import recording
 
-#: Every alert, in the order of the rules file (and of the docs' alert table).
-ALERTS: tuple[Callable[[Rules], Rule], ...] = (
-    # RequestsAborted before Saturated: each reads the other's ALERTS (one page per incident, kv_pages).
-    kv_pages.requests_aborted,
-    kv_pages.saturated,
-    kv_pool.overflow_ahead,
-    kv_pool.overflow_possible,
-    kv_pool.filling_up,
-    kv_pool.overcommitted,
-    kv_pool.undersized,
-    kv_pool.capacity_unknown,
-    kv_pool.context_exceeded,
-    kv_pool.retry_cascade,
-    latency.slow_first_token_reprocessing,
-    memory.vram_headroom_low,
-    memory.host_memory_low,
-    server.server_down,
-    server.server_restarting,
-    exporter_health.source_down,
-    exporter_health.log_stalled,
-    exporter_health.log_not_understood,
-    exporter_health.exporter_down,
-    exporter_health.target_gone,
-    server.router_children_refused,
-    server.router_child_crashed,
-    guard.queue_backlog,
-    guard.refusing,
-    guard.upstream_failing,
-    exporter_health.watchdog,
-)
+#: The alert modules, in the order of the rules file (and of the docs' alert table): each module's alerts
+#: (its ``ALERTS``) in the order it defines them. KV pages first: kv_pool's alerts read their ALERTS.
+MODULES: tuple[ModuleType, ...] = (kv_pages, kv_pool, latency, memory, server, exporter_health, router, guard)
+#: Every alert, in the order of the rules file; the Watchdog, which always fires, closes it.
+ALERTS: tuple[AlertFn, ...] = (*(alert for module in MODULES for alert in module.ALERTS), exporter_health.watchdog)
 
 HEADER = """\
 # Prometheus rules for llamacpp-exporter (https://prometheus.io/docs/prometheus/latest/configuration/).

@@ -3,9 +3,41 @@ itself down or gone from Prometheus' targets."""
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, SEEN, Rule, Rules
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import BUSY, SEEN, Alerts, Rule, Rules
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppExporterSourceDown: a source (log, http, proc, nvml) unreadable for this long.
+    source_down_for: str = "5m"
+    #: LlamaCppExporterSourceDown for source="nvml" only when NVML worked within this window: a host without
+    #: an NVIDIA GPU or driver reports nvml 0 forever and stays quiet; a GPU lost or a driver reloaded alerts
+    #: (until it has been gone for this long, then it counts as a GPU-less host).
+    nvml_seen_window: str = "1d"
+    #: LlamaCppExporterLogStalled: no log line within this window while a slot is processing.
+    log_stalled_window: str = "5m"
+    log_stalled_for: str = "5m"
+    #: LlamaCppExporterLogNotUnderstood: llamacpp_exporter_log_understood 0 for this long.
+    log_not_understood_for: str = "5m"
+    #: LlamaCppExporterDown: a target of a job that has had a llamacpp-exporter (within exporter_forget_after)
+    #: fails its scrapes for this long: also a new target after a rollout that never answered. It fires
+    #: until the target answers again or leaves service discovery (then LlamaCppExporterTargetGone).
+    exporter_down_for: str = "5m"
+    #: LlamaCppExporterTargetGone: a job that had a llamacpp-exporter has no target at all for this long...
+    exporter_gone_for: str = "5m"
+    #: ... and fires until a target is back, or until this long after the last scrape (a job removed for good).
+    exporter_forget_after: str = "7d"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
+
+
+@ALERTS.add
 def source_down(r: Rules) -> Rule:
     """LlamaCppExporterSourceDown: a source (log, http, proc, nvml) cannot be read."""
     c, m = r.cfg, r.m
@@ -38,6 +70,7 @@ def source_down(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def log_stalled(r: Rules) -> Rule:
     """LlamaCppExporterLogStalled: no log line while a slot is processing."""
     c, m, busy = r.cfg, r.m, BUSY
@@ -66,6 +99,7 @@ def log_stalled(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def log_not_understood(r: Rules) -> Rule:
     """LlamaCppExporterLogNotUnderstood: the followed file is not llama-server's log."""
     c, m = r.cfg, r.m
@@ -83,6 +117,7 @@ def log_not_understood(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def exporter_down(r: Rules) -> Rule:
     """LlamaCppExporterDown (critical): Prometheus cannot scrape a known exporter."""
     c = r.cfg
@@ -104,6 +139,7 @@ def exporter_down(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def target_gone(r: Rules) -> Rule:
     """LlamaCppExporterTargetGone (critical): a job's exporters left the targets."""
     c = r.cfg
@@ -123,7 +159,8 @@ def target_gone(r: Rules) -> Rule:
 
 
 def watchdog(r: Rules) -> Rule:
-    """LlamaCppWatchdog: always firing, so that its absence says the rule pipeline is broken."""
+    """LlamaCppWatchdog: always firing, so that its absence says the rule pipeline is broken. Not in ``ALERTS``:
+    the document puts it last, after every module's alerts."""
     return r.alert(
         "LlamaCppWatchdog",
         "vector(1)",

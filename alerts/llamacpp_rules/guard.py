@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import Rule, Rules
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import Alerts, Rule, Rules
 from llamacpp_rules.text import COUNT
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppGuardQueueBacklog: the guard's queue has not been empty for this long.
+    guard_backlog_for: str = "5m"
+    #: LlamaCppGuardRefusing / LlamaCppGuardUpstreamFailing: at least this many requests refused (429/503) /
+    #: failed (llama-server unreachable or the connection broken) within guard_event_window.
+    guard_event_window: str = "15m"
+    guard_refused_count: int = 3
+    guard_failed_count: int = 1
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
+
+
+@ALERTS.add
 def queue_backlog(r: Rules) -> Rule:
     """LlamaCppGuardQueueBacklog: the guard's queue has not been empty for a while."""
     c, m = r.cfg, r.m
@@ -24,6 +44,7 @@ def queue_backlog(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def refusing(r: Rules) -> Rule:
     """LlamaCppGuardRefusing: the guard answers requests with 429/503 instead of passing them on."""
     c, m = r.cfg, r.m
@@ -45,6 +66,7 @@ def refusing(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def upstream_failing(r: Rules) -> Rule:
     """LlamaCppGuardUpstreamFailing: requests through the guard failed at llama-server."""
     c, m = r.cfg, r.m

@@ -15,10 +15,33 @@ RequestsAborted up. So a pool that passes 90 % and then aborts requests pages on
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import SERVER, Rule, Rules
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import SERVER, Alerts, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
 from llamacpp_rules.kv_pool import choice_text, forecast_text
 from llamacpp_rules.text import THIS, figure, num
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppKVPoolRequestsAborted (critical): requests aborted because the pool overflowed within this
+    #: window; it fires at the first evaluation that sees the abort and keeps firing for keep_firing_for
+    #: after the last one, so that aborts less than window + keep_firing_for apart are one page.
+    aborted_window: str = "15m"
+    kv_page_keep_firing_for: str = "15m"
+    #: LlamaCppKVPoolSaturated (critical): the conversations in flight or coming back (llamacpp_kv_pool_active_ratio:
+    #: slots processing, and idle slots whose last turn ended within the exporter's --kv-pool-active-window) hold
+    #: more than this share of the pool at two samples in a row, and the pool's usage passed it within
+    #: two_samples_window; fires at once and keeps firing for kv_page_keep_firing_for.
+    kv_saturated_ratio: float = 0.9
+    kv_saturated_for: str = "0s"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
 
 ABORTED = "LlamaCppKVPoolRequestsAborted"
 SATURATED = "LlamaCppKVPoolSaturated"
@@ -55,6 +78,7 @@ def _aborts(r: Rules) -> str:
     return f"sum without (reason) (increase({aborted}[{r.cfg.aborted_window}])) > 0"
 
 
+@ALERTS.add
 def requests_aborted(r: Rules) -> Rule:
     """LlamaCppKVPoolRequestsAborted (critical): llama-server aborted requests because the pool overflowed."""
     c = r.cfg
@@ -77,6 +101,7 @@ def requests_aborted(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def saturated(r: Rules) -> Rule:
     """LlamaCppKVPoolSaturated (critical): the conversations in flight or coming back fill 90 % of the pool."""
     c, m = r.cfg, r.m

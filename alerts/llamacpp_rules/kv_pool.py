@@ -2,10 +2,66 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import BUSY, HELD, SERVER, Rule, Rules
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import BUSY, HELD, SERVER, Alerts, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
 from llamacpp_rules.recording import choice, full_in_days, growth, peak
 from llamacpp_rules.text import COUNT, THIS, figure, num
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppKVPoolOverflowAhead (warning, the guard's signal): the prompts in flight need more than this
+    #: share of the pool, at two samples in a row.
+    kv_overflow_ahead_ratio: float = 1.0
+    kv_overflow_ahead_for: str = "0s"
+    #: LlamaCppKVPoolOverflowPossible: at the limits their clients set (the `limits` horizon: known
+    #: generation budgets; a request without one counts its prompt) the requests in flight need more than
+    #: this share of the pool, while at least this many run.
+    kv_overflow_possible_ratio: float = 1.0
+    kv_overflow_possible_min_processing: int = 2
+    kv_overflow_possible_for: str = "1m"
+    #: LlamaCppKVPoolFillingUp: predict_linear over this window says the conversations in flight or coming back
+    #: (llamacpp_kv_pool_active_ratio) fill the pool within N minutes.
+    kv_fill_window: str = "10m"
+    kv_fill_minutes: int = 15
+    #: ... and they held at least this share of the pool through the whole window (a fill, not one new prompt).
+    kv_fill_min_ratio: float = 0.5
+    kv_fill_for: str = "2m"
+    #: ... and it stays up this long after the trend flattens: a fill that pauses and resumes is one warning.
+    kv_fill_keep_firing_for: str = "15m"
+    #: LlamaCppKVPoolOvercommitted (info): overcommit above this while at least this many requests run and
+    #: they hold more than overcommit_min_usage_ratio of the pool (idle slots' cells do not count: llama-server
+    #: purges them when it needs room). A default server (-np auto, -kvu) is 4x overcommitted by design; only a
+    #: pool that concurrent requests really fill makes it worth a look.
+    overcommit_ratio: float = 1.0
+    overcommit_min_processing: int = 2
+    overcommit_min_usage_ratio: float = 0.5
+    overcommit_for: str = "10m"
+    #: LlamaCppKVPoolUndersized (warning): over this window, the conversations in flight or coming back held more
+    #: than undersized_peak_ratio of the pool together (at two samples in a row), or that peak reaches the pool
+    #: within undersized_forecast_days at the day-over-day growth of the median of the busy samples (today's
+    #: window against the one before, once the one before's peak held at least undersized_trend_min_ratio of
+    #: the pool; the peak itself is a coincidence of long conversations, too noisy to extrapolate); with at least
+    #: undersized_min_requests requests in the window. No `for:`: its inputs already span two samples and a day.
+    undersized_window: str = "1d"
+    undersized_peak_ratio: float = 0.9
+    undersized_forecast_days: int = 3
+    undersized_trend_min_ratio: float = 0.5
+    undersized_min_requests: int = 20
+    #: LlamaCppKVPoolCapacityUnknown: slots known, pool size not, for this long.
+    capacity_unknown_for: str = "10m"
+    #: LlamaCppKVRetryCascade: a cascade that recovered (nothing aborted) within this window.
+    event_window: str = "15m"
+    #: LlamaCppContextExceeded: overflows within this window, once the page is over (the daytime follow-up).
+    context_exceeded_window: str = "1d"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
 
 DEMAND = "llamacpp_kv_pool_demand_ratio"
 
@@ -48,6 +104,7 @@ def choice_text(window: str) -> str:
     )
 
 
+@ALERTS.add
 def overflow_ahead(r: Rules) -> Rule:
     """LlamaCppKVPoolOverflowAhead (warning, the guard's signal): the prompts in flight do not fit the pool."""
     c = r.cfg
@@ -78,6 +135,7 @@ def overflow_ahead(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def overflow_possible(r: Rules) -> Rule:
     """LlamaCppKVPoolOverflowPossible: the requests in flight outgrow the pool at their limits."""
     c = r.cfg
@@ -98,6 +156,7 @@ def overflow_possible(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def filling_up(r: Rules) -> Rule:
     """LlamaCppKVPoolFillingUp: the conversations in flight or coming back trend to the whole pool within minutes."""
     c, m, busy = r.cfg, r.m, BUSY
@@ -122,6 +181,7 @@ def filling_up(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def overcommitted(r: Rules) -> Rule:
     """LlamaCppKVPoolOvercommitted (info): the slots are promised more than the pool, and fill it."""
     c, m, busy = r.cfg, r.m, BUSY
@@ -143,6 +203,7 @@ def overcommitted(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def undersized(r: Rules) -> Rule:
     """LlamaCppKVPoolUndersized: what the conversations held together came near the pool, or grows day over day
     towards it."""
@@ -201,6 +262,7 @@ def undersized(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def capacity_unknown(r: Rules) -> Rule:
     """LlamaCppKVPoolCapacityUnknown: slots known, the pool size not."""
     c, m = r.cfg, r.m
@@ -227,6 +289,7 @@ def _pages_firing() -> str:
     )
 
 
+@ALERTS.add
 def context_exceeded(r: Rules) -> Rule:
     """LlamaCppContextExceeded: the pool overflowed within the day; the page for it is over (the follow-up)."""
     c, m = r.cfg, r.m
@@ -245,6 +308,7 @@ def context_exceeded(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def retry_cascade(r: Rules) -> Rule:
     """LlamaCppKVRetryCascade: llama-server found its pool full, retried with smaller batches and recovered."""
     c, m = r.cfg, r.m

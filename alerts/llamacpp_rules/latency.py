@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import Rule, Rules
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import Alerts, Rule, Rules
 from llamacpp_rules.text import num
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppSlowFirstTokenReprocessing: the p95 time to first token over the window above this many seconds
+    #: (a bucket bound of llamacpp_time_to_first_token_seconds: 5, 10, 30, 60 …), while prompts re-processed
+    #: whole (cache="full_reprocess") took more than this share of all the time spent on first tokens.
+    slow_first_token_seconds: float = 10.0
+    slow_first_token_reprocess_share: float = 0.5
+    slow_first_token_window: str = "30m"
+    slow_first_token_for: str = "15m"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
 
 TTFT = "llamacpp_time_to_first_token_seconds"
 
 
+@ALERTS.add
 def slow_first_token_reprocessing(r: Rules) -> Rule:
     """LlamaCppSlowFirstTokenReprocessing: the p95 time to first token is high, and most of it is prompts
     evaluated whole again (a context checkpoint or the prompt cache missed)."""

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import Rule, Rules, host
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import Alerts, Rule, Rules, host
 from llamacpp_rules.text import num
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppVRAMHeadroomLow: free memory of a GPU that llama-server uses below this many bytes (512 MiB).
+    vram_free_bytes: int = 512 * 1024 * 1024
+    vram_for: str = "5m"
+    #: LlamaCppHostMemoryLow: MemAvailable below this fraction of MemTotal.
+    host_available_ratio: float = 0.1
+    host_for: str = "5m"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
+
+
+@ALERTS.add
 def vram_headroom_low(r: Rules) -> Rule:
     """LlamaCppVRAMHeadroomLow: a GPU that llama-server uses has almost no free memory."""
     c, m = r.cfg, r.m
@@ -42,6 +61,7 @@ def vram_headroom_low(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def host_memory_low(r: Rules) -> Rule:
     """LlamaCppHostMemoryLow: the host's available RAM is low."""
     c, m = r.cfg, r.m

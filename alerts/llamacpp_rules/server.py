@@ -1,9 +1,28 @@
-"""The server's alerts: llama-server down or in a restart loop, a router's children refused or crashed."""
+"""The server's alerts: llama-server down or in a restart loop."""
 
 from __future__ import annotations
 
-from llamacpp_rules.builder import SERVER, Rule, Rules
-from llamacpp_rules.text import COUNT
+from dataclasses import dataclass
+
+from llamacpp_rules.builder import SERVER, Alerts, Rule, Rules
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The settings of these alerts: part of `Config` (`generate_rules.py --list`, `--set`)."""
+
+    #: LlamaCppServerDown: llama-server has not answered /health (and is not loading) for this long.
+    server_down_for: str = "1m"
+    #: LlamaCppServerRestarting: at least this many server starts within the window. It and LlamaCppServerDown
+    #: are one page per crash loop: whichever fires first holds it (the other stays quiet while it fires), and
+    #: both keep firing for restarts_window after their condition ends.
+    restarts_count: int = 3
+    restarts_window: str = "15m"
+    restarts_for: str = "1m"
+
+
+#: These alerts, in the rules file's order (`document.MODULES`).
+ALERTS = Alerts()
 
 DOWN = "LlamaCppServerDown"
 RESTARTING = "LlamaCppServerRestarting"
@@ -14,6 +33,7 @@ def _quiet_while(alert: str) -> str:
     return f'unless on ({SERVER}) ALERTS{{alertname="{alert}", alertstate="firing"}}'
 
 
+@ALERTS.add
 def server_down(r: Rules) -> Rule:
     """LlamaCppServerDown (critical): llama-server does not answer /health."""
     c, m = r.cfg, r.m
@@ -33,6 +53,7 @@ def server_down(r: Rules) -> Rule:
     )
 
 
+@ALERTS.add
 def server_restarting(r: Rules) -> Rule:
     """LlamaCppServerRestarting (critical): a crash or restart loop."""
     c, m = r.cfg, r.m
@@ -48,41 +69,4 @@ def server_restarting(r: Rules) -> Rule:
         "before each start in the log (out of memory, a failed allocation with a too large -c, an "
         "abort); stop the loop (systemctl stop) before it hides the cause, fix it, start again.",
         keep_firing_for=c.restarts_window,
-    )
-
-
-def router_children_refused(r: Rules) -> Rule:
-    """LlamaCppRouterChildrenRefused: a router runs more children than the exporter follows."""
-    c, m = r.cfg, r.m
-    return r.alert(
-        "LlamaCppRouterChildrenRefused",
-        f"increase({m('llamacpp_router_children_refused_total')}[{c.router_event_window}]) > 0",
-        "0m",
-        "warning",
-        "The llama-server router<WHO> runs more children than llamacpp-exporter follows.",
-        "The llama-server router behind {{ $labels.instance }}<WHO> started "
-        f"{COUNT} child servers (one per loaded model) in the last {c.router_event_window} beyond the "
-        "number llamacpp-exporter follows (llamacpp_router_children_limit): their slots, KV pools and "
-        "crashes are not watched and no alert fires for them. Keep the models loaded at once within "
-        "that limit with the router's --models-max (0 = unlimited), or split the models over more "
-        "routers.",
-    )
-
-
-def router_child_crashed(r: Rules) -> Rule:
-    """LlamaCppRouterChildCrashed: a router's child server exited without being unloaded."""
-    c, m = r.cfg, r.m
-    crashed = m("llamacpp_router_child_exits_total", 'outcome="crashed"')
-    return r.alert(
-        "LlamaCppRouterChildCrashed",
-        f"increase({crashed}[{c.router_event_window}]) > 0",
-        "0m",
-        "warning",
-        "A child server of the llama-server router<WHO> crashed.",
-        "A child server (one loaded model) of the llama-server router behind {{ $labels.instance }}<WHO> "
-        f"exited without being unloaded in the last {c.router_event_window} (count: {COUNT}): the "
-        "requests it served failed, and the router starts the model again at its next request. Read the "
-        "child's last lines in the router's log (they carry its port, [PORT]) for the cause: out of "
-        "memory (models that share a GPU: dashboard GPU memory by server), a failed allocation at load, "
-        "an abort. Load fewer models at once (--models-max) or give them a smaller -c.",
     )

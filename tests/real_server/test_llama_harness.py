@@ -127,7 +127,9 @@ def test_health_reports_loading_model(llama_server_bin: Path, tmp_path: Path) ->
             status, body = wait_for(not_ready, timeout=10, what="/health answering while loading")
             assert (status, body["error"]["message"]) == (503, "Loading model"), body
             srv.wait_healthy()
-            assert srv.log_lines("model loaded")
+            # llama-server's log is written by a thread of its own: the line may reach the file after /health
+            # says 200, so it is waited for (a hang guard, not a margin).
+            wait_for(lambda: srv.log_lines("model loaded"), timeout=30, what="the 'model loaded' line in the log")
     finally:
         model.unlink()  # 1 GiB: do not leave it in pytest's kept temp dirs
 

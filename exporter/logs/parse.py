@@ -164,6 +164,34 @@ def rule_names(rules: Sequence[tuple[str, str, object]], tag: str) -> list[list[
     return [[f"{tag}{i}", *re.compile(rx).groupindex] for i, (_, rx, _) in enumerate(rules)]
 
 
+def _starts_literal(rx: str) -> bool:
+    """Whether `rx` starts with a literal character (a letter, digit or `_`, not repeated or optional): the
+    regex engine's alternation skips such an alternative by comparing that one character."""
+    return bool(re.match(r"\w(?![?*+{])", rx, re.ASCII)) and "|" not in _top_level(rx)
+
+
+def _top_level(rx: str) -> str:
+    """`rx` without what its groups and classes hold (for a look at its top-level `|`)."""
+    out, depth, i = [], 0, 0
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]")
+            i += 2 if rx[i + 1 : i + 2] == "^" else 1
+            i += 2 if rx[i] == "\\" else 1
+            while rx[i] != "]":
+                i += 2 if rx[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:
     """`(?=words)(?:(?=[f])rule0(?P<tag0>)|(?=[f])rule1(?P<tag1>)|…)`.
 
@@ -176,14 +204,16 @@ def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: 
     if not anchored:
         return "(?:" + "|".join(_marked(rx, f"{tag}{i}", True) for i, (_, rx, _) in enumerate(rules)) + ")"
     words = [word for words, _, _ in rules for word in words.split()]
-    # Neighbours with the same first letters share one look at them (the rules' order is kept).
+    # Neighbours with the same first letters share one look at them (the rules' order is kept). A rule that
+    # starts with a literal character needs no look: the regex engine passes it by at that character, without
+    # entering it (a look is a step into a sub-match, for every rule it turns away).
     runs: list[tuple[str, list[str]]] = []
     for i, (ws, rx, _) in enumerate(rules):
-        firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
-        if not runs or runs[-1][0] != firsts:
+        firsts = "" if _starts_literal(rx) else "".join(sorted({re.escape(w[0]) for w in ws.split()}))
+        if not runs or runs[-1][0] != firsts or not firsts:
             runs.append((firsts, []))
         runs[-1][1].append(_marked(rx, f"{tag}{i}", False))
-    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
+    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" if firsts else run[0] for firsts, run in runs)
     return f"(?={_trie(words)})(?:{rules_rx})"
 
 
@@ -205,9 +235,10 @@ def _message(fast: bool = True) -> str:
     atomic = _atomic if fast else (lambda pattern, name: f"(?:{pattern})")
     # The slot line's head is never backtracked into: past it only a word of a rule or the end of the line
     # can follow, neither a space, so no shorter split of it could match where this one failed.
-    # (`slot ` outside it: a line that does not start so is passed over without entering the group.)
+    # (`slot ` outside it: a line that does not start so is passed over without entering the group. The
+    # `print_timing` function is told by its first letter, not by a look ahead on every slot line.)
     slot_head = "slot " + atomic(
-        r"[^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
+        r"[^\S\n]{0,11}(?:print_timing(?P<timing_fn>)|\S{1,12}): "
         r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *",
         "slot_head",
     )

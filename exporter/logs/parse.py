@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
 from exporter.logs import events as ev
-from exporter.logs.rules import ABORT_RULE, SLOT_RULES, TEXT_RULES, abort_cause
+from exporter.logs.rules import ABORT_RULES, SLOT_RULES, TEXT_RULES
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
@@ -239,7 +239,7 @@ def _message(fast: bool = True) -> str:
     # `print_timing` function is told by its first letter, not by a look ahead on every slot line.)
     slot_head = "slot " + atomic(
         r"[^\S\n]{0,11}(?:print_timing(?P<timing_fn>)|\S{1,12}): "
-        r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *",
+        r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| *",
         "slot_head",
     )
     # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
@@ -259,8 +259,7 @@ def _message(fast: bool = True) -> str:
         # said here, it leaves at once rather than after every tag and function alternative.
         + ("(?!slot )" if fast else "")
         + "(?:"
-        + ABORT_RULE
-        + "(?P<abort>)|"
+        + "".join(f"{rx}(?P<abort{i}>)|" for i, (rx, _) in enumerate(ABORT_RULES))
         + atomic(
             r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + ")" + bullet,
             "tag",
@@ -292,7 +291,7 @@ _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
 _TEXT_BUILDS = {
     name: build for (_, _, build), names in zip(TEXT_RULES, rule_names(TEXT_RULES, "t"), strict=True) for name in names
 }
-_TEXT_BUILDS["abort"] = abort_cause
+_TEXT_BUILDS.update((f"abort{i}", build) for i, (_, build) in enumerate(ABORT_RULES))
 
 
 # What building an event from a matched line can raise: int() of more digits than Python reads (4,300 by

@@ -41,6 +41,21 @@ _LEAD = (
     r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:[0-9]+\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] |)(?:[IWEDT] |)"
 )
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
+# Python 3.11's possessive repeat (`x*+`) never gives back what it took, and costs no step of its own for what
+# follows it (a plain repeat enters the rest of the pattern as a sub-match, on every line). The scan uses it
+# only where giving back could not help: what follows cannot start with what the repeat takes, or the repeat
+# ends an atomic group. Before 3.11 the plain repeat, the same matches.
+_POSSESSIVE = "+" if sys.version_info >= (3, 11) else ""
+
+
+def _fast_lead(p: str) -> str:
+    """`_LEAD` for the scan: its rare mark and router tag as one alternation (the common line, without either,
+    passes one empty alternative, not two), its repeats possessive (`p`: see `_POSSESSIVE`)."""
+    router = rf"\[[^\S\n]*{p}\d+{p}\] "
+    ts = rf"[0-9]+{p}\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] "
+    return rf"(?:[\udc1d\udc1e](?:{router}|)|{router}|)(?:{ts}|)(?:[IWEDT] |)"
+
+
 _LEAD_PARTS = re.compile(
     r"(?P<mark>[\udc1d\udc1e]|)(?:\[ *\d+\] |)(?P<ts>\d+\.\d{2}\.\d{3}\.\d{3} |)(?P<lvl>[IWEDT] |)"
 )
@@ -233,20 +248,21 @@ def _message(fast: bool = True) -> str:
     matches: everything `fast` adds only rejects sooner).
     """
     atomic = _atomic if fast else (lambda pattern, name: f"(?:{pattern})")
+    p = _POSSESSIVE if fast else ""  # (where giving back could not help, see there)
     # The slot line's head is never backtracked into: past it only a word of a rule or the end of the line
     # can follow, neither a space, so no shorter split of it could match where this one failed.
     # (`slot ` outside it: a line that does not start so is passed over without entering the group. The
     # `print_timing` function is told by its first letter, not by a look ahead on every slot line.)
     slot_head = "slot " + atomic(
-        r"[^\S\n]{0,11}(?:print_timing(?P<timing_fn>)|\S{1,12}): "
-        r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| *",
+        rf"[^\S\n]{{0,11}}{p}(?:print_timing(?P<timing_fn>)|\S{{1,12}}): "
+        rf"id[^\S\n]+{p}(?P<slot>\d+{p}) \| task (?P<task>-?{p}\d+{p}) \| *{p}",
         "slot_head",
     )
     # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
-    other_tag = r"[^:\n]*(?::(?! )[^:\n]*)*: " if fast else r"(?:[^:\n]|:(?! ))*: "
-    # Spaces, a `-` bullet, spaces (` *-? *`), only ever inside an atomic group; spelled as alternatives that
-    # start with their character, the regex engine passes each by at one look when the line has none.
-    bullet = r"(?: (?: *)|)(?:-|)(?: (?: *)|)" if fast else r" *-? *"
+    other_tag = rf"[^:\n]*{p}(?::(?! )[^:\n]*{p})*: " if fast else r"(?:[^:\n]|:(?! ))*: "
+    # Spaces, a `-` bullet, spaces (` *-? *`), only ever at the end of an atomic group: possessive, or (before
+    # 3.11) spelled as alternatives that start with their character, passed by at one look when the line has none.
+    bullet = (rf" *{p}-?{p} *{p}" if p else r"(?: (?: *)|)(?:-|)(?: (?: *)|)") if fast else r" *-? *"
     return (
         "(?:"
         + slot_head
@@ -261,12 +277,20 @@ def _message(fast: bool = True) -> str:
         + "(?:"
         + "".join(f"{rx}(?P<abort{i}>)|" for i, (rx, _) in enumerate(ABORT_RULES))
         + atomic(
-            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + ")" + bullet,
+            rf"(?:srv [^\S\n]*{p}\S{{1,12}}: |"
+            + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec"))
+            + ")"
+            + bullet,
             "tag",
         )
         # (`(?:x|)`, not `(?:x)?`: an optional group is a repeat, with steps of its own on every line.)
         + "(?:"
-        + atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
+        # (Possessive, the function field needs no atomic group of its own.)
+        + (
+            rf"\w+{p}: +{p}-?{p} *{p}"
+            if p
+            else atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
+        )
         + "|)"
         + _alternatives(TEXT_RULES, "t", fast)
         + "))"
@@ -276,7 +300,7 @@ def _message(fast: bool = True) -> str:
 def compile_scan(fast: bool = True) -> re.Pattern[str]:
     """The scan over lines, each after a "\\n": its lead (group 1), then `_message` (`fast=False`: the
     reference without anchors, see there)."""
-    lead = _atomic(_LEAD, "lead_") if fast else f"(?:{_LEAD})"
+    lead = _atomic(_fast_lead(_POSSESSIVE), "lead_") if fast else f"(?:{_LEAD})"
     return re.compile(r"\n(?P<lead>" + lead + ")" + _message(fast), re.MULTILINE | re.ASCII)
 
 

@@ -322,6 +322,9 @@ _TEXT_BUILDS.update((f"abort{i}", build) for i, (_, build) in enumerate(ABORT_RU
 # nearly always one of these (any other is read by int(), the same value).
 _SLOT_IDS = {str(i): i for i in range(256)}
 
+# A batch's slot lines name the same few tasks again and again (a task's prompt, progress, checkpoints, timings
+# and release; `-1` between tasks): the scan reads each task id once a batch, and looks the others up.
+
 # What building an event from a matched line can raise: int() of more digits than Python reads (4,300 by
 # default), float() of "1.2.3". The line is then rejected, never the batch it came in.
 _UNREADABLE = (ValueError, OverflowError)
@@ -363,6 +366,7 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     """
     events: list[ev.Event] = []
     last, lead_len, lead_first = -1, -1, ""
+    tasks: dict[str, int] = {}  # the batch's task ids as text, to their value
     for m in scan.finditer(text):
         if formats:
             # A lead of the same length and first character as the last one is written the same way
@@ -380,10 +384,13 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
             if build is not None:
                 events.append(build(m))
             else:
-                slot = _SLOT_IDS.get(m["slot"])
+                slot, task_text = _SLOT_IDS.get(m["slot"]), m["task"]
+                task = tasks.get(task_text)
                 if slot is None:
                     slot = int(m["slot"])
-                events.append(_SLOT_BUILDS[rule](slot, int(m["task"]), m))
+                if task is None:
+                    task = tasks[task_text] = int(task_text)
+                events.append(_SLOT_BUILDS[rule](slot, task, m))
         except _UNREADABLE:
             events.append(ev.Rejected("malformed"))
     return events
@@ -511,6 +518,7 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     out: list[tuple[int, int, ev.Event]] = []
     index, counted_to, last = 0, 0, -1
     lead_len, lead_first = -1, ""
+    tasks: dict[str, int] = {}  # as in `_events`
     # `_line_format` and `_event` written out inline, as in `_events` (the hot path of `diagnose`).
     for m in _SCAN_LINES.finditer(scan):
         start = m.start()  # this line's "\n" in `scan`, i.e. where the line starts in `text`
@@ -529,8 +537,13 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
             if build is not None:
                 e = build(m)
             else:
-                slot = _SLOT_IDS.get(m["slot"])
-                e = _SLOT_BUILDS[rule](int(m["slot"]) if slot is None else slot, int(m["task"]), m)
+                slot, task_text = _SLOT_IDS.get(m["slot"]), m["task"]
+                task = tasks.get(task_text)
+                if slot is None:
+                    slot = int(m["slot"])
+                if task is None:
+                    task = tasks[task_text] = int(task_text)
+                e = _SLOT_BUILDS[rule](slot, task, m)
         except _UNREADABLE:
             e = ev.Rejected("malformed")
         out.append((index, start, e))

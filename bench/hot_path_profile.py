@@ -75,7 +75,7 @@ def _without(events: list[list[ev.Event]], part: int, repeat: int) -> float:
     saved = dict(DISPATCH)
     try:
         for kind, entry in saved.items():
-            DISPATCH[kind] = (entry[0], None, *entry[2:]) if part == 1 else (entry[0], entry[1], False, entry[3])
+            DISPATCH[kind] = (entry[0], None, *entry[2:]) if part == 1 else (entry[0], entry[1], False, None, entry[4])
         return _best(lambda: _apply_all(events), repeat)
     finally:
         DISPATCH.update(saved)

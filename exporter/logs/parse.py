@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
 from exporter.logs import events as ev
-from exporter.logs.rules import ABORT_RULE, SLOT_RULES, TEXT_RULES, abort_cause
+from exporter.logs.rules import ABORT_RULES, SLOT_RULES, TEXT_RULES
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Router prefix, elapsed timestamp, level letter. Whitespace classes exclude "\n": the scan runs over many lines.
@@ -41,6 +41,21 @@ _LEAD = (
     r"(?:[\udc1d\udc1e]|)(?:\[[^\S\n]*\d+\] |)(?:[0-9]+\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] |)(?:[IWEDT] |)"
 )
 _LEAD_RX = re.compile(_LEAD, re.ASCII)
+# Python 3.11's possessive repeat (`x*+`) never gives back what it took, and costs no step of its own for what
+# follows it (a plain repeat enters the rest of the pattern as a sub-match, on every line). The scan uses it
+# only where giving back could not help: what follows cannot start with what the repeat takes, or the repeat
+# ends an atomic group. Before 3.11 the plain repeat, the same matches.
+_POSSESSIVE = "+" if sys.version_info >= (3, 11) else ""
+
+
+def _fast_lead(p: str) -> str:
+    """`_LEAD` for the scan: its rare mark and router tag as one alternation (the common line, without either,
+    passes one empty alternative, not two), its repeats possessive (`p`: see `_POSSESSIVE`)."""
+    router = rf"\[[^\S\n]*{p}\d+{p}\] "
+    ts = rf"[0-9]+{p}\.[0-9][0-9]\.[0-9][0-9][0-9]\.[0-9][0-9][0-9] "
+    return rf"(?:[\udc1d\udc1e](?:{router}|)|{router}|)(?:{ts}|)(?:[IWEDT] |)"
+
+
 _LEAD_PARTS = re.compile(
     r"(?P<mark>[\udc1d\udc1e]|)(?:\[ *\d+\] |)(?P<ts>\d+\.\d{2}\.\d{3}\.\d{3} |)(?P<lvl>[IWEDT] |)"
 )
@@ -164,6 +179,34 @@ def rule_names(rules: Sequence[tuple[str, str, object]], tag: str) -> list[list[
     return [[f"{tag}{i}", *re.compile(rx).groupindex] for i, (_, rx, _) in enumerate(rules)]
 
 
+def _starts_literal(rx: str) -> bool:
+    """Whether `rx` starts with a literal character (a letter, digit or `_`, not repeated or optional): the
+    regex engine's alternation skips such an alternative by comparing that one character."""
+    return bool(re.match(r"\w(?![?*+{])", rx, re.ASCII)) and "|" not in _top_level(rx)
+
+
+def _top_level(rx: str) -> str:
+    """`rx` without what its groups and classes hold (for a look at its top-level `|`)."""
+    out, depth, i = [], 0, 0
+    while i < len(rx):
+        c = rx[i]
+        if c == "\\":
+            i += 1
+        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]")
+            i += 2 if rx[i + 1 : i + 2] == "^" else 1
+            i += 2 if rx[i] == "\\" else 1
+            while rx[i] != "]":
+                i += 2 if rx[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:
     """`(?=words)(?:(?=[f])rule0(?P<tag0>)|(?=[f])rule1(?P<tag1>)|…)`.
 
@@ -176,14 +219,16 @@ def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: 
     if not anchored:
         return "(?:" + "|".join(_marked(rx, f"{tag}{i}", True) for i, (_, rx, _) in enumerate(rules)) + ")"
     words = [word for words, _, _ in rules for word in words.split()]
-    # Neighbours with the same first letters share one look at them (the rules' order is kept).
+    # Neighbours with the same first letters share one look at them (the rules' order is kept). A rule that
+    # starts with a literal character needs no look: the regex engine passes it by at that character, without
+    # entering it (a look is a step into a sub-match, for every rule it turns away).
     runs: list[tuple[str, list[str]]] = []
     for i, (ws, rx, _) in enumerate(rules):
-        firsts = "".join(sorted({re.escape(w[0]) for w in ws.split()}))
-        if not runs or runs[-1][0] != firsts:
+        firsts = "" if _starts_literal(rx) else "".join(sorted({re.escape(w[0]) for w in ws.split()}))
+        if not runs or runs[-1][0] != firsts or not firsts:
             runs.append((firsts, []))
         runs[-1][1].append(_marked(rx, f"{tag}{i}", False))
-    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" for firsts, run in runs)
+    rules_rx = "|".join(f"(?=[{firsts}])(?:{'|'.join(run)})" if firsts else run[0] for firsts, run in runs)
     return f"(?={_trie(words)})(?:{rules_rx})"
 
 
@@ -203,19 +248,21 @@ def _message(fast: bool = True) -> str:
     matches: everything `fast` adds only rejects sooner).
     """
     atomic = _atomic if fast else (lambda pattern, name: f"(?:{pattern})")
+    p = _POSSESSIVE if fast else ""  # (where giving back could not help, see there)
     # The slot line's head is never backtracked into: past it only a word of a rule or the end of the line
     # can follow, neither a space, so no shorter split of it could match where this one failed.
-    # (`slot ` outside it: a line that does not start so is passed over without entering the group.)
+    # (`slot ` outside it: a line that does not start so is passed over without entering the group. The
+    # `print_timing` function is told by its first letter, not by a look ahead on every slot line.)
     slot_head = "slot " + atomic(
-        r"[^\S\n]{0,11}(?:(?=print_timing: )(?P<timing_fn>)|)\S{1,12}: "
-        r"id[^\S\n]+(?P<slot>\d+) \| task (?P<task>-?\d+) \| ? *",
+        rf"[^\S\n]{{0,11}}{p}(?:print_timing(?P<timing_fn>)|\S{{1,12}}): "
+        rf"id[^\S\n]+{p}(?P<slot>\d+{p}) \| task (?P<task>-?{p}\d+{p}) \| *{p}",
         "slot_head",
     )
     # A `cmn`/`que`/`spec` tag runs to the first `: ` (the unrolled loop is the fast spelling).
-    other_tag = r"[^:\n]*(?::(?! )[^:\n]*)*: " if fast else r"(?:[^:\n]|:(?! ))*: "
-    # Spaces, a `-` bullet, spaces (` *-? *`), only ever inside an atomic group; spelled as alternatives that
-    # start with their character, the regex engine passes each by at one look when the line has none.
-    bullet = r"(?: (?: *)|)(?:-|)(?: (?: *)|)" if fast else r" *-? *"
+    other_tag = rf"[^:\n]*{p}(?::(?! )[^:\n]*{p})*: " if fast else r"(?:[^:\n]|:(?! ))*: "
+    # Spaces, a `-` bullet, spaces (` *-? *`), only ever at the end of an atomic group: possessive, or (before
+    # 3.11) spelled as alternatives that start with their character, passed by at one look when the line has none.
+    bullet = (rf" *{p}-?{p} *{p}" if p else r"(?: (?: *)|)(?:-|)(?: (?: *)|)") if fast else r" *-? *"
     return (
         "(?:"
         + slot_head
@@ -228,15 +275,22 @@ def _message(fast: bool = True) -> str:
         # said here, it leaves at once rather than after every tag and function alternative.
         + ("(?!slot )" if fast else "")
         + "(?:"
-        + ABORT_RULE
-        + "(?P<abort>)|"
+        + "".join(f"{rx}(?P<abort{i}>)|" for i, (rx, _) in enumerate(ABORT_RULES))
         + atomic(
-            r"(?:srv [^\S\n]*\S{1,12}: |" + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec")) + ")" + bullet,
+            rf"(?:srv [^\S\n]*{p}\S{{1,12}}: |"
+            + "".join(f"{t} {other_tag}|" for t in ("cmn", "que", "spec"))
+            + ")"
+            + bullet,
             "tag",
         )
         # (`(?:x|)`, not `(?:x)?`: an optional group is a repeat, with steps of its own on every line.)
         + "(?:"
-        + atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
+        # (Possessive, the function field needs no atomic group of its own.)
+        + (
+            rf"\w+{p}: +{p}-?{p} *{p}"
+            if p
+            else atomic(r"\w+: +" + (r"(?:-|)(?: (?: *)|)" if fast else "-? *"), "function")
+        )
         + "|)"
         + _alternatives(TEXT_RULES, "t", fast)
         + "))"
@@ -246,7 +300,7 @@ def _message(fast: bool = True) -> str:
 def compile_scan(fast: bool = True) -> re.Pattern[str]:
     """The scan over lines, each after a "\\n": its lead (group 1), then `_message` (`fast=False`: the
     reference without anchors, see there)."""
-    lead = _atomic(_LEAD, "lead_") if fast else f"(?:{_LEAD})"
+    lead = _atomic(_fast_lead(_POSSESSIVE), "lead_") if fast else f"(?:{_LEAD})"
     return re.compile(r"\n(?P<lead>" + lead + ")" + _message(fast), re.MULTILINE | re.ASCII)
 
 
@@ -261,8 +315,15 @@ _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
 _TEXT_BUILDS = {
     name: build for (_, _, build), names in zip(TEXT_RULES, rule_names(TEXT_RULES, "t"), strict=True) for name in names
 }
-_TEXT_BUILDS["abort"] = abort_cause
+_TEXT_BUILDS.update((f"abort{i}", build) for i, (_, build) in enumerate(ABORT_RULES))
 
+
+# Slot ids as text, to their value: a lookup costs a third of int() on a fresh string, and a slot line's id is
+# nearly always one of these (any other is read by int(), the same value).
+_SLOT_IDS = {str(i): i for i in range(256)}
+
+# A batch's slot lines name the same few tasks again and again (a task's prompt, progress, checkpoints, timings
+# and release; `-1` between tasks): the scan reads each task id once a batch, and looks the others up.
 
 # What building an event from a matched line can raise: int() of more digits than Python reads (4,300 by
 # default), float() of "1.2.3". The line is then rejected, never the batch it came in.
@@ -305,6 +366,7 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
     """
     events: list[ev.Event] = []
     last, lead_len, lead_first = -1, -1, ""
+    tasks: dict[str, int] = {}  # the batch's task ids as text, to their value
     for m in scan.finditer(text):
         if formats:
             # A lead of the same length and first character as the last one is written the same way
@@ -322,7 +384,13 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
             if build is not None:
                 events.append(build(m))
             else:
-                events.append(_SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m))
+                slot, task_text = _SLOT_IDS.get(m["slot"]), m["task"]
+                task = tasks.get(task_text)
+                if slot is None:
+                    slot = int(m["slot"])
+                if task is None:
+                    task = tasks[task_text] = int(task_text)
+                events.append(_SLOT_BUILDS[rule](slot, task, m))
         except _UNREADABLE:
             events.append(ev.Rejected("malformed"))
     return events
@@ -450,6 +518,7 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     out: list[tuple[int, int, ev.Event]] = []
     index, counted_to, last = 0, 0, -1
     lead_len, lead_first = -1, ""
+    tasks: dict[str, int] = {}  # as in `_events`
     # `_line_format` and `_event` written out inline, as in `_events` (the hot path of `diagnose`).
     for m in _SCAN_LINES.finditer(scan):
         start = m.start()  # this line's "\n" in `scan`, i.e. where the line starts in `text`
@@ -465,7 +534,16 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
         rule = m.lastgroup or ""
         try:
             build = _TEXT_BUILDS.get(rule)
-            e = build(m) if build is not None else _SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m)
+            if build is not None:
+                e = build(m)
+            else:
+                slot, task_text = _SLOT_IDS.get(m["slot"]), m["task"]
+                task = tasks.get(task_text)
+                if slot is None:
+                    slot = int(m["slot"])
+                if task is None:
+                    task = tasks[task_text] = int(task_text)
+                e = _SLOT_BUILDS[rule](slot, task, m)
         except _UNREADABLE:
             e = ev.Rejected("malformed")
         out.append((index, start, e))

@@ -455,14 +455,24 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
 # ggml_abort (ggml/src/ggml.c) writes "%s:%d: " __FILE__, __LINE__ and its message to stderr, without the
 # log's prefix, then abort(); GGML_ASSERT(x)'s message is "GGML_ASSERT(%s) failed". __FILE__ is the
 # absolute path the build compiled (`/home/…/ggml.c`, `D:\a\llama.cpp\…\ggml-cuda.cu`): a line that starts
-# with `/` or a drive letter is tried, every other line fails on its first character (the look comes before
-# the group: a line it turns away costs no step for the group).
-ABORT_RULE = (
-    r"(?=/|[A-Za-z]:\\)(?P<abort_line>(?:[A-Za-z]:)?[^\s:]{1,300}\.(?:c|cc|cpp|cu|cuh|h|hpp|m|mm):\d{1,7}: "
-    r"(?P<abort_assert>GGML_ASSERT\()?[^\n]{1,2000})$"
-)
+# with `/` or a drive letter is tried, in two forms that each start with their first character (the regex
+# engine passes every other line by that character, without entering the rule). The path is at most 300
+# characters, its first one (or the drive's three) outside the group that holds the rest.
+_ABORT_TAIL = r"[^\s:]{0,299}\.(?:c|cc|cpp|cu|cuh|h|hpp|m|mm):\d{1,7}: (?P<{assert_}>GGML_ASSERT\()?[^\n]{1,2000}"
+ABORT_RULES: list[tuple[str, Callable[[_M], ev.Event]]] = [
+    (
+        r"/(?P<abort_path>" + _ABORT_TAIL.replace("{assert_}", "abort_assert") + ")$",
+        lambda m: _abort(m["abort_assert"], "/" + m["abort_path"]),
+    ),
+    (
+        r"[A-Za-z]:\\(?P<abort_drive_path>" + _ABORT_TAIL.replace("{assert_}", "abort_drive_assert") + ")$",
+        lambda m: _abort(
+            m["abort_drive_assert"], m.string[m.start("abort_drive_path") - 3 : m.end("abort_drive_path")]
+        ),
+    ),
+]
 
 
-def abort_cause(m: _M) -> ev.Event:
-    """The event of an ABORT_RULE match."""
-    return ev.CrashCause("ggml_assert" if m["abort_assert"] else "ggml_abort", m["abort_line"][-300:])
+def _abort(assertion: str | None, line: str) -> ev.Event:
+    """The event of an abort line (`line`: from its path to its end)."""
+    return ev.CrashCause("ggml_assert" if assertion else "ggml_abort", line[-300:])

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from exporter.logs import events as ev
 from exporter.model.bounds import CHECKS, MAX_CHECKPOINTS, MAX_SLOTS, MAX_TOKENS, MIB
 from exporter.model.latency import CACHE_OUTCOMES, cache_outcome
-from exporter.model.provenance import CHECKED, NotOwnLine
+from exporter.model.provenance import CHECKED, FITS_ONLY, NotOwnLine, Provenance
 from exporter.model.run import CRASH_CAUSES, ServerRun
 from exporter.model.slot import Checkpoint, SlotState
 
@@ -567,12 +567,20 @@ def _only_counted(st: ServerState, e: Any) -> None:
 
 Handler = Callable[["ServerState", Any], None]
 Check = Callable[["ServerRun", Any], bool]
+Fits = Callable[[Provenance, "ServerRun", Any], bool]
 
-# One lookup per event on the hot path: its handler, its bounds check, whether provenance looks at it, and
-# whether it is counted (`ServerState.counted`: in `apply`, not by a wrapper around the handler, which cost a
-# call per event on a log full of retries).
-DISPATCH: dict[type[Any], tuple[Handler, Check | None, bool, bool]] = {
-    kind: (HANDLERS.get(kind, _only_counted), CHECKS.get(kind), kind in CHECKED, kind in ev.COUNTED)
+# One lookup per event on the hot path: its handler, its bounds check, whether provenance looks at it (and its
+# rule, when that is all `Provenance.admit` does with a line in its run's format: `FITS_ONLY`), and whether it is
+# counted (`ServerState.counted`: in `apply`, not by a wrapper around the handler, which cost a call per event
+# on a log full of retries).
+DISPATCH: dict[type[Any], tuple[Handler, Check | None, bool, Fits | None, bool]] = {
+    kind: (
+        HANDLERS.get(kind, _only_counted),
+        CHECKS.get(kind),
+        kind in CHECKED,
+        FITS_ONLY.get(kind),
+        kind in ev.COUNTED,
+    )
     for kind in [*HANDLERS, *sorted(ev.COUNTED - HANDLERS.keys(), key=lambda k: k.__name__)]
 }
 

@@ -65,6 +65,12 @@ _FITS: dict[type[Any], Callable[[Provenance, ServerRun, Any], bool]] = {
     ev.CheckpointCreated: lambda p, run, e: _slot_processing(run, e.slot),
 }
 
+#: The kinds whose line, in its run's format, `Provenance.admit` only holds to their rule in `_FITS` (the line
+#: changes nothing there): `ServerState.apply_events` asks the rule itself, without the call to `admit`.
+FITS_ONLY: dict[type[Any], Callable[[Provenance, ServerRun, Any], bool]] = {
+    kind: fits for kind, fits in _FITS.items() if kind is not ev.DecodeFatal
+}
+
 #: Kinds that `Provenance.admit` must see even when their line is in the run's format; for the others, a
 #: line in the run's format is all there is to check (`ServerState.apply` skips the call for them). Slot
 #: lines about a task are checked by the state's handlers, which have the slot at hand (`knows`).

@@ -184,7 +184,7 @@ class ServerState:
                 self.reject(e.reason)
                 return False
             return True
-        handler, check, checked, counted = entry
+        handler, check, checked, _, counted = entry
         if check is not None and not check(self.run, e):
             self.reject("out_of_range")
             return False
@@ -229,12 +229,17 @@ class ServerState:
                 elif kind in stop:
                     return i
                 continue
-            handler, check, checked, is_counted = entry
+            handler, check, checked, fits, is_counted = entry
             if check is not None and not check(self.run, e):
                 self.reject("out_of_range")
                 continue
             if checked or provenance.line_format != provenance.run_format:
-                reason = provenance.admit(self.run, kind, e)
+                if fits is not None and provenance.line_format == provenance.run_format:
+                    # What `admit` does with such a line, without its call (`FITS_ONLY`).
+                    fit = not provenance.from_start or fits(provenance, self.run, e)
+                    reason = None if fit else "inconsistent"
+                else:
+                    reason = provenance.admit(self.run, kind, e)
                 if reason is not None:
                     self.reject(reason)
                     continue

@@ -63,6 +63,24 @@ def test_each_cause_in_ggmls_words(line: str, cause: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "path",
+    [
+        "/src/ggml/src/ggml.c",
+        r"D:\a\llama.cpp\ggml\src\ggml-cuda\ggml-cuda.cu",
+        "c:\\" + "d" * 299 + ".cpp",  # the longest path read: 300 characters before its extension (after `c:`)
+        "/" + "d" * 299 + ".h",
+    ],
+)
+@pytest.mark.parametrize("message", ["GGML_ASSERT(ctx) failed", "fatal error", "y" * 2000])
+def test_an_aborts_message_is_its_whole_line(path: str, message: str) -> None:
+    """Each form of the abort rule (a path from `/`, or from a drive letter) keeps the line from its first
+    character: the last 300 of them."""
+    line = f"{path}:12: {message}"
+    e = parse_line("0.00.001.000 E " + line if len(message) < 2000 else line)
+    assert e == ev.CrashCause("ggml_assert" if message.startswith("GGML_ASSERT(") else "ggml_abort", line[-300:])
+
+
+@pytest.mark.parametrize(
     "line",
     [
         "srv  update_slots: all slots are idle",
@@ -70,6 +88,8 @@ def test_each_cause_in_ggmls_words(line: str, cause: str) -> None:
         "C: drive is full",
         "warning: a CUDA error: out of memory",  # not at the start of the message
         "/src/ggml.c:12: " + "x" * 5000,  # unbounded: not read
+        "/" + "d" * 300 + ".h:12: fatal error",  # a path longer than any read
+        "c:\\" + "d" * 300 + ".cpp:12: fatal error",
     ],
 )
 def test_lines_that_only_look_like_a_cause(line: str) -> None:

@@ -250,3 +250,42 @@ def test_a_batch_of_prefixed_lines_has_one_format() -> None:
     assert [e for e in events if isinstance(e, ev.LineFormat)] == [ev.LineFormat(3)]
     forged = parse_lines([*batch, FORGED[0]])  # one line without the prefix: each line's format again
     assert [e.code for e in forged if isinstance(e, ev.LineFormat)] == [3, 0]
+
+
+def test_leads_with_one_key_have_one_format() -> None:
+    """The scan works a line's format out only when its lead's key changes (`lead_key`): over every shape of
+    lead (marks, router tags padded to any width, time stamps of any width, levels), two leads with one key
+    have one format. Length and first character alone would not do (the pair below)."""
+    from itertools import product
+
+    from exporter.logs.parse import compile_scan, lead_key, scan_events
+
+    scan = compile_scan()
+
+    def line_format(lead: str) -> int:
+        first = scan_events("\n" + lead + "srv  update_slots: all slots are idle", scan)[0]
+        assert isinstance(first, ev.LineFormat), lead
+        return first.code
+
+    marks = ["", "\udc1e", "\udc1d"]
+    routers = ["", *(f"[{' ' * pad}8080] " for pad in range(0, 16))]
+    stamps = ["", "0.00.001.689 ", "2.00.001.689 ", "20.00.001.689 ", "200.00.001.689 ", "2000.00.001.689 "]
+    levels = ["", "I ", "W ", "E ", "D ", "T "]
+    by_key: dict[tuple[int, str, str], set[int]] = {}
+    for parts in product(marks, routers, stamps, levels):
+        lead = "".join(parts)
+        text = "\nsrv  x: " + lead + "srv"  # what comes before a lead in the scan's text: another line
+        start = len(text) - 3 - len(lead)
+        by_key.setdefault(lead_key(text, start, start + len(lead)), set()).add(line_format(lead))
+    assert len(by_key) > 100
+    assert {key: formats for key, formats in by_key.items() if len(formats) > 1} == {}
+    assert line_format("2.00.001.689 I ") != line_format("200.00.001.689 ")
+
+
+def test_a_line_without_a_level_among_levelled_ones_gets_its_own_format() -> None:
+    """The pair of leads that length and first character cannot tell apart, in one batch."""
+    levelled = "2.00.001.689 I srv  update_slots: all slots are idle"
+    forged = "200.00.001.689 srv  update_slots: all slots are idle"
+    events = parse_lines([levelled, forged, levelled])
+    both = ev.LineFormat.TIMESTAMP | ev.LineFormat.LEVEL
+    assert [e.code for e in events if isinstance(e, ev.LineFormat)] == [both, ev.LineFormat.TIMESTAMP, both]

@@ -12,7 +12,7 @@ deterministic corpus stitched from real llama-server b11434 captures (bench/make
   and peak RSS from the child's rusage; the counts both extract must agree (checked).
 - follow: a writer appends the steady corpus at 2,000 lines/s for 60 s while the exporter and mtail
   both follow the file, side by side in the same seconds (paired per window); then an idle window
-  without writes; CPU from /proc/<pid>/stat, idle CPU from the threads' schedstat (ns resolution).
+  without writes; CPU, following and idle, from the threads' schedstat (ns resolution).
 - latency: a task start and a retry line are appended to a quiet log and both /metrics are polled until their retry
   counter moves; and, while the follow writer goes on, the time from a flush until each /metrics
   counts its lines; and single scrapes at random moments, 0.5-2 s apart as Prometheus' would be,

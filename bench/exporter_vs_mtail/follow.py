@@ -81,7 +81,8 @@ def bench_follow(report: Report, args: argparse.Namespace, steady: Path, mtail: 
         procs = [exporter, mt] if mt else [exporter]
         cpu: dict[str, list[float]] = {p.name: [] for p in procs}
         per_line: dict[str, list[float]] = {p.name: [] for p in procs}
-        before = {p.name: p.cpu_s() for p in procs}
+        # schedstat's nanoseconds, not /proc/<pid>/stat's 10 ms ticks: a tick is 0.5 µs a line in a 10 s window.
+        before = {p.name: p.cpu_ns() / 1e9 for p in procs}
         t_before, lines_before = time.perf_counter(), 0
         writer.start()
         t_start = t_before
@@ -89,7 +90,7 @@ def bench_follow(report: Report, args: argparse.Namespace, steady: Path, mtail: 
             time.sleep(max(0.0, t_start + (w + 1) * args.window - time.perf_counter()))
             now, lines_now = time.perf_counter(), writer.written
             for p in procs:
-                c = p.cpu_s()
+                c = p.cpu_ns() / 1e9
                 cpu[p.name].append((c - before[p.name]) / (now - t_before) * 100)
                 per_line[p.name].append((c - before[p.name]) / max(1, lines_now - lines_before) * 1e6)
                 before[p.name] = c

@@ -5,10 +5,10 @@ of the unit renders that same view.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from exporter.model.bounds import MIB
 from exporter.model.forecast import Measured
@@ -90,6 +90,31 @@ def effective_verbosity(state: ServerState) -> int | None:
     return cfg.verbosity if cfg.verbosity is not None else 3
 
 
+_ATTRIBUTES: dict[type, tuple[str, ...]] = {}
+
+
+def _attributes(cls: type) -> tuple[str, ...]:
+    """The attributes an instance of `cls` gets from its constructor (read once, from a throwaway one)."""
+    names = _ATTRIBUTES.get(cls)
+    if names is None:
+        names = _ATTRIBUTES[cls] = tuple(vars(cls()))
+    return names
+
+
+_T = TypeVar("_T")
+
+
+def _shallow_copy(obj: _T) -> _T:
+    """`copy.copy(obj)` without reading `obj.__dict__`: on CPython 3.11 that read turns the object's inline
+    attribute values into a dict for good, and every later attribute access on it (the state's and the
+    run's, on every log line) takes the slower generic path: about 3.5 % more instructions a line."""
+    cls = type(obj)
+    new = cls.__new__(cls)
+    for name in _attributes(cls):
+        object.__setattr__(new, name, getattr(obj, name))
+    return new
+
+
 def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
     """A shallow copy of `state` with `/slots` and `/props` (and the command line) filling in. Pure.
 
@@ -98,8 +123,8 @@ def merge_view(state: ServerState, http: HttpSnapshot | None) -> ServerState:
     - Configuration the log did not give (default verbosity hides most of it) is taken from
       `/props` first, then from llama-server's command line.
     """
-    view = copy.copy(state)
-    view.run = run = copy.copy(state.run)  # the view fills in its own run, never the state's
+    view = _shallow_copy(state)
+    view.run = run = _shallow_copy(state.run)  # the view fills in its own run, never the state's
     cfg = state.command_line
     live = http.slots if http is not None and http.up else None
     if live:

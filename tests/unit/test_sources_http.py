@@ -383,6 +383,20 @@ def test_gaps_of_a_default_verbosity_log_are_filled_from_props_and_the_command_l
     assert st.run.build is None
 
 
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in FIXTURES.glob("*/llama-server.log")))
+def test_a_view_is_a_copy_of_every_attribute_of_the_state_and_its_run(name: str) -> None:
+    # merge_view copies attribute by attribute those a new state (and run) has: after a whole capture the
+    # state has no other, and the view holds the same values, with a run of its own.
+    st = _log_state(name)
+    view = merge_view(st, None)
+    assert view is not st and view.run is not st.run
+    assert vars(view).keys() == vars(st).keys() == vars(ServerState()).keys()
+    assert all(getattr(view, k) is v for k, v in vars(st).items() if k != "run")
+    assert vars(view.run) == vars(st.run)
+    view.run.n_slots = -1
+    assert st.run.n_slots != -1
+
+
 async def test_live_collector_says_which_source_the_slots_came_from(fake: tuple[FakeServer, str]) -> None:
     server, url = fake
     st = _log_state("exhaust-long-lv4")

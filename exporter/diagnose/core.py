@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,13 +24,37 @@ from exporter.diagnose.run import STAMP_FIRST, Run, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
-from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
+from exporter.logs.parse import (
+    _COLOURS_MARK,
+    ANSI,
+    is_plain,
+    parse_line_events,
+    parse_text_indexed,
+    unwrap_marked,
+)
 from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
 _GENERIC = ev.GENERIC
 _FINGERPRINTED = FINGERPRINT_LINES[-1]  # a run's lines that its fingerprint hashes
+
+
+# Whole lines that `_feed_plain` cannot take (see `odd_spans`), one after the other.
+_ODD_LINES = re.compile(r"(?:(?:[\[{][^\n]*|[^\n\x1b\r]*[\x1b\r][^\n]*)\n)*")
+
+
+def unwrapped(text: str, lines: Sequence[str]) -> str:
+    """What the scan reads of `lines` (whole lines, none with a router prefix; `text` is their join): each
+    line through `unwrap_marked` where it needs it (JSONL, colours), else without its line end, joined by
+    "\\n". Coloured lines in bulk: one regex over the block rather than a call per line (an ANSI code never
+    spans lines), each line coloured from its start marked first, as `unwrap_marked` marks it."""
+    body = text[:-1] if text[-1:] == "\n" else text
+    if "\r" in body or body[:1] == "{" or "\n{" in body:
+        return "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+    if body[:2] == "\x1b[":
+        body = _COLOURS_MARK + body
+    return ANSI.sub("", body.replace("\n\x1b[", "\n" + _COLOURS_MARK + "\x1b["))
 
 
 def lines_of(text: str) -> list[str]:
@@ -46,22 +71,26 @@ def odd_spans(text: str) -> list[tuple[int, int]]:
     """Where the lines of `text` are that `_feed_plain` cannot take: those that need unwrapping (JSONL,
     colours, CR: see is_plain) or carry a router prefix ("[port] "), and a last line without its "\\n".
     As [start, end) offsets, neighbours joined, in order. Found by searching for what makes a line odd,
-    so the cost is in the odd lines (rare in most logs), not in every line."""
+    so the cost is in the odd lines (rare in most logs), not in every line; the odd lines that follow one
+    (a JSONL or coloured log is odd throughout) are taken by one regex match, not one search each."""
     spans: list[tuple[int, int]] = []
     size = len(text)
+    more = _ODD_LINES.match
     for char in ("\x1b", "\r"):  # anywhere in a line
         i = text.find(char)
         while i >= 0:
             end = text.find("\n", i) + 1 or size
+            end = more(text, end).end()
             spans.append((text.rfind("\n", 0, i) + 1, end))
             i = text.find(char, end) if end < size else -1
     for char in "[{":  # at the start of a line
         end = (text.find("\n") + 1 or size) if text[:1] == char else 0
         if end:
+            end = more(text, end).end()
             spans.append((0, end))
         i = text.find("\n" + char, max(end - 1, 0))
         while i >= 0:
-            end = text.find("\n", i + 1) + 1 or size
+            end = more(text, text.find("\n", i + 1) + 1 or size).end()
             spans.append((i + 1, end))
             i = text.find("\n" + char, end - 1) if end < size else -1
     if text and text[-1] != "\n":
@@ -148,7 +177,7 @@ class Diagnoser:
             return
         if not is_plain(text) or text[:1] == "{":
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
-            text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+            text = unwrapped(text, lines)
         done = 0  # lines[:done] are applied
         for index, _, e in parse_text_indexed(text):
             self._skip(lines, done, index, first_lineno)
@@ -191,13 +220,14 @@ class Diagnoser:
         overwrites all that look would note."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
         line = ""
-        current = self._current
+        current, find, size = self._current, text.find, len(text)
+        events = specific = 0  # the common events' counts, added at the end
         for index, start, e in parse_text_indexed(text):
             kind = type(e)
             run = current.get(None)
             common = run is not None and kind not in _SPECIAL
             if index >= done:
-                end = text.find("\n", start) + 1 or len(text)
+                end = find("\n", start) + 1 or size
                 line = text[start:end]
                 if index > done and not (
                     common and run.first_elapsed is not None and line[:1] in STAMP_FIRST  # type: ignore[union-attr]
@@ -208,9 +238,9 @@ class Diagnoser:
                 self.feed_event(e, first_lineno + index, line)
                 continue
             assert run is not None
-            self.events += 1
+            events += 1
             if kind not in _GENERIC:
-                self.specific_events += 1
+                specific += 1
             lineno = first_lineno + index
             if line[:1] in STAMP_FIRST:
                 run.note_stamp(line)
@@ -218,6 +248,8 @@ class Diagnoser:
             if fingerprint.lines < _FINGERPRINTED:
                 fingerprint.add(lineno, line)
             run.apply(e, lineno, line)
+        self.events += events
+        self.specific_events += specific
         last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)

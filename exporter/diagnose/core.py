@@ -57,6 +57,12 @@ def unwrapped(text: str, lines: Sequence[str]) -> str:
     return ANSI.sub("", body.replace("\n\x1b[", "\n" + _COLOURS_MARK + "\x1b["))
 
 
+def _past_odd_lines(text: str, pos: int) -> int:
+    """Where the odd whole lines (see `odd_spans`) that start at `pos` end (`pos` where none does)."""
+    m = _ODD_LINES.match(text, pos)
+    return m.end() if m is not None else pos
+
+
 def lines_of(text: str) -> list[str]:
     """`text` split after each "\\n" only (str.splitlines also splits at \\r, \\x1c, U+2028 ...)."""
     parts = text.split("\n")
@@ -75,22 +81,21 @@ def odd_spans(text: str) -> list[tuple[int, int]]:
     (a JSONL or coloured log is odd throughout) are taken by one regex match, not one search each."""
     spans: list[tuple[int, int]] = []
     size = len(text)
-    more = _ODD_LINES.match
     for char in ("\x1b", "\r"):  # anywhere in a line
         i = text.find(char)
         while i >= 0:
             end = text.find("\n", i) + 1 or size
-            end = more(text, end).end()
+            end = _past_odd_lines(text, end)
             spans.append((text.rfind("\n", 0, i) + 1, end))
             i = text.find(char, end) if end < size else -1
     for char in "[{":  # at the start of a line
         end = (text.find("\n") + 1 or size) if text[:1] == char else 0
         if end:
-            end = more(text, end).end()
+            end = _past_odd_lines(text, end)
             spans.append((0, end))
         i = text.find("\n" + char, max(end - 1, 0))
         while i >= 0:
-            end = more(text, text.find("\n", i + 1) + 1 or size).end()
+            end = _past_odd_lines(text, text.find("\n", i + 1) + 1 or size)
             spans.append((i + 1, end))
             i = text.find("\n" + char, end - 1) if end < size else -1
     if text and text[-1] != "\n":

@@ -17,7 +17,7 @@ from paths import B11434
 
 from exporter import diagnose
 from exporter.diagnose import Diagnoser, Report, diagnose_file, to_json
-from exporter.diagnose.core import lines_of, odd_spans, unwrapped
+from exporter.diagnose.blocks import lines_of, odd_spans, unwrapped
 from exporter.diagnose.render import history_entry
 from exporter.logs.parse import unwrap_marked
 

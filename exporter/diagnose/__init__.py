@@ -27,8 +27,9 @@ parsed with `exporter.logs.parse`, and each run's state and counters are an
 input, patterns), `render` (text and JSON), `cli` (`main`).
 """
 
+from exporter.diagnose.blocks import lines_of
 from exporter.diagnose.cli import PROG, build_parser, main
-from exporter.diagnose.core import Diagnoser, analyze, lines_of
+from exporter.diagnose.core import Diagnoser, analyze
 from exporter.diagnose.inputs import diagnose_file, diagnose_files, input_files
 from exporter.diagnose.read import MAX_LINE_BYTES, SNIFF_BYTES, InputError, ReadStats, read_blocks, read_lines
 from exporter.diagnose.render import render_text, to_json

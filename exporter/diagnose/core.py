@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from exporter.diagnose.advice import history_advice
+from exporter.diagnose.blocks import lines_of, odd_spans, unwrapped
 from exporter.diagnose.report import (
     CRASHED_MID_REQUEST,
     ENDINGS,
@@ -23,61 +24,13 @@ from exporter.diagnose.run import STAMP_FIRST, Run, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
-from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed, unwrap_marked
+from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed
 from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
 _SPECIAL = frozenset({ev.LineFormat, ev.Rejected, ev.SlotsInitialized, ev.ChildSpawned, ev.ChildExited, *ev.BANNERS})
 _GENERIC = ev.GENERIC
 _FINGERPRINTED = FINGERPRINT_LINES[-1]  # a run's lines that its fingerprint hashes
-
-
-def lines_of(text: str) -> list[str]:
-    """`text` split after each "\\n" only (str.splitlines also splits at \\r, \\x1c, U+2028 ...)."""
-    parts = text.split("\n")
-    last = parts.pop()
-    lines = [part + "\n" for part in parts]
-    if last:
-        lines.append(last)
-    return lines
-
-
-def odd_spans(text: str) -> list[tuple[int, int]]:
-    """Where the lines of `text` are that `_feed_plain` cannot take: those that need unwrapping (JSONL,
-    colours, CR: see is_plain) or carry a router prefix ("[port] "), and a last line without its "\\n".
-    As [start, end) offsets, neighbours joined, in order. Found by searching for what makes a line odd,
-    so the cost is in the odd lines (rare in most logs), not in every line."""
-    spans: list[tuple[int, int]] = []
-    size = len(text)
-    for char in ("\x1b", "\r"):  # anywhere in a line
-        i = text.find(char)
-        while i >= 0:
-            end = text.find("\n", i) + 1 or size
-            spans.append((text.rfind("\n", 0, i) + 1, end))
-            i = text.find(char, end) if end < size else -1
-    for char in "[{":  # at the start of a line
-        end = (text.find("\n") + 1 or size) if text[:1] == char else 0
-        if end:
-            spans.append((0, end))
-        i = text.find("\n" + char, max(end - 1, 0))
-        while i >= 0:
-            end = text.find("\n", i + 1) + 1 or size
-            spans.append((i + 1, end))
-            i = text.find("\n" + char, end - 1) if end < size else -1
-    if text and text[-1] != "\n":
-        spans.append((text.rfind("\n") + 1, size))
-    if len(spans) < 2:
-        return spans
-    spans.sort()
-    merged = [spans[0]]
-    for start, end in spans[1:]:
-        last_start, last_end = merged[-1]
-        if start <= last_end:
-            if end > last_end:
-                merged[-1] = (last_start, end)
-        else:
-            merged.append((start, end))
-    return merged
 
 
 class Diagnoser:
@@ -148,7 +101,7 @@ class Diagnoser:
             return
         if not is_plain(text) or text[:1] == "{":
             # JSONL, colours, CR: scan what parse_line would scan (only those lines need unwrapping)
-            text = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+            text = unwrapped(text, lines)
         done = 0  # lines[:done] are applied
         for index, _, e in parse_text_indexed(text):
             self._skip(lines, done, index, first_lineno)
@@ -191,13 +144,14 @@ class Diagnoser:
         overwrites all that look would note."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
         line = ""
-        current = self._current
+        current, find, size = self._current, text.find, len(text)
+        events = specific = 0  # the common events' counts, added at the end
         for index, start, e in parse_text_indexed(text):
             kind = type(e)
             run = current.get(None)
             common = run is not None and kind not in _SPECIAL
             if index >= done:
-                end = text.find("\n", start) + 1 or len(text)
+                end = find("\n", start) + 1 or size
                 line = text[start:end]
                 if index > done and not (
                     common and run.first_elapsed is not None and line[:1] in STAMP_FIRST  # type: ignore[union-attr]
@@ -208,9 +162,9 @@ class Diagnoser:
                 self.feed_event(e, first_lineno + index, line)
                 continue
             assert run is not None
-            self.events += 1
+            events += 1
             if kind not in _GENERIC:
-                self.specific_events += 1
+                specific += 1
             lineno = first_lineno + index
             if line[:1] in STAMP_FIRST:
                 run.note_stamp(line)
@@ -218,6 +172,8 @@ class Diagnoser:
             if fingerprint.lines < _FINGERPRINTED:
                 fingerprint.add(lineno, line)
             run.apply(e, lineno, line)
+        self.events += events
+        self.specific_events += specific
         last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)

@@ -19,6 +19,7 @@ from exporter.diagnose.report import (
     Counts,
     Ending,
     Failure,
+    MemoryFigures,
     Report,
     RunReport,
     RunSummary,
@@ -63,13 +64,16 @@ _HISTORY_FIELDS = tuple(
     f.name for f in dataclasses.fields(RunSummary) if f.name not in ("request_sizes", "configuration")
 )
 
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryFigures))
+
 
 def history_entry(run: RunSummary) -> dict[str, Any]:
     """`dataclasses.asdict(run)` less the fields the history leaves out, without converting them first
     (they are most of its cost, and a long log's history has tens of thousands of runs)."""
     entry = {name: getattr(run, name) for name in _HISTORY_FIELDS}
-    if run.memory is not None:
-        entry["memory"] = dataclasses.asdict(run.memory)
+    memory = run.memory
+    if memory is not None:  # asdict's copy of its plain values, without its recursion
+        entry["memory"] = {name: getattr(memory, name) for name in _MEMORY_FIELDS}
     return entry
 
 

@@ -17,8 +17,9 @@ from paths import B11434
 
 from exporter import diagnose
 from exporter.diagnose import Diagnoser, Report, diagnose_file, to_json
-from exporter.diagnose.core import odd_spans
+from exporter.diagnose.blocks import lines_of, odd_spans, unwrapped
 from exporter.diagnose.render import history_entry
+from exporter.logs.parse import unwrap_marked
 
 FIXTURES = B11434
 
@@ -165,3 +166,35 @@ def test_history_entries_are_the_run_summaries_less_two_fields() -> None:
         del want["request_sizes"], want["configuration"]
         got = history_entry(s)
         assert got == want and list(got) == list(want)
+
+
+def test_bulk_unwrapping_is_each_line_unwrapped() -> None:
+    """`unwrapped` removes JSONL wrapping and colours with a regex over a whole block; the reference is
+    `unwrap_marked` on each line, over random blocks of real and odd lines (plain JSONL entries, ones with
+    escapes or spaces after them, colours at the start or inside, CR line ends, lines without any)."""
+    pieces = [
+        '{"type":"log","time":976,"level":"info","msg":"srv  llama_server: initializing ...\\n"}',
+        '{"type":"log","time":12,"level":"warn","msg":"slot update_slots: id  0 | task 5 | new prompt"}',
+        '{"type":"log","time":7,"level":"info","msg":"a \\"quoted\\" \\u001b[31mred\\n"}',
+        '{"type":"log","time":7,"level":"info","msg":"two\\nlines\\n"} ',
+        '{"type":"log","time":-0,"level":"info","msg":"x\\n"}',
+        '{"msg": "loose"}',
+        "{not json",
+        "\x1b[34m0.00.009.658\x1b[0m \x1b[32mI \x1b[0msrv  llama_server: initializing ...",
+        "0.00.010.972 I srv  update_slots: all slots are idle \x1b[0m",
+        "\x1b[35mW srv  send_error: task id = 24, error: Context size has been exceeded.\x1b[0m",
+        "\x1b\x1b[0m[31m",
+        "plain line",
+        "",
+    ]
+    rng = random.Random(4848)
+    for _ in range(5_000):
+        lines = [rng.choice(pieces) + rng.choice(["\n", "\n", "\n", "\r\n"]) for _ in range(rng.randint(1, 8))]
+        if rng.random() < 0.3 and lines[-1].rstrip("\r\n"):  # a last line without its end (never an empty one)
+            lines[-1] = lines[-1][: -1 if lines[-1][-2:] != "\r\n" or rng.random() < 0.5 else -2]
+        want = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+        assert unwrapped("".join(lines), lines) == want, lines
+    for name in CAPTURE_NAMES:
+        lines = lines_of((CAPTURE_ROOT / name / "llama-server.log").read_text())
+        want = "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
+        assert unwrapped("".join(lines), lines) == want, name

@@ -6,12 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from exporter.logs.parse import ANSI, unwrap_marked
-
-# The mark `unwrap_marked` puts in front of a line coloured from its start (a line of nothing but a colour code).
-_COLOURS_MARK = unwrap_marked("\x1b[m")
-assert len(_COLOURS_MARK) == 1
-
+from exporter.logs.parse import ANSI, COLOURS_MARK, unwrap_marked
 
 # Whole lines that `_feed_plain` cannot take (see `odd_spans`), one after the other.
 _ODD_LINES = re.compile(r"(?:(?:[\[{][^\n]*|[^\n\x1b\r]*[\x1b\r][^\n]*)\n)*")
@@ -26,8 +21,8 @@ def unwrapped(text: str, lines: Sequence[str]) -> str:
     if "\r" in body or body[:1] == "{" or "\n{" in body:
         return "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
     if body[:2] == "\x1b[":
-        body = _COLOURS_MARK + body
-    return ANSI.sub("", body.replace("\n\x1b[", "\n" + _COLOURS_MARK + "\x1b["))
+        body = COLOURS_MARK + body
+    return ANSI.sub("", body.replace("\n\x1b[", "\n" + COLOURS_MARK + "\x1b["))
 
 
 def _past_odd_lines(text: str, pos: int) -> int:

@@ -89,7 +89,7 @@ def _jsonl_message(line: str) -> str | None:
 
 # Lone surrogates: UTF-8 decoding (the tailer's, the journal's, standard input's) never yields one, so
 # no line read from a log can start with a mark.
-_JSONL_MARK, _COLOURS_MARK = "\udc1e", "\udc1d"
+JSONL_MARK, COLOURS_MARK = "\udc1e", "\udc1d"
 
 
 def unwrap_marked(line: str) -> str:
@@ -102,9 +102,9 @@ def unwrap_marked(line: str) -> str:
         msg = _jsonl_message(line)
         if msg is not None:
             msg = msg.split("\n", 1)[0]
-            return _JSONL_MARK + (ANSI.sub("", msg) if "\x1b" in msg else msg).rstrip("\r")
+            return JSONL_MARK + (ANSI.sub("", msg) if "\x1b" in msg else msg).rstrip("\r")
     if "\x1b" in line:
-        mark = _COLOURS_MARK if line.startswith("\x1b[") else ""
+        mark = COLOURS_MARK if line.startswith("\x1b[") else ""
         return mark + ANSI.sub("", line).rstrip("\r\n")
     return line.rstrip("\r\n")
 
@@ -112,7 +112,7 @@ def unwrap_marked(line: str) -> str:
 def unwrap(line: str) -> str:
     """The line without JSONL wrapping, colours and line ending (still with prefix, timestamp and level)."""
     line = unwrap_marked(line)
-    return line[1:] if line[:1] in (_JSONL_MARK, _COLOURS_MARK) else line
+    return line[1:] if line[:1] in (JSONL_MARK, COLOURS_MARK) else line
 
 
 def normalize(line: str) -> str:
@@ -352,7 +352,7 @@ def _line_format(lead: str) -> int:
         return 0
     mark, ts, level = m.group("mark", "ts", "lvl")
     code = (ev.LineFormat.TIMESTAMP if ts else 0) | (ev.LineFormat.LEVEL if level else 0)
-    if mark == _JSONL_MARK:
+    if mark == JSONL_MARK:
         return code | ev.LineFormat.JSONL
     if mark and code:
         return code | ev.LineFormat.COLOURS

@@ -137,6 +137,16 @@ def _trie(words: Sequence[str]) -> str:
     return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
 
 
+def _class_end(rx: str, i: int) -> int:
+    """Where the character class that opens at `rx[i]` ends (its "]"): its first character is a literal, even
+    "]"; so is an escaped one."""
+    i += 2 if rx[i + 1 : i + 2] == "^" else 1
+    i += 2 if rx[i] == "\\" else 1
+    while rx[i] != "]":
+        i += 2 if rx[i] == "\\" else 1
+    return i
+
+
 def closes_a_group(rx: str) -> bool:
     """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
     neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
@@ -147,11 +157,8 @@ def closes_a_group(rx: str) -> bool:
         c = rx[i]
         if c == "\\":
             i += 1
-        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]"; so is "\\]")
-            i += 2 if rx[i + 1 : i + 2] == "^" else 1
-            i += 2 if rx[i] == "\\" else 1
-            while rx[i] != "]":
-                i += 2 if rx[i] == "\\" else 1
+        elif c == "[":
+            i = _class_end(rx, i)
         elif c == "(":
             named = named or (depth == 0 and rx.startswith("(?P<", i))
             depth += 1
@@ -192,11 +199,8 @@ def _top_level(rx: str) -> str:
         c = rx[i]
         if c == "\\":
             i += 1
-        elif c == "[":  # a class: skip to its "]" (its first character is a literal, even "]")
-            i += 2 if rx[i + 1 : i + 2] == "^" else 1
-            i += 2 if rx[i] == "\\" else 1
-            while rx[i] != "]":
-                i += 2 if rx[i] == "\\" else 1
+        elif c == "[":
+            i = _class_end(rx, i)
         elif c == "(":
             depth += 1
         elif c == ")":

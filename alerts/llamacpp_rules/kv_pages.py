@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llamacpp_rules.builder import SERVER, Alerts, Rule, Rules
+from llamacpp_rules.builder import BUSY, SERVER, Alerts, Rule, Rules
 from llamacpp_rules.clients import LARGEST_HOLDER
 from llamacpp_rules.kv_pool import choice_text, forecast_text
 from llamacpp_rules.text import THIS, figure, num
@@ -34,9 +34,11 @@ class Settings:
     kv_page_keep_firing_for: str = "15m"
     #: LlamaCppKVPoolSaturated (critical): the conversations in flight or coming back (llamacpp_kv_pool_active_ratio:
     #: slots processing, and idle slots whose last turn ended within the exporter's --kv-pool-active-window) hold
-    #: more than this share of the pool at two samples in a row, and the pool's usage passed it within
-    #: two_samples_window; fires at once and keeps firing for kv_page_keep_firing_for.
+    #: more than this share of the pool at two samples in a row, and within two_samples_window either the pool's
+    #: usage passed it or kv_saturated_min_processing slots processed at once; fires at once and keeps firing
+    #: for kv_page_keep_firing_for.
     kv_saturated_ratio: float = 0.9
+    kv_saturated_min_processing: int = 2
     kv_saturated_for: str = "0s"
 
 
@@ -107,9 +109,12 @@ def saturated(r: Rules) -> Rule:
     c, m = r.cfg, r.m
     ratio = num(c.kv_saturated_ratio)
     active, usage = m("llamacpp_kv_pool_active_ratio"), m("llamacpp_kv_pool_usage_ratio")
-    # The pool itself passed the threshold within the window too: conversations that together outgrow the pool
-    # while llama-server swaps them through its prompt cache, the pool never full, are the capacity warning's.
-    full = f"{r.last_two(active, '>', ratio)}\nand max_over_time({usage}[{c.two_samples_window}]) > {ratio}"
+    # Conversations that together outgrow the pool overflow it when their turns overlap: the pool itself passed
+    # the threshold within the window, or turns did run at once. One conversation at a time swapped through the
+    # prompt cache, the pool never full, cannot overflow it: that is the capacity warning's.
+    w = c.two_samples_window
+    overlap = f"max_over_time({usage}[{w}]) > {ratio}\nor max_over_time({BUSY}[{w}]) >= {c.kv_saturated_min_processing}"
+    full = f"{r.last_two(active, '>', ratio)}\nand (\n{overlap}\n)"
     return r.alert(
         SATURATED,
         # Once it fires, the aborts that follow are its incident: they keep it up (and RequestsAborted quiet).
@@ -127,7 +132,12 @@ def saturated(r: Rules) -> Rule:
         + figure("llamacpp_kv_pool_active_window_seconds", "humanizeDuration", "the exporter's window")
         + "); it is "
         + figure("llamacpp_kv_pool_usage_ratio", "humanizePercentage", "?")
-        + f" full now (past {num(c.kv_saturated_ratio * 100)}% within the last {c.two_samples_window}). "
+        + " full now"
+        + f"{{{{ with printf `max_over_time(llamacpp_kv_pool_usage_ratio{{%s}}[{w}]) > {ratio}` $this | query }}}}"
+        + f", and was past {num(c.kv_saturated_ratio * 100)}% within the last {w}{{{{ else }}}}"
+        + f"{{{{ with printf `max_over_time({BUSY}{{%s}}[{w}]) >= {c.kv_saturated_min_processing}` $this | query }}}}"
+        + ', and {{ . | first | value | printf "%.0f" }} turns ran at once within the last '
+        + f"{w}{{{{ end }}}}{{{{ end }}}}. "
         + lost_text(c.aborted_window)
         + "When the returning conversations need more than the pool, llama-server halves its batch down to 1 and "
         "then aborts EVERY in-flight request with 'Context size has been exceeded' (HTTP 500); this page stays "

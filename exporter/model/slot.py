@@ -27,6 +27,13 @@ class SlotState:
     # Tasks it has released (`stop processing`) since its server started: a turn that began and ended between
     # two scrapes still moves it (exporter.model.activity).
     turns: int = 0
+    # What its last released task held (the release's n_tokens), kept when the slot is cleared: a turn that
+    # began and ended between two scrapes, its cells saved to the prompt cache since, still has its size.
+    last_turn: int = 0
+    # The cells its last released task found in place or restored from the prompt cache (the release's n_tokens
+    # less what its timings say it processed, the last token never stored): that conversation's earlier size.
+    last_reused: int | None = None
+    turn_processed: int | None = None  # the current task's prompt and generated tokens (`total time` line)
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None
@@ -61,6 +68,13 @@ class SlotState:
         """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""
         self.tokens = 0
         self.checkpoints = []
+
+    def turn_ended(self, n_tokens: int) -> None:
+        """`stop processing: n_tokens = N`: the task's cells, and what it reused (its timings counted the rest)."""
+        self.turns += 1
+        self.last_turn = n_tokens
+        done, self.turn_processed = self.turn_processed, None
+        self.last_reused = max(0, n_tokens + 1 - done) if done is not None else None
 
     def new_task(self) -> None:
         """A task starts or ends: forget the previous task's prompt size and speeds."""

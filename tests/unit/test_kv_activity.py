@@ -75,10 +75,13 @@ def test_slots_never_seen_in_a_turn_do_not_count_and_a_restart_forgets() -> None
     st = log.until(23)  # all four processing (-lv 3 tells no cells until the release; /slots would)
     assert all(s.processing for s in st.run.slots.values())
     assert a.observe(1.0, st.run.slots, WINDOW, st.run) == sum(s.tokens for s in st.run.slots.values())
-    st = log.until(len(log.lines))  # aborted and released: their conversations come back (the clients retry)
+    # Aborted and released: their conversations come back (the clients retry). b11434 cleared the aborted slots,
+    # so what each held is the release line's n_tokens (slot 0 ran a retry since: its 41 cells).
+    st = log.until(len(log.lines))
     assert not any(s.processing for s in st.run.slots.values())
-    after = a.observe(2.0, st.run.slots, WINDOW, st.run)
-    assert after == sum(s.tokens for s in st.run.slots.values()) > 0
+    held = {i: s.last_turn for i, s in st.run.slots.items()}
+    assert held == {0: 41, 1: 129, 2: 130, 3: 128} and sum(s.tokens for s in st.run.slots.values()) == 41
+    assert a.observe(2.0, st.run.slots, WINDOW, st.run) == sum(held.values())
     fresh = ServerState()  # a new server process: its run replaces the old one's
     assert a.observe(3.0, st.run.slots, WINDOW, fresh.run) == 0
 
@@ -125,3 +128,30 @@ def test_a_conversation_whose_slot_another_task_took_counts_once_until_it_comes_
     other = {0: SlotState(tokens=300, turns=2), 1: SlotState(tokens=800, processing=True)}
     assert b.observe(20.0, other, WINDOW) == 300 + 800 + 6000
     assert b.observe(10.0 + WINDOW + 1, other, WINDOW) == 300 + 800  # its window passed
+
+
+def _scraped_every_second(capture: str) -> dict[int, int]:
+    """The active cells a 1 s scrape would have read through a capture, by the log's time stamps (s)."""
+    state, a, seen, due = ServerState(), Activity(), {}, 1
+    for text in (FIXTURES / "b11434" / capture / "llama-server.log").read_text(encoding="utf-8").splitlines():
+        minutes, seconds, ms = (int(x) for x in text.split(" ", 1)[0].split(".")[:3])
+        while minutes * 60 + seconds + ms / 1000 >= due:
+            seen[due] = a.observe(float(due), state.run.slots, WINDOW, state.run)
+            due += 1
+        if (event := parse_line(text)) is not None:
+            state.apply(event)
+    return seen
+
+
+def test_agents_whose_turns_hop_between_slots_count_once_each_at_their_latest_size() -> None:
+    # agent-loop-lv3: three agents on -np 3; every launch saves the idle slots to the prompt cache and clears
+    # them, so each turn takes the least recently used slot, restores its conversation there, and mostly starts
+    # and ends between two scrapes. Each conversation grows by ~170 cells a turn; the release lines give, per
+    # agent: X 2415 (0:42.5), 2599, 2769 (0:51.5), 2955, 3131, 3308, 3493 (1:15.4); Y 2109 (0:44.7), 2272
+    # (0:53.2), 2443, 2614, 2791 (1:14.3); Z 2398 (0:44.8), 2578 (0:53.2), 2763, 2930, 3103, 3272 (1:16.7).
+    seen = _scraped_every_second("agent-loop-lv3")
+    assert seen[45] == 2415 + 2109 + 2398
+    assert seen[54] == 2769 + 2272 + 2578
+    assert seen[77] == 3493 + 2791 + 3272  # 1.17 of the 8,192-cell pool: the overlap that follows overflows it
+    # Counted once each: never more than the three conversations at their largest.
+    assert max(seen.values()) <= 3664 + 2946 + 3272

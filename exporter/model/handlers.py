@@ -120,7 +120,8 @@ def _on_slot_released(st: ServerState, e: ev.SlotReleased) -> None:
             st.request_prompt_tokens.observe(s.prompt_size)
     s.processing, s.task, s.cache_base = False, -1, None
     s.reuse, s.prompt_loaded = None, False
-    s.turn_ended(e.n_tokens)
+    # Its timings are the lines just before (`print_timing` then `release`, one slot after the other).
+    s.turns, s.last_turn, s.last_processed, st.latency.processed = s.turns + 1, e.n_tokens, st.latency.processed, None
     s.new_task()
     aborted = e.task in run.aborted_tasks
     run.aborted_tasks.discard(e.task)
@@ -378,8 +379,7 @@ def _on_generation_timing(st: ServerState, e: ev.GenerationTiming) -> None:
 def _on_total_timing(st: ServerState, e: ev.TotalTiming) -> None:
     if st.counting:
         st.latency.finished(e.ms)
-    if (s := st.run.slots.get(e.slot if e.slot >= 0 else st.latency.head_slot)) is not None:
-        s.turn_processed = e.tokens
+    st.latency.processed = e.tokens
 
 
 def _on_draft_acceptance(st: ServerState, e: ev.DraftAcceptance) -> None:

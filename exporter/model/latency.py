@@ -106,6 +106,8 @@ class RequestLatency:
     draft_accepted: int = 0  # speculative decoding: draft tokens the target model accepted
     draft_generated: int = 0  # draft tokens the draft model generated
     head_slot: int = field(default=-1, compare=False)  # the last `TimingsHead`'s slot (continuations name none)
+    # The last `total time` line's tokens, until the release line after it (`SlotState.last_processed`).
+    processed: int | None = field(default=None, compare=False)
 
     def prompt_evaluated(self, outcome: str, ms: float, tokens: int, cached: int | None) -> None:
         """A `prompt eval time` line: the first token's time, by the prompt's cache outcome."""

@@ -30,10 +30,15 @@ class SlotState:
     # What its last released task held (the release's n_tokens), kept when the slot is cleared: a turn that
     # began and ended between two scrapes, its cells saved to the prompt cache since, still has its size.
     last_turn: int = 0
-    # The cells its last released task found in place or restored from the prompt cache (the release's n_tokens
-    # less what its timings say it processed, the last token never stored): that conversation's earlier size.
-    last_reused: int | None = None
-    turn_processed: int | None = None  # the current task's prompt and generated tokens (`total time` line)
+    last_processed: int | None = None  # the tokens its timings say it processed (`total time`), when printed
+
+    @property
+    def last_reused(self) -> int | None:
+        """The cells its last released task found in place or restored from the prompt cache: that
+        conversation's earlier size (what it held less what it processed; the last token is never stored)."""
+        done = self.last_processed
+        return None if done is None else max(0, self.last_turn + 1 - done)
+
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None
@@ -68,13 +73,6 @@ class SlotState:
         """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""
         self.tokens = 0
         self.checkpoints = []
-
-    def turn_ended(self, n_tokens: int) -> None:
-        """`stop processing: n_tokens = N`: the task's cells, and what it reused (its timings counted the rest)."""
-        self.turns += 1
-        self.last_turn = n_tokens
-        done, self.turn_processed = self.turn_processed, None
-        self.last_reused = max(0, n_tokens + 1 - done) if done is not None else None
 
     def new_task(self) -> None:
         """A task starts or ends: forget the previous task's prompt size and speeds."""

@@ -31,14 +31,6 @@ class SlotState:
     # began and ended between two scrapes, its cells saved to the prompt cache since, still has its size.
     last_turn: int = 0
     last_processed: int | None = None  # the tokens its timings say it processed (`total time`), when printed
-
-    @property
-    def last_reused(self) -> int | None:
-        """The cells its last released task found in place or restored from the prompt cache: that
-        conversation's earlier size (what it held less what it processed; the last token is never stored)."""
-        done = self.last_processed
-        return None if done is None else max(0, self.last_turn + 1 - done)
-
     prompt_tokens: int = 0
     # Tokens kept from the cache when the current prompt started; b9151+ progress lines count on top of it.
     cache_base: int | None = None
@@ -68,6 +60,13 @@ class SlotState:
     def checkpoint_bytes(self) -> float:
         """Host RAM held by this slot's live checkpoints."""
         return sum(c.size_bytes for c in self.checkpoints)
+
+    @property
+    def last_reused(self) -> int | None:
+        """The cells its last released task found in place or restored from the prompt cache: that
+        conversation's earlier size (what it held less what it processed; the last token is never stored)."""
+        done = self.last_processed
+        return None if done is None else max(0, self.last_turn + 1 - done)
 
     def clear(self) -> None:
         """`prompt_clear`: the slot's tokens and (b11434: `prompt.clear()`) its checkpoints are gone."""

@@ -147,29 +147,35 @@ def _class_end(rx: str, i: int) -> int:
     return i
 
 
-def closes_a_group(rx: str) -> bool:
-    """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
-    neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
-    if re.compile(rx).groups != len(re.compile(rx).groupindex):
-        return False
-    depth, i, found, named = 0, 0, False, False  # named: inside a named group opened at the top level
+def _structure(rx: str) -> Iterator[tuple[int, str, int]]:
+    """`rx`'s characters outside escapes and character classes: (position, character, group depth after it)."""
+    depth, i = 0, 0
     while i < len(rx):
         c = rx[i]
         if c == "\\":
             i += 1
         elif c == "[":
             i = _class_end(rx, i)
-        elif c == "(":
-            named = named or (depth == 0 and rx.startswith("(?P<", i))
-            depth += 1
-        elif c == ")":
-            depth -= 1
-            if depth == 0 and named:
-                found = found or rx[i + 1 : i + 2] not in ("?", "*", "{")
-                named = False
+        else:
+            depth += (c == "(") - (c == ")")
+            yield i, c, depth
+        i += 1
+
+
+def closes_a_group(rx: str) -> bool:
+    """Whether `rx`, whenever it matches, closes one of its own groups: a named group stands at its top level,
+    neither optional nor repeated (`{…}` counts as optional), and no `|` does; and every group it has is named."""
+    if re.compile(rx).groups != len(re.compile(rx).groupindex):
+        return False
+    found, named = False, False  # named: inside a named group opened at the top level
+    for i, c, depth in _structure(rx):
+        if c == "(":
+            named = named or (depth == 1 and rx.startswith("(?P<", i))
+        elif c == ")" and depth == 0 and named:
+            found = found or rx[i + 1 : i + 2] not in ("?", "*", "{")
+            named = False
         elif c == "|" and depth == 0:
             return False
-        i += 1
     return found
 
 
@@ -194,21 +200,7 @@ def _starts_literal(rx: str) -> bool:
 
 def _top_level(rx: str) -> str:
     """`rx` without what its groups and classes hold (for a look at its top-level `|`)."""
-    out, depth, i = [], 0, 0
-    while i < len(rx):
-        c = rx[i]
-        if c == "\\":
-            i += 1
-        elif c == "[":
-            i = _class_end(rx, i)
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif depth == 0:
-            out.append(c)
-        i += 1
-    return "".join(out)
+    return "".join(c for _, c, depth in _structure(rx) if depth == 0 and c != ")")
 
 
 def _alternatives(rules: Sequence[tuple[str, str, object]], tag: str, anchored: bool = True) -> str:

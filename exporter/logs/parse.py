@@ -26,8 +26,8 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TypeVar, overload
 
 from exporter.logs import events as ev
 from exporter.logs.rules import ABORT_RULES, SLOT_RULES, TEXT_RULES
@@ -303,15 +303,39 @@ def compile_scan(fast: bool = True) -> re.Pattern[str]:
 _MESSAGE = _message()
 # Lines start after "\n": a literal first character lets the regex engine jump from line to line in C.
 _SCAN_LINES = compile_scan()
+_B = TypeVar("_B")
+_TextBuild = Callable[[re.Match[str]], ev.Event]
+_SlotBuild = Callable[[int, int, re.Match[str]], ev.Event]
 # Each rule's build, under every name `Match.lastgroup` can give for it.
-_SLOT_BUILDS: dict[str, Callable[[int, int, re.Match[str]], ev.Event]] = {
+_SLOT_BUILDS: dict[str, _SlotBuild] = {
     name: build for (_, _, build), names in zip(SLOT_RULES, rule_names(SLOT_RULES, "s"), strict=True) for name in names
 }
 _SLOT_BUILDS["timings_head"] = lambda s, t, m: ev.TimingsHead(s, t)
-_TEXT_BUILDS = {
+_TEXT_BUILDS: dict[str, _TextBuild] = {
     name: build for (_, _, build), names in zip(TEXT_RULES, rule_names(TEXT_RULES, "t"), strict=True) for name in names
 }
 _TEXT_BUILDS.update((f"abort{i}", build) for i, (_, build) in enumerate(ABORT_RULES))
+
+
+def _by_index(builds: Mapping[str, _B], scan: re.Pattern[str], other: _B) -> list[_B]:
+    """`builds` by the number of the group each name is in `scan` (what `Match.lastindex` gives), `other` where no
+    rule of theirs ends: a list index costs less than the hash of the name `Match.lastgroup` would give."""
+    out = [other] * (scan.groups + 1)
+    for name, build in builds.items():
+        if name in scan.groupindex:  # (a rule's marker is left out where one of its own groups closes last)
+            out[scan.groupindex[name]] = build
+    return out
+
+
+def _no_rule(slot: int, task: int, m: re.Match[str]) -> ev.Event:
+    raise LookupError(f"no rule ends at group {m.lastindex} of the scan")  # cannot happen: every match ends one
+
+
+@functools.lru_cache(maxsize=8)
+def _builds(scan: re.Pattern[str]) -> tuple[list[_TextBuild | None], list[_SlotBuild]]:
+    """The text rules' builds by the group number that ends each rule in `scan` (None: a slot rule's), and the
+    slot rules' builds."""
+    return _by_index(_TEXT_BUILDS, scan, None), _by_index(_SLOT_BUILDS, scan, _no_rule)
 
 
 # Slot ids as text, to their value: a lookup costs a third of int() on a fresh string, and a slot line's id is
@@ -341,26 +365,18 @@ def _line_format(lead: str) -> int:
     return code
 
 
-def _event(m: re.Match[str]) -> ev.Event:
-    """The event of a scan match: built by the rule it names (`Rejected` when a number cannot be read)."""
-    rule = m.lastgroup or ""
-    try:
-        build = _TEXT_BUILDS.get(rule)
-        if build is not None:
-            return build(m)
-        return _SLOT_BUILDS[rule](int(m["slot"]), int(m["task"]), m)
-    except _UNREADABLE:
-        return ev.Rejected("malformed")
-
-
 def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.Event]:
     """The events of the lines in `text`, each line preceded by "\\n"; with `formats`, a `LineFormat`
     before the first event and before each event whose line is written differently from the last one's.
 
-    `_event` written out inline: the hot path of every line the exporter reads, and a call per
-    event costs 5-10 % of it (measured on the bench corpus). A `try` costs nothing until it catches.
+    The hot path of every line the exporter reads, written out in one loop: a call per event costs 5-10 %
+    of it (measured on the bench corpus). A `try` costs nothing until it catches. The rule that matched is
+    the group that closed last (`Match.lastindex`, see `_marked`): a text rule's build gets the match, a slot
+    rule's the slot and task ids too.
     """
     events: list[ev.Event] = []
+    append = events.append
+    text_builds, slot_builds = _builds(scan)
     last, lead_len, lead_first = -1, -1, ""
     tasks: dict[str, int] = {}  # the batch's task ids as text, to their value
     for m in scan.finditer(text):
@@ -375,13 +391,13 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
                 lead_len, lead_first = end - start, text[start]
                 code = _line_format(text[start:end])
                 if code != last:
-                    events.append(ev.LineFormat(code))
+                    append(ev.LineFormat(code))
                     last = code
-        rule = m.lastgroup or ""
+        i = m.lastindex or 0
         try:
-            build = _TEXT_BUILDS.get(rule)
+            build = text_builds[i]
             if build is not None:
-                events.append(build(m))
+                append(build(m))
             else:
                 slot, task_text = _SLOT_IDS.get(m["slot"]), m["task"]
                 task = tasks.get(task_text)
@@ -389,9 +405,9 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
                     slot = int(m["slot"])
                 if task is None:
                     task = tasks[task_text] = int(task_text)
-                events.append(_SLOT_BUILDS[rule](slot, task, m))
+                append(slot_builds[i](slot, task, m))
         except _UNREADABLE:
-            events.append(ev.Rejected("malformed"))
+            append(ev.Rejected("malformed"))
     return events
 
 
@@ -518,7 +534,8 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
     index, counted_to, last = 0, 0, -1
     lead_len, lead_first = -1, ""
     tasks: dict[str, int] = {}  # as in `_events`
-    # `_line_format` and `_event` written out inline, as in `_events` (the hot path of `diagnose`).
+    text_builds, slot_builds = _builds(_SCAN_LINES)
+    # `_events`' loop again, with the line of each event (the hot path of `diagnose`).
     for m in _SCAN_LINES.finditer(scan):
         start = m.start()  # this line's "\n" in `scan`, i.e. where the line starts in `text`
         index += scan.count("\n", counted_to, start)  # newlines before this line's own "\n"
@@ -530,9 +547,9 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
             if code != last:
                 out.append((index, start, ev.LineFormat(code)))
                 last = code
-        rule = m.lastgroup or ""
+        i = m.lastindex or 0
         try:
-            build = _TEXT_BUILDS.get(rule)
+            build = text_builds[i]
             if build is not None:
                 e = build(m)
             else:
@@ -542,7 +559,7 @@ def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:
                     slot = int(m["slot"])
                 if task is None:
                     task = tasks[task_text] = int(task_text)
-                e = _SLOT_BUILDS[rule](slot, task, m)
+                e = slot_builds[i](slot, task, m)
         except _UNREADABLE:
             e = ev.Rejected("malformed")
         out.append((index, start, e))

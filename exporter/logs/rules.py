@@ -48,10 +48,12 @@ def _rate(text: str | None) -> float | None:
     return value if value > 0 else None
 
 
-def _timing(kind: str | None, ms: str, tokens: str, slot: int = -1) -> ev.Event:
-    """A `print_timing` line: `prompt eval time`, `eval time` or `total time` (`slot` -1: a continuation line)."""
-    cls = ev.PromptEvalTiming if kind == "prompt " else ev.TotalTiming if kind == "total " else ev.GenerationTiming
-    return cls(float(ms), int(tokens), slot < 0, slot)
+# A `print_timing` line's kind (`prompt eval time`, `eval time`, `total time`) by the word before `eval`/`time`.
+_TIMING: dict[str | None, type[ev.PromptEvalTiming | ev.GenerationTiming | ev.TotalTiming]] = {
+    "prompt ": ev.PromptEvalTiming,
+    None: ev.GenerationTiming,
+    "total ": ev.TotalTiming,
+}
 
 
 _M = re.Match[str]
@@ -74,7 +76,9 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
         "prompt eval total",
         r"(?:(?P<slot_prompt>prompt )?eval |(?P<slot_total>total ))time = +(?P<slot_ms>[\d.]+) ms / +"
         r"(?P<slot_tokens>\d+) tokens",
-        lambda s, t, m: _timing(m["slot_prompt"] or m["slot_total"], m["slot_ms"], m["slot_tokens"], s),
+        lambda s, t, m: _TIMING[m["slot_prompt"] or m["slot_total"]](
+            float(m["slot_ms"]), int(m["slot_tokens"]), False, s
+        ),
     ),
     (
         "draft",
@@ -181,6 +185,9 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
     ("new", r"new slot,? n_ctx(?:_slot)? = (?P<new_slot>\d+)", lambda s, t, m: ev.SlotCreated(s, int(m["new_slot"]))),
 ]
 
+# One event for every such line (an event is immutable, and equal to another of its value; see `shared`).
+_ALL_IDLE = ev.AllSlotsIdle()
+
 #: Events `shared` keeps per rule: the values a busy log repeats (a cascade's batch sizes and offsets).
 SHARED_EVENTS = 64
 
@@ -222,7 +229,7 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         r"failed to find KV cache slot for u?batch of size (?P<kv_slot_batch>\d+)",
         shared(lambda m: ev.MemorySlotFailure(int(m["kv_slot_batch"])), "kv_slot_batch"),
     ),
-    ("all", r"all slots are idle", lambda m: ev.AllSlotsIdle()),
+    ("all", r"all slots are idle", lambda m: _ALL_IDLE),
     (
         "task",
         r"task id = (?P<error_task>\d+), error: (?P<error>.*)$",
@@ -362,7 +369,8 @@ TEXT_RULES: list[tuple[str, str, Callable[[_M], ev.Event]]] = [
         "prompt eval total",
         r"(?:(?P<text_prompt>prompt )?eval |(?P<text_total>total ))time = +(?P<text_ms>[\d.]+) ms / +"
         r"(?P<text_tokens>\d+) tokens",
-        lambda m: _timing(m["text_prompt"] or m["text_total"], m["text_ms"], m["text_tokens"]),
+        # (A continuation line: slot -1.)
+        lambda m: _TIMING[m["text_prompt"] or m["text_total"]](float(m["text_ms"]), int(m["text_tokens"]), True, -1),
     ),
     (
         "draft",

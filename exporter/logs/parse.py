@@ -12,8 +12,9 @@ first `: ` of a b9829+ `cmn`/`que`/`spec` line), where a ` - ` bullet and a libr
 `function: ` may come first. All rules are
 alternatives of one regex, and `parse_lines` runs it once over a whole batch of lines: the regex
 engine skips the lines that carry no metric without any Python code running for them, and a match
-names its rule (`Match.lastgroup`), so building the event is one call. That is what lets the exporter
-read a large log several times faster than mtail. `parse_line` is the same scan on one line.
+names its rule (the group that closed last, `Match.lastindex`), so building the event is one call.
+That is what lets the exporter read a large log several times faster than mtail. `parse_line` is the same
+scan on one line.
 Unknown lines give no event: most of a log is not interesting and that is not an error.
 
     >>> parse_line("0.00.064.202 E srv    send_error: task id = 24, error: Context size has been exceeded.")

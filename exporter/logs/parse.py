@@ -332,11 +332,20 @@ def _no_rule(slot: int, task: int, m: re.Match[str]) -> ev.Event:
     raise LookupError(f"no rule ends at group {m.lastindex} of the scan")  # cannot happen: every match ends one
 
 
-@functools.lru_cache(maxsize=8)
+# The build tables of each scan `_events` was given, by the scan's identity (the scan kept beside them, so that
+# its id is never another's): a Pattern's hash reads its whole compiled code, 10 µs for the scan, on every call.
+_KEPT: dict[int, tuple[re.Pattern[str], list[_TextBuild | None], list[_SlotBuild]]] = {}
+
+
 def _builds(scan: re.Pattern[str]) -> tuple[list[_TextBuild | None], list[_SlotBuild]]:
     """The text rules' builds by the group number that ends each rule in `scan` (None: a slot rule's), and the
     slot rules' builds."""
-    return _by_index(_TEXT_BUILDS, scan, None), _by_index(_SLOT_BUILDS, scan, _no_rule)
+    kept = _KEPT.get(id(scan))
+    if kept is None or kept[0] is not scan:
+        if len(_KEPT) >= 8:  # (the module's two scans, and the tests' reference ones)
+            _KEPT.clear()
+        kept = _KEPT[id(scan)] = (scan, _by_index(_TEXT_BUILDS, scan, None), _by_index(_SLOT_BUILDS, scan, _no_rule))
+    return kept[1], kept[2]
 
 
 # Slot ids as text, to their value: a lookup costs a third of int() on a fresh string, and a slot line's id is

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from exporter.logs.parse import ANSI, COLOURS_MARK, unwrap_marked
+from exporter.logs.parse import ANSI, COLOURS_MARK, find_line_start, unwrap_marked
 
 # Whole lines that `_feed_plain` cannot take (see `odd_spans`), one after the other.
 _ODD_LINES = re.compile(r"(?:(?:[\[{][^\n]*|[^\n\x1b\r]*[\x1b\r][^\n]*)\n)*")
@@ -61,11 +61,11 @@ def odd_spans(text: str) -> list[tuple[int, int]]:
         if end:
             end = _past_odd_lines(text, end)
             spans.append((0, end))
-        i = text.find("\n" + char, max(end - 1, 0))
+        i = find_line_start(text, char, max(end, 1))
         while i >= 0:
-            end = _past_odd_lines(text, text.find("\n", i + 1) + 1 or size)
-            spans.append((i + 1, end))
-            i = text.find("\n" + char, end - 1) if end < size else -1
+            end = _past_odd_lines(text, text.find("\n", i) + 1 or size)
+            spans.append((i, end))
+            i = find_line_start(text, char, end) if end < size else -1
     if text and text[-1] != "\n":
         spans.append((text.rfind("\n") + 1, size))
     if len(spans) < 2:

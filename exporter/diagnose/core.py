@@ -24,7 +24,7 @@ from exporter.diagnose.run import STAMP_FIRST, Run, router_source
 from exporter.diagnose.sizing import size_pool
 from exporter.diagnose.trace import FINGERPRINT_LINES, Fingerprint, PoolSeries
 from exporter.logs import events as ev
-from exporter.logs.parse import is_plain, parse_line_events, parse_text_indexed
+from exporter.logs.parse import find_line_start, is_plain, parse_line_events, parse_text_indexed
 from exporter.model.request_sizes import ExactValues, RequestSizes, RequestSummary, summarize
 
 # Events that feed_event handles itself before (or instead of) the run: formats, rejects, starts.
@@ -119,7 +119,7 @@ class Diagnoser:
         """
         if not text:
             return
-        if text[:1] not in "[{" and "\n[" not in text and is_plain(text):
+        if text[:1] not in "[{" and find_line_start(text, "[") < 0 and is_plain(text):
             self._feed_plain(text, first_lineno)
             return
         lineno, pos = first_lineno, 0
@@ -143,7 +143,7 @@ class Diagnoser:
         look (`_skip_text`) when it is stamped in a run that has its first stamp: the event's line then
         overwrites all that look would note."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
-        line = ""
+        line, index, start = "", 0, 0
         current, find, size = self._current, text.find, len(text)
         events = specific = 0  # the common events' counts, added at the end
         for index, start, e in parse_text_indexed(text):
@@ -174,7 +174,8 @@ class Diagnoser:
             run.apply(e, lineno, line)
         self.events += events
         self.specific_events += specific
-        last = first_lineno + text.count("\n", 0, len(text) - 1)  # the block's last line
+        # The block's last line: newlines counted only past the last event's line (the scan counted up to it).
+        last = first_lineno + index + text.count("\n", start, len(text) - 1)
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)
         self.lines = max(self.lines, last)

@@ -38,6 +38,7 @@ class InputError(Exception):
 class ReadStats:
     bytes: int = 0
     lines: int = 0
+    block_lines: int = 0  # the lines of the block `read_blocks` gave last (its first is lines - block_lines + 1)
     long_lines: int = 0
     nul_bytes: int = 0  # in the first SNIFF_BYTES
     replaced: int = 0  # undecodable bytes in the first SNIFF_BYTES
@@ -180,6 +181,7 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
             if len(head) >= max_line and not head[:max_line].endswith(b"\n"):
                 stats.lines += 1
                 stats.long_lines += 1
+                stats.block_lines = 1
                 yield head[:max_line].decode("utf-8", "replace")
                 pending, dropping = b"", nl < 0
                 if nl < 0:
@@ -191,11 +193,13 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
             else:
                 pending, start = b"", nl + 1
                 stats.lines += 1
+                stats.block_lines = 1
                 yield head.decode("utf-8", "replace")
         end = chunk.rfind(b"\n", start) + 1
         if end > start:
             text = chunk[start:end].decode("utf-8", "replace")
-            stats.lines += text.count("\n")
+            stats.block_lines = text.count("\n")
+            stats.lines += stats.block_lines
             yield text
         else:
             end = start
@@ -203,10 +207,12 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
         if len(pending) >= max_line:  # a whole block with no newline: a line to cut
             stats.lines += 1
             stats.long_lines += 1
+            stats.block_lines = 1
             yield pending[:max_line].decode("utf-8", "replace")
             pending, dropping = b"", True
     if pending:
         stats.lines += 1
+        stats.block_lines = 1
         yield pending.decode("utf-8", "replace")
 
 
@@ -244,7 +250,7 @@ def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
             break
     if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not looks_binary(stats)):
         for text in read_blocks(f, stats):
-            first = stats.lines - text.count("\n", 0, len(text) - 1)
+            first = stats.lines - stats.block_lines + 1
             prefix = record.prefix if record is not None else None
             if record is None or (prefix is not None and record.watching and prefix not in text):
                 d.feed_text(text, first)

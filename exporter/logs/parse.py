@@ -426,27 +426,24 @@ def scan_events(text: str, scan: re.Pattern[str]) -> list[ev.Event]:
     return _events(text, scan)
 
 
-def line_starts_with(text: str, char: str) -> bool:
-    """Whether a line of `text` (lines separated by "\\n", the first one after it) starts with `char`.
-
-    For a character that is rare in a log (`[`, `{`): each one is found by a memchr and its line start
-    checked, several times cheaper than searching for "\\n" + char, which stops at every line. Past
-    one for every 256 characters (a log has about one in a KiB), the rest of the text is searched that
-    way: no text costs more than about a third more than that search.
-    """
-    i = text.find(char, 1)
-    for _ in range(64 + (len(text) >> 8)):
-        if i < 0:
-            return False
-        if text[i - 1] == "\n":
-            return True
+def find_line_start(text: str, char: str, start: int = 1) -> int:
+    """The index of the first `char` at or after `start` (at least 1) that begins a line of `text` (lines after
+    "\\n"), or -1: `text.find("\\n" + char, start - 1) + 1`, but -1. A rare character (`[`, `{`) is found by a
+    memchr and its line start checked, several times cheaper than that search, which stops at every line; past
+    one for every 256 characters searched, the rest is searched that way (at most about a third more)."""
+    i, hits = text.find(char, start), 0
+    while i >= 0 and text[i - 1] != "\n":
+        hits += 1
+        if hits > 64 + ((i - start) >> 8):
+            i = text.find("\n" + char, i)
+            return i + 1 if i >= 0 else -1
         i = text.find(char, i + 1)
-    return i >= 0 and text.find("\n" + char, i - 1) >= 0
+    return i
 
 
 def is_plain(text: str) -> bool:
     """No line in `text` needs `unwrap_marked`: no JSONL, colours or CR."""
-    return not ("\x1b" in text or "\r" in text or line_starts_with(text, "{"))
+    return not ("\x1b" in text or "\r" in text or find_line_start(text, "{") >= 0)
 
 
 class LineBatch(Sequence[str]):

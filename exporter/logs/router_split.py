@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 from exporter.logs import events as ev
-from exporter.logs.parse import joined, line_starts_with, parse_joined, parse_lines
+from exporter.logs.parse import find_line_start, joined, parse_joined, parse_lines
 
 #: A router child's line prefix, as the parser strips it; `diagnose` reads it here too.
 PREFIX = re.compile(r"\[[^\S\n]*(\d+)\] ")
@@ -42,7 +42,7 @@ def router_port(line: str) -> int | None:
 def split_parse(lines: Sequence[str]) -> list[Part]:
     """The events of a batch of lines, in parts by where each line comes from (see the module's docstring)."""
     text = joined(lines)  # a batch's own text, or "\n" + each line
-    if not line_starts_with(text, "["):  # no line with a prefix: one part, one scan (the join is the parser's own)
+    if find_line_start(text, "[") < 0:  # no line with a prefix: one part, one scan (the join is the parser's own)
         return [(None, parse_joined(text, lines))]
     parts: list[Part] = []
     main: list[str] = []

@@ -23,7 +23,7 @@ from test_parse import CASES  # tests/ is on sys.path (pytest's rootdir-less "pr
 
 from exporter.logs import events as ev
 from exporter.logs.parse import (
-    line_starts_with,
+    find_line_start,
     normalize,
     parse_line,
     parse_line_events,
@@ -110,12 +110,16 @@ def test_mixed_batch_of_wrappers() -> None:
         "\n" + "\n".join("[" * i for i in range(1, 70)),
         "\n",
         "\n[",
+        "{x\n{a\nb{\n{b",  # a block as diagnose reads it: its first line is not after a "\\n"
+        "{\n" + "a{[" * 300 + "\n{z\n[y",  # the fallback search, for both characters
     ],
 )
-def test_line_starts_with_equals_the_plain_search(text: str) -> None:
-    """The memchr walk over a rare character agrees with searching for a newline and that character."""
-    assert line_starts_with(text, "[") == ("\n[" in text)
-    assert line_starts_with(text, "{") == ("\n{" in text)
+def test_find_line_start_equals_the_plain_search(text: str) -> None:
+    """The memchr walk over a rare character agrees with searching for a newline and that character, from
+    every start."""
+    for char in "[{":
+        for start in range(1, len(text) + 2):
+            assert find_line_start(text, char, start) == (text.find("\n" + char, start - 1) + 1 or -1), (char, start)
 
 
 def test_every_event_type_has_a_state_handler() -> None:

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import chain, repeat
 
-from exporter.logs.parse import ANSI, COLOURS_MARK, find_line_start, unwrap_marked
+from exporter.logs.parse import ANSI, COLOURS_MARK, JSONL_MARK, find_line_start, unwrap_marked
 
+# A `--log-jsonl` entry as llama-server writes it whose message's first line holds no escape or control character:
+# that line is the text between the quote and the first "\\n" escape, what `unwrap_marked` keeps of it (the rest,
+# valid JSON, is dropped as it drops it; a test holds the two to the same result).
+_PLAIN_JSONL = re.compile(
+    r'^\{"type":"log","time":-?(?:0|[1-9][0-9]*),"level":"[a-z]*","msg":"([^"\\\x00-\x1f]*)'
+    r'(?:\\n(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*|)"\}$',
+    re.MULTILINE,
+)
 # Whole lines that `_feed_plain` cannot take (see `odd_spans`), one after the other.
 _ODD_LINES = re.compile(r"(?:(?:[\[{][^\n]*|[^\n\x1b\r]*[\x1b\r][^\n]*)\n)*")
 
@@ -15,10 +24,20 @@ _ODD_LINES = re.compile(r"(?:(?:[\[{][^\n]*|[^\n\x1b\r]*[\x1b\r][^\n]*)\n)*")
 def unwrapped(text: str, lines: Sequence[str]) -> str:
     """What the scan reads of `lines` (whole lines, none with a router prefix; `text` is their join): each
     line through `unwrap_marked` where it needs it (JSONL, colours), else without its line end, joined by
-    "\\n". Coloured lines in bulk: one regex over the block rather than a call per line (an ANSI code never
-    spans lines), each line coloured from its start marked first, as `unwrap_marked` marks it."""
+    "\\n". JSONL entries and coloured lines in bulk: a regex over the block rather than a call per line (an
+    entry is one line, an ANSI code never spans lines), each line coloured from its start marked first, as
+    `unwrap_marked` marks it."""
     body = text[:-1] if text[-1:] == "\n" else text
     if "\r" in body or body[:1] == "{" or "\n{" in body:
+        if "\r" not in body and "\x1b" not in body:
+            # llama-server's own JSONL entries whose message needs no decoding, unwrapped by one regex; what
+            # is left (escapes, other shapes) line by line. The lines have no line end to strip.
+            parts = _PLAIN_JSONL.split(body)  # the text between those entries, and each one's first line
+            # (not `sub` with "\\1": before 3.12, Python code expands the template, a call per entry)
+            body = "".join(chain.from_iterable(zip(parts[0::2], repeat(JSONL_MARK), parts[1::2]))) + parts[-1]
+            if body[:1] != "{" and find_line_start(body, "{") < 0:
+                return body
+            return "\n".join([unwrap_marked(x) if x[:1] == "{" else x for x in body.split("\n")])
         return "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
     if body[:2] == "\x1b[":
         body = COLOURS_MARK + body

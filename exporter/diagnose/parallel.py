@@ -3,9 +3,11 @@
 llama-server's runs are independent: a run's report depends only on its own lines. A log is split
 into parts that each begin with a start line (`initializing ...`), every part is diagnosed by its own
 `Diagnoser` in a worker process, and the parts are joined in order (`Diagnoser.absorb`): runs are
-numbered on, lines were numbered from where each part starts (counted beforehand), the last run of a
-part is closed as "another start followed". The result is the same report as one process reading
-the whole log (a test holds it to that).
+numbered on, lines were numbered from where each part starts (counted first, by the workers), the last
+run of a part is closed as "another start followed". The result is the same report as one process
+reading the whole log (a test holds it to that). The pool series that --json and --html show for the
+last runs is kept only by the parts that may hold one of them (by the start lines counted after each),
+and a part that turns out to hold one after all is read again with it.
 
 The split is only taken where that holds; otherwise the log is read in one process as before:
 
@@ -21,13 +23,14 @@ input cannot be read twice).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from itertools import accumulate
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -44,10 +47,11 @@ _PARTS_PER_WORKER = 4
 #: How far past a split point a start line is looked for.
 _SEARCH_BYTES = 64 * 1024 * 1024
 _BLOCK = 1024 * 1024
-_START = re.compile(rb"initializing \.\.\.")
+_START_TEXT = b"initializing ..."
+_START = re.compile(re.escape(_START_TEXT))
 
 
-@dataclass
+@dataclasses.dataclass
 class _Job:
     path: str
     start: int  # byte offset: the first byte of a line (a start line, but for the first part)
@@ -59,7 +63,7 @@ class _Job:
     series: bool
 
 
-@dataclass
+@dataclasses.dataclass
 class _Result:
     part: Part
     stats: ReadStats
@@ -145,18 +149,21 @@ def _split(path: str, size: int, parts: int) -> list[int]:
     return offsets
 
 
-def _line_numbers(path: str, offsets: list[int]) -> list[int]:
-    """The number of the line that starts at each offset."""
-    numbers = [1]
+def _count(path: str, start: int, end: int) -> tuple[int, int]:
+    """In a worker: the newlines in bytes [start, end) of the file, and about how many server starts (a start
+    line cut by a block's end is missed: at most as many as there are)."""
+    lines = starts = 0
     with open(path, "rb") as f:  # noqa: PTH123
-        lines, pos = 0, 0
-        for target in offsets[1:]:
-            while pos < target:
-                block = f.read(min(_BLOCK, target - pos))
-                lines += block.count(b"\n")
-                pos += len(block)
-            numbers.append(lines + 1)
-    return numbers
+        f.seek(start)
+        pos = start
+        while pos < end:
+            block = f.read(min(_BLOCK, end - pos))
+            if not block:
+                break
+            lines += block.count(b"\n")
+            starts += block.count(_START_TEXT)
+            pos += len(block)
+    return lines, starts
 
 
 def start_method() -> str:
@@ -187,15 +194,26 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
     offsets = _split(path, size, min(n * _PARTS_PER_WORKER, max(size // (MIN_BYTES // 4), n)))
     if len(offsets) < 2:
         return False
-    first_lines = _line_numbers(path, offsets)
     ends = [*offsets[1:], size]
-    jobs = [
-        _Job(path, start, end, line, i == len(offsets) - 1, max_runs, max_failures, series)
-        for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
-    ]
     try:
-        with ProcessPoolExecutor(min(n, len(jobs)), mp_context=get_context(start_method())) as pool:
+        with ProcessPoolExecutor(min(n, len(offsets)), mp_context=get_context(start_method())) as pool:
+            counts = list(pool.map(_count, [path] * len(offsets), offsets, ends))
+            first_lines = list(accumulate((lines for lines, _ in counts[:-1]), initial=1))
+            starts_after = list(accumulate((starts for _, starts in reversed(counts[1:])), initial=0))[::-1]
+            # The pool series (a point per event: about a tenth of the work) only where a run may be among
+            # the last --max-runs, the ones the report shows.
+            shown = [series and (max_runs <= 0 or later < max_runs) for later in starts_after]
+            last = len(offsets) - 1
+            jobs = [
+                _Job(path, start, end, line, i == last, max_runs, max_failures, shown[i])
+                for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
+            ]
             results = list(pool.map(_diagnose_part, jobs))
+            # A part left without its series whose runs are shown after all (fewer runs followed it than the
+            # count of start lines said): read again with it.
+            for i, job in enumerate(jobs):
+                if series and not job.series and sum(r.part.runs_total for r in results[i + 1 :]) < max_runs:
+                    results[i] = pool.submit(_diagnose_part, dataclasses.replace(job, series=True)).result()
     except BrokenProcessPool:  # a worker died (killed for memory, say): one process reads it all
         return False
     if results[0].stats.bytes < ends[0]:  # the first part stopped at its first MiB: not a log

@@ -225,8 +225,14 @@ class Run:
         series.add(x, self._slot_tokens(), keep=keep)
 
     def _slot_tokens(self) -> tuple[int, ...]:
+        """Every slot's tokens, by slot id from 0 (0 for a slot not seen): a point of the pool series."""
         slots = self.state.run.slots
-        return tuple(slots[i].tokens if i in slots else 0 for i in range(max(slots, default=-1) + 1))
+        if not slots:
+            return ()
+        tokens = [0] * (max(slots) + 1)  # (slot ids are never negative: the scan reads digits)
+        for i, slot in slots.items():
+            tokens[i] = slot.tokens
+        return tuple(tokens)
 
     def _series_failure(self, a: _Abort, aborted: list[ev.SlotReleased]) -> None:
         """The failure's point of the pool series: each aborted slot's cells as its release line says

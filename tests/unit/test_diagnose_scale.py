@@ -9,6 +9,7 @@ import random
 import re
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 from big_log import build_log, later_start
@@ -119,6 +120,55 @@ def test_a_big_log_on_several_cores_gives_the_same_report(
     }
 
 
+@pytest.mark.parametrize("decoys", [False, True])
+def test_a_split_log_keeps_the_series_of_the_runs_it_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decoys: bool
+) -> None:
+    """The parts whose runs cannot be among the last --max-runs keep no pool series (counted by the start
+    lines after them); the report is still the one process' report, series and all. With decoys (request
+    lines that quote a start line's text, after the last runs) the count says more runs follow than do:
+    the parts it misled are read again, with their series."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from exporter.diagnose import parallel
+
+    path = build_log(tmp_path / "big.log", 6 * 2**20, root=CAPTURE_ROOT).path
+    if decoys:
+        with path.open("a") as f:
+            f.write('0.00.000.001 I srv  log_server_r: request: {"prompt": "' + "initializing ... " * 2000 + '"}\n')
+    series_of_parts: list[bool] = []
+    starts: list[int] = []  # each part's first byte, as often as it was read
+
+    class Recording(ProcessPoolExecutor):
+        def _record(self, jobs: list[Any]) -> None:  # a part's job (not a count's): it says its series
+            if jobs and hasattr(jobs[0], "series"):
+                series_of_parts.extend(job.series for job in jobs)
+                starts.extend(job.start for job in jobs)
+
+        def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def]
+            self._record(list(iterables[0]))
+            return super().map(fn, *iterables, **kwargs)
+
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self._record(list(args[:1]))
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", Recording)
+    split = record_splits(monkeypatch, workers=3)
+    max_runs = 40 if decoys else 3
+    in_parts = diagnose.diagnose_files([str(path)], max_runs=max_runs, series=True)
+    monkeypatch.setattr(parallel, "MIN_BYTES", 1 << 62)
+    whole = diagnose.diagnose_files([str(path)], max_runs=max_runs, series=True)
+    assert split[0]  # read in parts
+    assert False in series_of_parts and True in series_of_parts
+    assert (len(starts) > len(set(starts))) == decoys  # parts read again, with their series
+    assert to_json(in_parts) == to_json(whole)
+    assert len(whole.series) == max_runs
+    assert {i: (s.x, s.tokens) for i, s in in_parts.series.items()} == {
+        i: (s.x, s.tokens) for i, s in whole.series.items()
+    }
+
+
 def test_a_big_file_that_is_not_a_log_is_refused_in_parts_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1 MiB of binary data, then a log: one process stops at the first MiB and says so; so must the
     parts (a later part alone would find the log)."""
@@ -178,6 +228,19 @@ def test_bulk_unwrapping_is_each_line_unwrapped() -> None:
         '{"type":"log","time":7,"level":"info","msg":"a \\"quoted\\" \\u001b[31mred\\n"}',
         '{"type":"log","time":7,"level":"info","msg":"two\\nlines\\n"} ',
         '{"type":"log","time":-0,"level":"info","msg":"x\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"raw\ttab\\n"}',  # a control character: not JSON
+        '{"type":"log","time":05,"level":"info","msg":"x\\n"}',
+        '{"type":"log","time":5,"level":"ínfo","msg":"x\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"né \\/ é\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":""}',
+        '{"type":"log","time":5,"level":"info","msg":"\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"x\\n\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"x\\n"}}',
+        '{"type":"log","time":5,"level":"info","msg":"x\\n"',
+        '{"type":"log","time":5,"level":"info","msg":"params: \\n\\trepeat = \\"64\\"\\u00e9\\ud800\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"params: \\n\\x41\\n"}',  # not JSON: \\x
+        '{"type":"log","time":5,"level":"info","msg":"params: \\n\\u12\\n"}',
+        '{"type":"log","time":5,"level":"info","msg":"params: \\n"tail\\n"}',
         '{"msg": "loose"}',
         "{not json",
         "\x1b[34m0.00.009.658\x1b[0m \x1b[32mI \x1b[0msrv  llama_server: initializing ...",

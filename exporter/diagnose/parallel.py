@@ -6,8 +6,8 @@ into parts that each begin with a start line (`initializing ...`), every part is
 numbered on, lines were numbered from where each part starts (counted first, by the workers), the last
 run of a part is closed as "another start followed". The result is the same report as one process
 reading the whole log (a test holds it to that). The pool series that --json and --html show for the
-last runs is kept only by the parts that may hold one of them (by the start lines counted after each),
-and a part that turns out to hold one after all is read again with it.
+last runs is kept only by the parts that may hold one of them (the last, or all where the start lines
+counted in the last are fewer), and a part that turns out to hold one after all is read again with it.
 
 The split is only taken where that holds; otherwise the log is read in one process as before:
 
@@ -149,10 +149,10 @@ def _split(path: str, size: int, parts: int) -> list[int]:
     return offsets
 
 
-def _count(path: str, start: int, end: int) -> tuple[int, int]:
-    """In a worker: the newlines in bytes [start, end) of the file, and about how many server starts (a start
-    line cut by a block's end is missed: at most as many as there are)."""
-    lines = starts = 0
+def _count(path: str, start: int, end: int, starts: bool) -> tuple[int, int]:
+    """In a worker: the newlines in bytes [start, end) of the file and, with `starts`, about how many server
+    starts (a start line cut by a block's end is missed: at most as many as there are)."""
+    lines = found = 0
     with open(path, "rb") as f:  # noqa: PTH123
         f.seek(start)
         pos = start
@@ -161,9 +161,10 @@ def _count(path: str, start: int, end: int) -> tuple[int, int]:
             if not block:
                 break
             lines += block.count(b"\n")
-            starts += block.count(_START_TEXT)
+            if starts:
+                found += block.count(_START_TEXT)
             pos += len(block)
-    return lines, starts
+    return lines, found
 
 
 def start_method() -> str:
@@ -197,23 +198,29 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
     ends = [*offsets[1:], size]
     try:
         with ProcessPoolExecutor(min(n, len(offsets)), mp_context=get_context(start_method())) as pool:
-            counts = list(pool.map(_count, [path] * len(offsets), offsets, ends))
-            first_lines = list(accumulate((lines for lines, _ in counts[:-1]), initial=1))
-            starts_after = list(accumulate((starts for _, starts in reversed(counts[1:])), initial=0))[::-1]
-            # The pool series (a point per event: about a tenth of the work) only where a run may be among
-            # the last --max-runs, the ones the report shows.
-            shown = [series and (max_runs <= 0 or later < max_runs) for later in starts_after]
             last = len(offsets) - 1
+            counts = list(pool.map(_count, [path] * len(offsets), offsets, ends, [i == last for i in range(last + 1)]))
+            first_lines = list(accumulate((lines for lines, _ in counts[:-1]), initial=1))
+            # The pool series (a point per event: about a tenth of the work) only where a run may be among the
+            # last --max-runs, the ones the report shows: in the last part, and in all where it holds fewer.
+            shown = [series and (max_runs <= 0 or i == last or counts[-1][1] < max_runs) for i in range(last + 1)]
             jobs = [
                 _Job(path, start, end, line, i == last, max_runs, max_failures, shown[i])
                 for i, (start, end, line) in enumerate(zip(offsets, ends, first_lines, strict=True))
             ]
-            results = list(pool.map(_diagnose_part, jobs))
+            # Those with the series first: they take longer, and what takes longest should not come last.
+            order = sorted(range(last + 1), key=lambda i: not shown[i])
+            futures = {i: pool.submit(_diagnose_part, jobs[i]) for i in order}
+            results = [futures[i].result() for i in range(last + 1)]
             # A part left without its series whose runs are shown after all (fewer runs followed it than the
             # count of start lines said): read again with it.
-            for i, job in enumerate(jobs):
-                if series and not job.series and sum(r.part.runs_total for r in results[i + 1 :]) < max_runs:
-                    results[i] = pool.submit(_diagnose_part, dataclasses.replace(job, series=True)).result()
+            again = {
+                i: pool.submit(_diagnose_part, dataclasses.replace(job, series=True))
+                for i, job in enumerate(jobs)
+                if series and not job.series and sum(r.part.runs_total for r in results[i + 1 :]) < max_runs
+            }
+            for i, future in again.items():
+                results[i] = future.result()
     except BrokenProcessPool:  # a worker died (killed for memory, say): one process reads it all
         return False
     if results[0].stats.bytes < ends[0]:  # the first part stopped at its first MiB: not a log

@@ -6,7 +6,7 @@ The one place the tests (the log goldens, tests/unit/test_exposition_golden.py) 
 (`--nvml off --proc off`, no `--server-url`: no live source reads anything), the servers built and their
 existing lines replayed by `exporter.build.build_logs` and `exporter.serve.open_servers`, refreshed once by
 `exporter.unit.refresh_all` (as at start: a router's children are opened there), and `servers_registry`. Lines then reach the state the way
-`exporter.logs.follow` hands them on: each `LogTailer.poll` (one read of at most 32 KiB) to
+`exporter.logs.follow` hands them on: each `LogTailer.poll` (one read of at most 128 KiB) to
 `LogPipeline.feed`, until the file is read to its end; only the follower's timers are left out, so that
 the batches, and with them everything, are the same on every run.
 

@@ -111,37 +111,36 @@ class Diagnoser:
         if lines:
             self.lines = max(self.lines, first_lineno + len(lines) - 1)
 
-    def feed_text(self, text: str, first_lineno: int) -> None:
+    def feed_text(self, text: str, first_lineno: int) -> int:
         """`feed_lines` for a block of whole lines (each ends in "\\n", but perhaps the last), numbered
         from `first_lineno`, without splitting it into lines: only the lines that need unwrapping
         (JSONL, colours, CR) or carry a router prefix go through `feed_lines`. The same result as
-        feeding its lines one by one (a test holds it to that).
+        feeding its lines one by one (a test holds it to that). Returns the number of lines (counted
+        here, with the scan: a reader need not count them again).
         """
         if not text:
-            return
+            return 0
         if text[:1] not in "[{" and find_line_start(text, "[") < 0 and is_plain(text):
-            self._feed_plain(text, first_lineno)
-            return
+            return self._feed_plain(text, first_lineno)
         lineno, pos = first_lineno, 0
         for start, end in odd_spans(text):
             if start > pos:
-                plain = text[pos:start]
-                self._feed_plain(plain, lineno)
-                lineno += plain.count("\n")
+                lineno += self._feed_plain(text[pos:start], lineno)
             odd = text[start:end]
             self.feed_lines(lines_of(odd), lineno)
             lineno += odd.count("\n")
             pos = end
         if pos < len(text):
-            self._feed_plain(text[pos:], lineno)
+            lineno += self._feed_plain(text[pos:], lineno)
+        return lineno - first_lineno + (text[-1] != "\n")  # (a last line without its end: one more)
 
-    def _feed_plain(self, text: str, first_lineno: int) -> None:
+    def _feed_plain(self, text: str, first_lineno: int) -> int:
         """`feed_text` for lines that need no unwrapping and have no router prefix.
 
         `feed_event` written out inline for the common event (one of the current run's own, not a start
         or a format), the hot path of a big log. The lines without an event before such a line need no
         look (`_skip_text`) when it is stamped in a run that has its first stamp: the event's line then
-        overwrites all that look would note."""
+        overwrites all that look would note. Returns the number of lines."""
         done, done_at = 0, 0  # lines before `done` (starting at offset `done_at`) are applied
         line, index, start = "", 0, 0
         current, find, size = self._current, text.find, len(text)
@@ -179,6 +178,7 @@ class Diagnoser:
         if done_at < len(text):
             self._skip_text(text, done_at, len(text), last)
         self.lines = max(self.lines, last)
+        return last - first_lineno + 1
 
     def _skip_text(self, text: str, start: int, end: int, last_lineno: int) -> None:
         """`_skip` for the lines of text[start:end] (whole lines, none with an event)."""

@@ -97,7 +97,7 @@ def _diagnose_part(job: _Job) -> _Result:
             feed_log(d, f, stats, 0)  # the first part decides whether the file is a log at all
         else:
             for text in read_blocks(f, stats):
-                d.feed_text(text, job.first_line + stats.lines - stats.block_lines)
+                stats.lines += d.feed_text(text, job.first_line + stats.lines)
     open_run = d.close_open(next_start=not job.last)
     return _Result(d.part(), stats, open_run, d.routed)
 

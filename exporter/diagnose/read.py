@@ -38,7 +38,6 @@ class InputError(Exception):
 class ReadStats:
     bytes: int = 0
     lines: int = 0
-    block_lines: int = 0  # the lines of the block `read_blocks` gave last (its first is lines - block_lines + 1)
     long_lines: int = 0
     nul_bytes: int = 0  # in the first SNIFF_BYTES
     replaced: int = 0  # undecodable bytes in the first SNIFF_BYTES
@@ -161,8 +160,10 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
     """The rest of a binary stream as blocks of whole lines of text: `read_lines` without the split.
 
     Each block ends in "\\n", but a line cut at `max_line` bytes (the rest of it is dropped) and the
-    stream's last line, which each come as a block of their own. Counts lines and bytes in `stats`
-    as `read_lines` does. Memory is bounded by a block (at most `max_line`, at most 256 KiB).
+    stream's last line, which each come as a block of their own. Counts bytes and cut lines in `stats`
+    as `read_lines` does, not lines: the reader of a block counts them as it scans it (`Diagnoser.feed_text`
+    returns how many), the one pass over its newlines. Memory is bounded by a block (at most `max_line`, at
+    most 256 KiB).
     """
     size = max(1, min(max_line, BLOCK_BYTES))
     pending = b""  # the start of a line that goes on in the next block (shorter than max_line)
@@ -179,9 +180,7 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
             nl = chunk.find(b"\n")
             head = pending + chunk[: nl + 1 if nl >= 0 else len(chunk)]
             if len(head) >= max_line and not head[:max_line].endswith(b"\n"):
-                stats.lines += 1
                 stats.long_lines += 1
-                stats.block_lines = 1
                 yield head[:max_line].decode("utf-8", "replace")
                 pending, dropping = b"", nl < 0
                 if nl < 0:
@@ -192,27 +191,19 @@ def read_blocks(f: IO[bytes], stats: ReadStats, max_line: int = MAX_LINE_BYTES) 
                 continue
             else:
                 pending, start = b"", nl + 1
-                stats.lines += 1
-                stats.block_lines = 1
                 yield head.decode("utf-8", "replace")
         end = chunk.rfind(b"\n", start) + 1
         if end > start:
             text = chunk[start:end].decode("utf-8", "replace")
-            stats.block_lines = text.count("\n")
-            stats.lines += stats.block_lines
             yield text
         else:
             end = start
         pending = chunk[end:]
         if len(pending) >= max_line:  # a whole block with no newline: a line to cut
-            stats.lines += 1
             stats.long_lines += 1
-            stats.block_lines = 1
             yield pending[:max_line].decode("utf-8", "replace")
             pending, dropping = b"", True
     if pending:
-        stats.lines += 1
-        stats.block_lines = 1
         yield pending.decode("utf-8", "replace")
 
 
@@ -250,16 +241,17 @@ def feed_log(d: Diagnoser, f: IO[bytes], stats: ReadStats, before: int) -> None:
             break
     if stats.bytes >= SNIFF_BYTES and (d.specific_events > before or not looks_binary(stats)):
         for text in read_blocks(f, stats):
-            first = stats.lines - stats.block_lines + 1
+            first = stats.lines + 1
             prefix = record.prefix if record is not None else None
             if record is None or (prefix is not None and record.watching and prefix not in text):
-                d.feed_text(text, first)
+                stats.lines += d.feed_text(text, first)
                 continue
             pieces = text.split("\n")
             for i, piece in enumerate(pieces[:-1]):
                 held = _unwrapped(d, record, piece + "\n", first + i, held)
             if pieces[-1]:
                 held = _unwrapped(d, record, pieces[-1], first + len(pieces) - 1, held)
+            stats.lines += len(pieces) - 1 + (pieces[-1] != "")
     for text in record.flush() if record is not None else ():
         d.feed_line(text, held)
 

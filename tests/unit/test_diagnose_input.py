@@ -172,7 +172,8 @@ def test_stream_reader_bounds_lines() -> None:
 
 def test_block_reader_gives_the_lines_and_counts_of_the_line_reader() -> None:
     """`read_blocks` (diagnose after the first MiB) against `read_lines` on random lines around the
-    cut length, lines longer than a block, a missing final newline and multi-byte characters."""
+    cut length, lines longer than a block, a missing final newline and multi-byte characters; the lines
+    `Diagnoser.feed_text` says it read of each block are the block's."""
     rng = random.Random(7)
     for case in range(300):
         max_line = rng.choice([4, 7, 10, 33])
@@ -187,11 +188,11 @@ def test_block_reader_gives_the_lines_and_counts_of_the_line_reader() -> None:
         lines = list(diagnose.read_lines(io.BytesIO(data), by_line, max_line))
         blocks = list(diagnose.read_blocks(io.BytesIO(data), by_block, max_line))
         assert [x for b in blocks for x in diagnose.lines_of(b)] == lines, (case, data)
-        assert (by_block.lines, by_block.long_lines, by_block.bytes) == (
-            by_line.lines,
-            by_line.long_lines,
-            by_line.bytes,
-        ), (case, data)
+        assert (by_block.long_lines, by_block.bytes) == (by_line.long_lines, by_line.bytes), (case, data)
+        # Lines are counted by who reads the blocks: a Diagnoser, as it feeds each (`feed_text`).
+        d = diagnose.Diagnoser("log")
+        assert [d.feed_text(b, 1) for b in blocks] == [len(diagnose.lines_of(b)) for b in blocks], (case, data)
+        assert sum(map(len, map(diagnose.lines_of, blocks))) == by_line.lines
 
 
 def test_journal_readers_take_hostile_input() -> None:

@@ -41,9 +41,6 @@ from exporter.logs.parse import parse_line_events
 
 #: Logs smaller than this are read in one process (starting workers costs more than it saves).
 MIN_BYTES = 32 * 1024 * 1024
-#: Parts per process: parts of a log differ in how much work a byte is, so several smaller parts per
-#: process keep every process busy until the end (a measured 1 GB log: 50 s and 57 s in two halves).
-_PARTS_PER_WORKER = 4
 #: How far past a split point a start line is looked for.
 _SEARCH_BYTES = 64 * 1024 * 1024
 _BLOCK = 1024 * 1024
@@ -138,12 +135,26 @@ def _start_after(f: io.BufferedReader, offset: int, limit: int) -> int | None:
     return None
 
 
-def _split(path: str, size: int, parts: int) -> list[int]:
-    """Offsets of the parts: 0, then a start line after each 1/parts of the file."""
+def _targets(size: int, workers: int) -> list[int]:
+    """Where the parts should begin: each takes 1/(workers + 1) of what is left, down to a quarter of `MIN_BYTES`
+    (each part costs a Diagnoser of its own and the return of its runs). Parts of a log differ in how much work
+    a byte is, and the processes take the next part as they finish one: parts that shrink towards the end keep
+    every process busy until then (equal parts left one with a whole part to read while the others waited: a
+    measured 1 GB log, 50 s and 57 s in two halves)."""
+    smallest = MIN_BYTES // 4
+    targets, at = [0], 0
+    while size - at > smallest:
+        at += max((size - at) // (workers + 1), smallest)
+        targets.append(at)
+    return targets[:-1] if size - targets[-1] < smallest // 2 else targets
+
+
+def _split(path: str, size: int, targets: list[int]) -> list[int]:
+    """Offsets of the parts: 0, then the first start line after each target."""
     offsets = [0]
     with open(path, "rb") as f:  # noqa: PTH123
-        for k in range(1, parts):
-            at = _start_after(f, max(size * k // parts, offsets[-1] + 1), min(size, size * k // parts + _SEARCH_BYTES))
+        for target in targets[1:]:
+            at = _start_after(f, max(target, offsets[-1] + 1), min(size, target + _SEARCH_BYTES))
             if at is not None and at > offsets[-1]:
                 offsets.append(at)
     return offsets
@@ -192,7 +203,7 @@ def feed_in_parts(d: Diagnoser, path: str, stats: ReadStats, *, max_runs: int, m
     size = Path(path).stat().st_size
     if n < 2 or size < MIN_BYTES:
         return False
-    offsets = _split(path, size, min(n * _PARTS_PER_WORKER, max(size // (MIN_BYTES // 4), n)))
+    offsets = _split(path, size, _targets(size, n))
     if len(offsets) < 2:
         return False
     ends = [*offsets[1:], size]

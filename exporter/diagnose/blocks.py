@@ -28,7 +28,7 @@ def unwrapped(text: str, lines: Sequence[str]) -> str:
     entry is one line, an ANSI code never spans lines), each line coloured from its start marked first, as
     `unwrap_marked` marks it."""
     body = text[:-1] if text[-1:] == "\n" else text
-    if "\r" in body or body[:1] == "{" or "\n{" in body:
+    if "\r" in body or body[:1] == "{" or find_line_start(body, "{") >= 0:
         if "\r" not in body and "\x1b" not in body:
             # llama-server's own JSONL entries whose message needs no decoding, unwrapped by one regex; what
             # is left (escapes, other shapes) line by line. The lines have no line end to strip.

@@ -220,6 +220,49 @@ def test_a_speed_counts_as_steady_only_when_the_same_task_generated_at_both_read
     assert second.rate == 50.0
 
 
+def _generating(held: list[int], prompt: int = 35, budget: int = 400) -> list[dict[str, object]]:
+    """A b11434 `/slots` answer: slots 1.. generating, each holding `held[i]` cells of `prompt` plus its budget."""
+    return [
+        {
+            "id": i + 1,
+            "n_ctx": 1024,
+            "is_processing": True,
+            "id_task": 5 + i,
+            "n_prompt_tokens": h,
+            "n_prompt_tokens_processed": prompt,
+            "n_prompt_tokens_cache": 0,
+            "params": {"n_predict": budget},
+            "next_token": [{"has_next_token": True, "n_remain": prompt + budget - h, "n_decoded": h - prompt}],
+        }
+        for i, h in enumerate(held)
+    ]
+
+
+def first_stop(reads: list[int], interval: float = 1.25) -> int | None:
+    """The read (by index) at which the guard stops one of three slots that each hold `reads[k]` at read k."""
+    speeds: dict[int, preempt.LastRead] = {}
+    running = [preempt.Running(r, 35, -1, admitted_at=float(r)) for r in range(3)]
+    for k, held in enumerate(reads):
+        slots = preempt.slot_views(_generating([held] * 3), speeds, now=k * interval)
+        if preempt.choose_victim(slots, running, limit=1024, horizon=3.5) is not None:
+            return k
+    return None
+
+
+def test_a_speed_that_triples_between_two_reads_is_stopped_before_the_pool_overflows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real reads of three requests without a budget (`-c 1024 -np 4 -kvu -n 400`, 35-token prompts) on 2 cores
+    with a busy loop on each: 25-32 tokens a second per slot, then 73 from one read to the next, as the busy
+    loops left the cores. The pool overflows at 342 cells a slot, and a stop takes over a second to be noticed.
+    The guard stops one at the first read that measures a speed; at the measured speed alone it would have
+    stopped one at 326 cells, too late."""
+    reads = [65, 105, 137, 169, 204, 235, 326]
+    assert first_stop(reads) == 1
+    monkeypatch.setattr(preempt, "SURGE", 1.0)
+    assert first_stop(reads) == 6
+
+
 def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
     slots = [
         preempt.SlotView(0, 300, 40, -1, rate=30.0),
@@ -234,7 +277,9 @@ def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
     assert preempt.match(slots, running) == {7: slots[2], 8: slots[0], 9: slots[1]}
     victim = preempt.choose_victim(slots, running, limit=700, horizon=2.0)
     assert victim is not None and victim[0] == 8
-    assert preempt.choose_victim(slots, running, limit=800, horizon=2.0) is None  # 300+60 + 200+60 + 104
+    # 300 + 3 x 60 + 200 + 3 x 60 + 104: three times the measured speed (`SURGE`) within their budgets.
+    assert preempt.choose_victim(slots, running, limit=965, horizon=2.0) is None
+    assert preempt.choose_victim(slots, running, limit=964, horizon=2.0) is not None
     # A request alone is never stopped: its window is at most the pool.
     assert preempt.choose_victim(slots[:1], running, limit=100, horizon=2.0) is None
     # Slots that are not the guard's requests are not stopped.

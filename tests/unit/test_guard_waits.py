@@ -3,10 +3,16 @@ unknown budgets counted as windows while the slots cannot be seen in time, and t
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 
+from exporter.guard import preempt
 from exporter.guard.admission import RETRY_AFTER_MAX, Admission, Pool, RetryBudget, Speed, Ticket
 from exporter.guard.preempt import Sight
+from exporter.guard.proxy import GuardSettings
 
 SHARED = Pool(capacity=1000, slot_window=1000, unified=True)
 
@@ -113,3 +119,25 @@ def test_the_horizon_follows_the_observation_lag(lags: list[float], horizon: flo
     for lag in lags:
         s.saw(lag)
     assert (round(s.horizon, 3), s.blind) == (horizon, blind)
+
+
+def test_the_docs_give_preemptions_own_figures() -> None:
+    """docs/guard.md's preemption section states how often the guard reads `/slots`, how far ahead and at what
+    multiple of the speed it projects, when it is blind and how long it stays silent: the settings' own values."""
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "guard.md").read_text(encoding="utf-8").split())
+    defaults = {f.name: f.default for f in dataclasses.fields(GuardSettings)}
+    figures = {
+        r"reads `/slots` about every ([\d.]+) s": defaults["poll_interval"],
+        r"projects each slot ([\d.]+) s ahead": defaults["horizon"],
+        r"at (\d+) times its measured speed": preempt.SURGE,
+        r"\*\*(\w+) times the measured speed\*\*": preempt.SURGE,
+        r"within the horizon \(([\d.]+) s plus twice the lag": defaults["horizon"],
+        r"at (\d+) times the speed it last measured": preempt.SURGE,
+        r"While its reads lag ([\d.]+) s or more": defaults["blind_after"],
+        r"stays silent for ([\d.]+) s after a stop": defaults["quiet"],
+    }
+    words = {"Three": 3.0}
+    for pattern, value in figures.items():
+        found = re.findall(pattern, text)
+        assert found, pattern
+        assert all(float(words.get(x, x)) == value for x in found), (pattern, found, value)

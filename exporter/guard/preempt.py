@@ -44,8 +44,9 @@ from exporter.model.live import LiveSlot, parse_slots
 #: How much faster than measured a slot may generate before the guard's stop takes effect: on a CPU host
 #: shared with other work, llama-server's speed jumps when the other processes leave its cores (measured on
 #: 2 cores with a busy loop on each: 25-40 tokens a second per slot, then 73-91 from one read to the next).
-#: Without it the guard's stop came 0.4-0.9 s before such a jump overflowed the pool, about one burst in ten;
-#: a stop too early costs one request a replay, one too late every request in flight.
+#: At the measured speed alone the stop came 0.4-0.9 s before such a jump overflowed the pool, about one burst
+#: in ten; a stop too early costs one request a replay (a stream that has begun, its answer), one too late every
+#: request in flight.
 SURGE = 3.0
 
 

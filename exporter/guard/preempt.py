@@ -3,10 +3,10 @@
 Admission counts a request's budget, but a budget can be unknown (the guard's default stands in) or
 not the server's (its `-n`). Then the slots can still outgrow the pool while they generate, and
 llama-server would abort every one of them. The guard reads `/slots` while requests run, projects
-each slot's cells a little ahead (what it holds, its prompt if still being read, plus `SURGE` times its
-measured generation speed over `horizon` seconds: the poll interval, the time llama-server takes to
-notice a closed connection, and a batch), and when the projection reaches the pool it stops exactly one
-request by closing its upstream connection.
+each slot's cells a little ahead (what it holds, its prompt if still being read, plus its measured
+speed over `horizon` seconds: the poll interval, the time llama-server takes to notice a closed
+connection, and a batch; a generation speed measured over two reads counts `SURGE` times), and when the
+projection reaches the pool it stops exactly one request by closing its upstream connection.
 
 **Which one: the request whose slot holds the most cells** (ties: the one admitted last). Its cells are
 what the others need: stopping it frees the most room with one stop, where stopping a small one might
@@ -23,10 +23,10 @@ given the fuller slot. A slot still reading its prompt (`next_token.n_decoded` 0
 (`n_prompt_tokens`; `n_prompt_tokens_processed` trails it by a batch): it is the one request left whose
 prompt is at least that part, or, several being read at once, the one forwarded in its task's turn.
 
-    >>> slots = [SlotView(0, 300, 40, n_predict=-1, rate=20.0), SlotView(1, 200, 50, n_predict=-1, rate=20.0)]
+    >>> slots = [SlotView(0, 300, 40, -1, rate=20.0, steady=True), SlotView(1, 200, 50, -1, rate=20.0, steady=True)]
     >>> running = [Running(1, prompt=40, n_predict=-1, admitted_at=0.0), Running(2, 50, n_predict=-1, admitted_at=1.0)]
     >>> choose_victim(slots, running, limit=512, horizon=2.0)
-    (1, 'slot 0 holds 300 of the 740 cells projected 2.0s ahead at 3x the measured speed in a pool of 512')
+    (1, 'slot 0 holds 300 of the 740 cells projected 2.0s ahead (generation at 3x its speed) in a pool of 512')
     >>> choose_victim(slots, running, limit=1024, horizon=2.0) is None
     True
 """
@@ -41,12 +41,14 @@ from typing import Any
 from exporter.model.forecast import cells_ahead
 from exporter.model.live import LiveSlot, parse_slots
 
-#: How much faster than measured a slot may generate before the guard's stop takes effect: on a CPU host
+#: How much faster than measured a generating slot may go before the guard's stop takes effect. On a CPU host
 #: shared with other work, llama-server's speed jumps when the other processes leave its cores (measured on
 #: 2 cores with a busy loop on each: 25-40 tokens a second per slot, then 73-91 from one read to the next).
 #: At the measured speed alone the stop came 0.4-0.9 s before such a jump overflowed the pool, about one burst
 #: in ten; a stop too early costs one request a replay (a stream that has begun, its answer), one too late every
-#: request in flight.
+#: request in flight. Only a generation speed measured over two reads (`SlotView.steady`) counts this many
+#: times: a prompt being read ends at its size, counted exactly at admission, and the first read after a
+#: prompt mixes the prompt's tokens into its speed.
 SURGE = 3.0
 
 
@@ -117,13 +119,13 @@ class SlotView:
     reading: bool = False
 
     def ahead(self, horizon: float) -> int:
-        """The cells it may hold `horizon` seconds from now: `SURGE` times its speed, within its budget and
-        window (the forecast's fill model, `cells_ahead`)."""
+        """The cells it may hold `horizon` seconds from now: its speed (`SURGE` times a generation speed
+        measured over two reads), within its budget and window (the forecast's fill model, `cells_ahead`)."""
         most = self.window
         if self.remaining is not None:
             budget = self.held + self.remaining
             most = budget if most is None else min(most, budget)
-        return cells_ahead(self.held, SURGE * self.rate, horizon, most)
+        return cells_ahead(self.held, SURGE * self.rate if self.steady else self.rate, horizon, most)
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,6 @@ def choose_victim(slots: list[SlotView], running: list[Running], limit: int, hor
     s = matched[victim]
     return (
         victim,
-        f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:.1f}s ahead at {SURGE:g}x the "
-        f"measured speed in a pool of {limit}",
+        f"slot {s.id} holds {s.held} of the {total} cells projected {horizon:.1f}s ahead (generation at "
+        f"{SURGE:g}x its speed) in a pool of {limit}",
     )

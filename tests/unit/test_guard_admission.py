@@ -265,9 +265,9 @@ def test_a_speed_that_triples_between_two_reads_is_stopped_before_the_pool_overf
 
 def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
     slots = [
-        preempt.SlotView(0, 300, 40, -1, rate=30.0),
-        preempt.SlotView(1, 200, 50, -1, rate=30.0),
-        preempt.SlotView(2, 100, 60, 64, rate=30.0, remaining=4),  # near its end: it holds the least
+        preempt.SlotView(0, 300, 40, -1, rate=30.0, steady=True),
+        preempt.SlotView(1, 200, 50, -1, rate=30.0, steady=True),
+        preempt.SlotView(2, 100, 60, 64, rate=30.0, remaining=4, steady=True),  # near its end: it holds the least
     ]
     running = [
         preempt.Running(7, 60, 64, admitted_at=0.0),
@@ -280,6 +280,10 @@ def test_the_victim_is_the_fullest_slot_and_none_is_chosen_in_time() -> None:
     # 300 + 3 x 60 + 200 + 3 x 60 + 104: three times the measured speed (`SURGE`) within their budgets.
     assert preempt.choose_victim(slots, running, limit=965, horizon=2.0) is None
     assert preempt.choose_victim(slots, running, limit=964, horizon=2.0) is not None
+    # A prompt being read, or a speed not yet measured over two reads while generating: at the speed measured.
+    unsteady = [dataclasses.replace(s, steady=False) for s in slots]
+    assert preempt.choose_victim(unsteady, running, limit=725, horizon=2.0) is None  # 300+60 + 200+60 + 104
+    assert preempt.choose_victim(unsteady, running, limit=724, horizon=2.0) is not None
     # A request alone is never stopped: its window is at most the pool.
     assert preempt.choose_victim(slots[:1], running, limit=100, horizon=2.0) is None
     # Slots that are not the guard's requests are not stopped.

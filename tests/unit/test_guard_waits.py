@@ -129,10 +129,10 @@ def test_the_docs_give_preemptions_own_figures() -> None:
     figures = {
         r"reads `/slots` about every ([\d.]+) s": defaults["poll_interval"],
         r"projects each slot ([\d.]+) s ahead": defaults["horizon"],
-        r"at (\d+) times its measured speed": preempt.SURGE,
+        r"a slot that generates at (\d+) times the speed measured": preempt.SURGE,
         r"\*\*(\w+) times the measured speed\*\*": preempt.SURGE,
         r"within the horizon \(([\d.]+) s plus twice the lag": defaults["horizon"],
-        r"at (\d+) times the speed it last measured": preempt.SURGE,
+        r"at (\d+) times the generation speed it last measured": preempt.SURGE,
         r"While its reads lag ([\d.]+) s or more": defaults["blind_after"],
         r"stays silent for ([\d.]+) s after a stop": defaults["quiet"],
     }

@@ -37,6 +37,7 @@ from pathlib import Path
 from exporter.diagnose.core import Diagnoser, Part
 from exporter.diagnose.read import ReadStats, feed_log, read_blocks
 from exporter.logs import events as ev
+from exporter.logs.encoding import newlines
 from exporter.logs.parse import parse_line_events
 
 #: Logs smaller than this are read in one process (starting workers costs more than it saves).
@@ -171,7 +172,7 @@ def _count(path: str, start: int, end: int, starts: bool) -> tuple[int, int]:
             block = f.read(min(_BLOCK, end - pos))
             if not block:
                 break
-            lines += block.count(b"\n")
+            lines += newlines(block)
             if starts:
                 found += block.count(_START_TEXT)
             pos += len(block)

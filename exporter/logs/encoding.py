@@ -21,7 +21,8 @@ streams). What reaches the file depends on who redirects its stderr:
 `sniff` tells the encoding from the first bytes, `Transcoder` turns any of them into UTF-8 across
 arbitrary splits (a file is read in pieces), and `PowerShellRecord` takes the record apart again: the
 first line without its ``<exe> : `` prefix, the record's own lines dropped. The tailer and ``diagnose``
-both use them, so a log reads the same whichever way it was redirected.
+both use them, so a log reads the same whichever way it was redirected; and `newlines`, with which both
+count a block's lines.
 """
 
 from __future__ import annotations
@@ -204,3 +205,22 @@ def cut_utf8(data: bytes) -> bytes:
                 return data[:-back]
         return data
     return data
+
+
+#: Newlines in a read's first KiB above which its lines are taken as short (see `newlines`).
+_SHORT_LINES = 32
+
+
+def newlines(data: bytes) -> int:
+    """The "\\n" in `data`, counted the cheaper of two ways for its lines' length.
+
+    `bytes.count` looks at every byte, about 0.35 ns each: 29 ns a line of 86 bytes (the bench corpus'
+    mean). `bytes.replace` finds each newline with `memchr`: 13 ns such a line, but 10 ns a blank one, which
+    the look at every byte passes in 0.4. A read whose first KiB holds more than `_SHORT_LINES` newlines is
+    counted byte by byte, so short or blank lines (a client can write them) cost what they would cost
+    anyway; short lines after a first KiB of long ones cost at most those 10 ns, against the 160 ns the
+    scan spends on a blank line.
+    """
+    if data.count(b"\n", 0, 1024) > _SHORT_LINES:
+        return data.count(b"\n")
+    return len(data) - len(data.replace(b"\n", b""))

@@ -113,7 +113,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.logs import recognize
-from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, sniff
+from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, newlines, sniff
 from exporter.logs.fileopen import identity, open_log
 from exporter.logs.parse import LineBatch
 from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
@@ -559,7 +559,7 @@ class LogTailer:
         # Decoding a block equals decoding each line: "\n" and "\r" are never part of a UTF-8 sequence.
         text = block.decode("utf-8", errors="replace")
         if b"\r" not in block:  # kept whole: split into lines only if the batch is asked for them
-            out.add_text(text, block.count(b"\n") + 1)
+            out.add_text(text, newlines(block) + 1)
             return
         out.extend(line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
 

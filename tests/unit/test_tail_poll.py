@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from seq_log import append, drain, line, seqs
 
+from exporter.logs.encoding import newlines
 from exporter.logs.tail import LogTailer
 
 
@@ -194,3 +195,30 @@ def test_read_batch_text_is_its_lines_joined(tmp_path: Path, chunk: int, piece: 
                 break
     assert read == polls.poll() and read[5:] == ["seq=000004 b", "", ""] and len(read) == 8
     assert batches.stats.lines == 8 and batches.stats.long_lines == 1
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"no newline",
+        b"\n",
+        b"\n" * 5000,  # blank lines: counted byte by byte
+        b"ab\n" * 3000,
+        b"x" * 2000 + b"\n" * 5000,  # a long first KiB, then blank lines: counted by memchr
+        b"0.17.891.371 W decode: failed to find a memory slot for batch of size 4\n" * 2000 + b"\n\n",
+        bytes(range(256)) * 40,  # every byte value, "\n" among them
+    ],
+    ids=["empty", "no-newline", "one", "blank", "short", "long-then-blank", "log", "every-byte"],
+)
+def test_newlines_counts_what_bytes_count_counts(data: bytes) -> None:
+    assert newlines(data) == data.count(b"\n")
+
+
+def test_a_block_of_blank_lines_after_long_ones_is_read_as_every_line(tmp_path: Path) -> None:
+    p = tmp_path / "server.log"
+    p.write_bytes(b"first\n" + b"x" * 3000 + b"\n" * 4000 + b"last\n")  # the read's block starts with 3000 x
+    t = LogTailer(p)
+    got = t.read()
+    assert len(got) == 4002 == len(got.lines()) and got.lines()[-1] == "last"
+    assert t.stats.lines == 4002

@@ -21,8 +21,8 @@ streams). What reaches the file depends on who redirects its stderr:
 `sniff` tells the encoding from the first bytes, `Transcoder` turns any of them into UTF-8 across
 arbitrary splits (a file is read in pieces), and `PowerShellRecord` takes the record apart again: the
 first line without its ``<exe> : `` prefix, the record's own lines dropped. The tailer and ``diagnose``
-both use them, so a log reads the same whichever way it was redirected; and `newlines`, with which both
-count a block's lines.
+both use them, so a log reads the same whichever way it was redirected. Both also count a block's lines
+with `newlines`.
 """
 
 from __future__ import annotations

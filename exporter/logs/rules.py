@@ -65,12 +65,39 @@ _OOM_CAUSE.update(Metal="metal_out_of_memory", MTL="metal_out_of_memory", Vulkan
 # (leading words, regex, build): a rule is tried on messages that start with one of its words.
 # Group names must be unique over all rules: they share one regex.
 # Slot rules: the regex matches the text after `| task N | `; build gets the slot id, the task id and the match.
+# In the order a busy server writes them, most often first: the scan tries them in this order, and a match
+# costs more the higher its groups are numbered (a rule's come after those of the rules before it). Rules whose
+# leading words start alike (the `prompt …` forms) keep the order their matches need, the longer form first;
+# between the others the order changes no match (a test holds the table to that).
 SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
+    (
+        "clearing",
+        r"clearing (?:prompt|slot) with (?P<cleared>\d+) tokens",
+        lambda s, t, m: ev.SlotCleared(s, int(m["cleared"])),
+    ),
     (
         "n_gen n_decoded",
         r"n_(?:gen|decoded) = +(?P<n_gen>\d+), tg = +(?P<tg>" + _FLOAT + r") t/s"
         r"(?:, tg_3s = +(?P<tg_3s>" + _FLOAT + ")|)",
         lambda s, t, m: ev.GenerationProgress(s, t, int(m["n_gen"]), _rate(m["tg_3s"] or m["tg"])),
+    ),
+    ("saving", r"saving idle slot to prompt cache", lambda s, t, m: ev.IdleSlotSaved(s)),
+    ("selected", r"selected slot by", lambda s, t, m: ev.SlotSelected(s)),
+    ("processing", r"processing task\b", lambda s, t, m: ev.TaskStarted(s, t)),
+    (
+        "stopped",
+        r"stopped (?:by (?P<stop_by>EOS|limit|time limit|indentation limit)\b|due to running out of context capacity)",
+        lambda s, t, m: ev.GenerationStopped(s, t, _STOPPED.get(m["stop_by"], "context_capacity")),
+    ),
+    (
+        "stop",
+        r"stop processing: (?:n_past|n_tokens) = (?P<released>\d+)",
+        lambda s, t, m: ev.SlotReleased(s, t, int(m["released"])),
+    ),
+    (
+        "cached n_past n_tokens",
+        r"(?:cached )?(?:n_past|n_tokens) = (?P<cached>\d+), memory_seq_rm \[",
+        lambda s, t, m: ev.CachedTokens(s, t, int(m["cached"])),
     ),
     (
         "prompt eval total",
@@ -81,82 +108,12 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
         ),
     ),
     (
-        "draft",
-        r"draft acceptance(?: rate)? = [\d.]+ \( *(?P<slot_accepted>\d+) accepted / +(?P<slot_drafted>\d+) generated\)",
-        lambda s, t, m: ev.DraftAcceptance(int(m["slot_accepted"]), int(m["slot_drafted"]), False, s),
-    ),
-    (
-        "stopped",
-        r"stopped (?:by (?P<stop_by>EOS|limit|time limit|indentation limit)\b|due to running out of context capacity)",
-        lambda s, t, m: ev.GenerationStopped(s, t, _STOPPED.get(m["stop_by"], "context_capacity")),
-    ),
-    (
-        "created saved",
-        r"(?:created|saved) context checkpoint (?P<ck_index>\d+) of (?P<ck_max>\d+) \(pos_min = (?P<ck_min>-?\d+), "
-        r"pos_max = (?P<ck_pos_max>-?\d+)(?:, n_tokens = \d+)?, size = (?P<ck_mib>[\d.]+) MiB",
-        lambda s, t, m: ev.CheckpointCreated(
-            s, int(m["ck_index"]), int(m["ck_max"]), int(m["ck_min"]), int(m["ck_pos_max"]), float(m["ck_mib"])
-        ),
-    ),
-    (
-        "erasing erased",
-        r"(?P<erased>erasing old|erasing context checkpoint too close|erased invalidated) .*?\(pos_min = "
-        r"(?P<erased_min>-?\d+), pos_max = (?P<erased_max>-?\d+),.*?size = (?P<erased_mib>[\d.]+) MiB",
-        lambda s, t, m: ev.CheckpointRemoved(
-            s,
-            "invalidated" if m["erased"] == "erased invalidated" else "evicted",
-            int(m["erased_min"]),
-            int(m["erased_max"]),
-            float(m["erased_mib"]),
-        ),
-    ),
-    ("restored", r"restored context checkpoint", lambda s, t, m: ev.CheckpointRestored(s)),
-    ("failed", r"failed to restore context checkpoint", lambda s, t, m: ev.CheckpointRestoreFailed(s)),
-    (
-        "superseding",
-        r"superseding context checkpoint at n_tokens = (?P<superseded>\d+)",
-        lambda s, t, m: ev.CheckpointSuperseded(s, int(m["superseded"])),
-    ),
-    (
-        "SWA",
-        r"SWA checkpoint create, pos_min = (?P<swa_min>-?\d+), pos_max = (?P<swa_max>-?\d+), "
-        r"size = (?P<swa_mib>[\d.]+) MiB, total = (?P<swa_index>\d+)/(?P<swa_total>\d+)",
-        lambda s, t, m: ev.CheckpointCreated(
-            s, int(m["swa_index"]), int(m["swa_total"]), int(m["swa_min"]), int(m["swa_max"]), float(m["swa_mib"])
-        ),
-    ),
-    (
-        "SWA",
-        r"SWA checkpoint erase, pos_min = (?P<swe_min>-?\d+), pos_max = (?P<swe_max>-?\d+), "
-        r"size = (?P<swe_mib>[\d.]+) MiB",
-        lambda s, t, m: ev.CheckpointRemoved(s, "evicted", int(m["swe_min"]), int(m["swe_max"]), float(m["swe_mib"])),
-    ),
-    ("SWA", r"SWA checkpoint restore", lambda s, t, m: ev.CheckpointRestored(s)),
-    ("forcing", r"forcing full prompt re-processing", lambda s, t, m: ev.FullReprocess(s)),
-    ("selected", r"selected slot by", lambda s, t, m: ev.SlotSelected(s)),
-    (
-        "stop",
-        r"stop processing: (?:n_past|n_tokens) = (?P<released>\d+)",
-        lambda s, t, m: ev.SlotReleased(s, t, int(m["released"])),
-    ),
-    (
-        "clearing",
-        r"clearing (?:prompt|slot) with (?P<cleared>\d+) tokens",
-        lambda s, t, m: ev.SlotCleared(s, int(m["cleared"])),
-    ),
-    ("processing", r"processing task\b", lambda s, t, m: ev.TaskStarted(s, t)),
-    (
         "new prompt",
         r"(?:new prompt|prompt tokenized), n_ctx_slot = (?P<prompt_ctx>\d+), n_keep = -?\d+, "
         r"(?:task\.n_tokens|n_prompt_tokens) = (?P<prompt_tokens>\d+)",
         lambda s, t, m: ev.NewPrompt(s, t, int(m["prompt_ctx"]), int(m["prompt_tokens"])),
     ),
-    (
-        "cached n_past n_tokens",
-        r"(?:cached )?(?:n_past|n_tokens) = (?P<cached>\d+), memory_seq_rm \[",
-        lambda s, t, m: ev.CachedTokens(s, t, int(m["cached"])),
-    ),
-    ("kv", r"kv cache rm \[(?P<kv_rm>\d+), end\)", lambda s, t, m: ev.CachedTokens(s, t, int(m["kv_rm"]))),
+    ("new", r"new slot,? n_ctx(?:_slot)? = (?P<new_slot>\d+)", lambda s, t, m: ev.SlotCreated(s, int(m["new_slot"]))),
     (
         "prompt",
         r"prompt processing, n_tokens = +(?P<processed>\d+), progress = (?P<pp_frac>" + _FLOAT + r")"
@@ -181,8 +138,55 @@ SLOT_RULES: list[tuple[str, str, Callable[[int, int, _M], ev.Event]]] = [
         r"prompt (?:processing )?done, (?:n_past|n_tokens) = (?P<done>\d+)",
         lambda s, t, m: ev.PromptProgress(s, t, int(m["done"]), absolute=True),
     ),
-    ("saving", r"saving idle slot to prompt cache", lambda s, t, m: ev.IdleSlotSaved(s)),
-    ("new", r"new slot,? n_ctx(?:_slot)? = (?P<new_slot>\d+)", lambda s, t, m: ev.SlotCreated(s, int(m["new_slot"]))),
+    (
+        "created saved",
+        r"(?:created|saved) context checkpoint (?P<ck_index>\d+) of (?P<ck_max>\d+) \(pos_min = (?P<ck_min>-?\d+), "
+        r"pos_max = (?P<ck_pos_max>-?\d+)(?:, n_tokens = \d+)?, size = (?P<ck_mib>[\d.]+) MiB",
+        lambda s, t, m: ev.CheckpointCreated(
+            s, int(m["ck_index"]), int(m["ck_max"]), int(m["ck_min"]), int(m["ck_pos_max"]), float(m["ck_mib"])
+        ),
+    ),
+    (
+        "erasing erased",
+        r"(?P<erased>erasing old|erasing context checkpoint too close|erased invalidated) .*?\(pos_min = "
+        r"(?P<erased_min>-?\d+), pos_max = (?P<erased_max>-?\d+),.*?size = (?P<erased_mib>[\d.]+) MiB",
+        lambda s, t, m: ev.CheckpointRemoved(
+            s,
+            "invalidated" if m["erased"] == "erased invalidated" else "evicted",
+            int(m["erased_min"]),
+            int(m["erased_max"]),
+            float(m["erased_mib"]),
+        ),
+    ),
+    ("restored", r"restored context checkpoint", lambda s, t, m: ev.CheckpointRestored(s)),
+    (
+        "draft",
+        r"draft acceptance(?: rate)? = [\d.]+ \( *(?P<slot_accepted>\d+) accepted / +(?P<slot_drafted>\d+) generated\)",
+        lambda s, t, m: ev.DraftAcceptance(int(m["slot_accepted"]), int(m["slot_drafted"]), False, s),
+    ),
+    ("failed", r"failed to restore context checkpoint", lambda s, t, m: ev.CheckpointRestoreFailed(s)),
+    (
+        "superseding",
+        r"superseding context checkpoint at n_tokens = (?P<superseded>\d+)",
+        lambda s, t, m: ev.CheckpointSuperseded(s, int(m["superseded"])),
+    ),
+    (
+        "SWA",
+        r"SWA checkpoint create, pos_min = (?P<swa_min>-?\d+), pos_max = (?P<swa_max>-?\d+), "
+        r"size = (?P<swa_mib>[\d.]+) MiB, total = (?P<swa_index>\d+)/(?P<swa_total>\d+)",
+        lambda s, t, m: ev.CheckpointCreated(
+            s, int(m["swa_index"]), int(m["swa_total"]), int(m["swa_min"]), int(m["swa_max"]), float(m["swa_mib"])
+        ),
+    ),
+    (
+        "SWA",
+        r"SWA checkpoint erase, pos_min = (?P<swe_min>-?\d+), pos_max = (?P<swe_max>-?\d+), "
+        r"size = (?P<swe_mib>[\d.]+) MiB",
+        lambda s, t, m: ev.CheckpointRemoved(s, "evicted", int(m["swe_min"]), int(m["swe_max"]), float(m["swe_mib"])),
+    ),
+    ("SWA", r"SWA checkpoint restore", lambda s, t, m: ev.CheckpointRestored(s)),
+    ("forcing", r"forcing full prompt re-processing", lambda s, t, m: ev.FullReprocess(s)),
+    ("kv", r"kv cache rm \[(?P<kv_rm>\d+), end\)", lambda s, t, m: ev.CachedTokens(s, t, int(m["kv_rm"]))),
 ]
 
 # One event for every such line (an event is immutable, and equal to another of its value; see `shared`).

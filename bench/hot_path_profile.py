@@ -33,7 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.logs import events as ev  # (imports after the sys.path set-up above)
-from exporter.logs.parse import LineBatch, find_line_start, is_plain, parse_joined
+from exporter.logs.batch import LineBatch
+from exporter.logs.parse import find_line_start, is_plain, parse_joined
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH
 from exporter.model.state import ServerState

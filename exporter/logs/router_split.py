@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 from exporter.logs import events as ev
-from exporter.logs.parse import find_line_start, joined, parse_joined, parse_lines
+from exporter.logs.batch import joined
+from exporter.logs.parse import find_line_start, parse_joined, parse_lines
 
 #: A router child's line prefix, as the parser strips it; `diagnose` reads it here too.
 PREFIX = re.compile(r"\[[^\S\n]*(\d+)\] ")

@@ -113,9 +113,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from exporter.logs import recognize
+from exporter.logs.batch import LineBatch
 from exporter.logs.encoding import PowerShellRecord, Transcoder, cut_utf8, newlines, sniff
 from exporter.logs.fileopen import identity, open_log
-from exporter.logs.parse import LineBatch
 from exporter.logs.replaced import FINGERPRINT_BYTES, Growth, Replacements, Seen
 from exporter.logs.replaced import pread as _pread
 from exporter.logs.source import SourceStats

@@ -49,6 +49,7 @@ PURE = (
     "exporter.model",
     "exporter.status",
     "exporter.logs.events",
+    "exporter.logs.batch",
     "exporter.logs.parse",
     "exporter.logs.rules",
     "exporter.logs.router_split",

@@ -376,9 +376,14 @@ def _line_format(lead: str) -> int:
     return code
 
 
-def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.Event]:
+class RoutedLine(Exception):
+    """A line that carries an event has a router child's `[PORT] ` tag: the batch is the router's, to be split."""
+
+
+def _events(text: str, scan: re.Pattern[str], formats: bool = True, unrouted: bool = False) -> list[ev.Event]:
     """The events of the lines in `text`, each line preceded by "\\n"; with `formats`, a `LineFormat`
     before the first event and before each event whose line is written differently from the last one's.
+    With `unrouted` (and `formats`), `RoutedLine` at the first event whose line has a router child's tag.
 
     The hot path of every line the exporter reads, written out in one loop: a call per event costs 5-10 %
     of it (measured on the bench corpus). A `try` costs nothing until it catches. The rule that matched is
@@ -401,6 +406,8 @@ def _events(text: str, scan: re.Pattern[str], formats: bool = True) -> list[ev.E
             start, end = m.start() + 1, m.end(1)
             if end - start != lead_len or text[start] != lead_first:
                 lead_len, lead_first = end - start, text[start]
+                if lead_first == "[" and unrouted:  # (a lead starts so only with a router's tag)
+                    raise RoutedLine
                 code = _line_format(text[start:end])
                 if code != last:
                     append(ev.LineFormat(code))
@@ -457,11 +464,12 @@ def parse_lines(lines: Sequence[str]) -> list[ev.Event]:
     return parse_joined(joined(lines), lines)
 
 
-def parse_joined(text: str, lines: Sequence[str]) -> list[ev.Event]:
-    """`parse_lines` for a caller that has joined the lines already: `text` is "\n" + "\n".join(lines)."""
+def parse_joined(text: str, lines: Sequence[str], unrouted: bool = False) -> list[ev.Event]:
+    """`parse_lines` for a caller that has joined the lines already: `text` is "\n" + "\n".join(lines). With
+    `unrouted`, `RoutedLine` where a line that carries an event has a router child's tag (see `_events`)."""
     if not is_plain(text):  # only the lines that need it are unwrapped (the others lose a line end, if any)
         text = "\n" + "\n".join([unwrap_marked(x) if x[:1] == "{" or "\x1b" in x else x.rstrip("\r\n") for x in lines])
-    return _events(text, _SCAN_LINES)
+    return _events(text, _SCAN_LINES, unrouted=unrouted)
 
 
 def parse_text_indexed(text: str) -> list[tuple[int, int, ev.Event]]:

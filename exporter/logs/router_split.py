@@ -16,13 +16,14 @@ Where each part goes is the model's business (`exporter.model.router.ServerLog.a
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from typing import TypeAlias
 
 from exporter.logs import events as ev
 from exporter.logs.batch import joined
-from exporter.logs.parse import find_line_start, parse_joined, parse_lines
+from exporter.logs.parse import RoutedLine, parse_joined, parse_lines
 
 #: A router child's line prefix, as the parser strips it; `diagnose` reads it here too.
 PREFIX = re.compile(r"\[[^\S\n]*(\d+)\] ")
@@ -42,9 +43,10 @@ def router_port(line: str) -> int | None:
 
 def split_parse(lines: Sequence[str]) -> list[Part]:
     """The events of a batch of lines, in parts by where each line comes from (see the module's docstring)."""
-    text = joined(lines)  # a batch's own text, or "\n" + each line
-    if find_line_start(text, "[") < 0:  # no line with a prefix: one part, one scan (the join is the parser's own)
-        return [(None, parse_joined(text, lines))]
+    # One part, one scan, unless a line that carries an event has a prefix: the scan tells, at no cost a line
+    # (lines with a prefix but no event add nothing to any part). A router's batch is scanned again, in parts.
+    with contextlib.suppress(RoutedLine):
+        return [(None, parse_joined(joined(lines), lines, unrouted=True))]
     parts: list[Part] = []
     main: list[str] = []
     children: dict[int, list[str]] = {}

@@ -206,6 +206,14 @@ def test_the_split_keeps_each_child_in_order_around_the_routers_own_lines() -> N
         (1, ["AllSlotsIdle"]),
     ]
     assert split_parse([idle, exited]) == [(None, parse_lines([idle, exited]))]
+    # A child's lines that carry no event give every part the same events as one scan does: one part.
+    quiet = ["[2] 0.00.001.500 I srv  params_from_: Chat format: Content-only", "[1] ", "[1]x"]
+    assert split_parse([idle, *quiet, exited]) == [(None, parse_lines([idle, *quiet, exited]))]
+    split = split_parse([idle, *quiet, f"[1] {idle}"])  # one that does: split
+    assert [(port, events) for port, events in split if events] == [
+        (None, parse_lines([idle])),
+        (1, parse_lines([idle])),
+    ]
 
 
 def test_a_childs_part_never_speaks_for_the_router() -> None:

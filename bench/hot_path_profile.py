@@ -7,8 +7,8 @@ exporter catches up on one, and times each step on its own, over the whole file,
 - ``tail``: `LogTailer.read` to the end (reading, decoding, counting the lines; a batch keeps its text);
 - ``join``: a batch's pieces (a read's first line, its block of complete lines) joined into the one text
   the scan runs over (timed as reading and joining, less `tail`);
-- ``looks``: the two looks at a batch before its scan (a line with a router tag, `find_line_start`;
-  one that needs unwrapping, `is_plain`);
+- ``looks``: the look at a batch before its scan (a line that needs unwrapping, `is_plain`; a line with a
+  router tag is told by the scan itself);
 - ``parse``: the scan and building the events (`parse_joined`: `is_plain` again, the scan, the line
   format worked out per event);
 - ``apply``: `ServerState.apply_events` on every batch's events, and the same again without the bounds checks
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.logs import events as ev  # (imports after the sys.path set-up above)
 from exporter.logs.batch import LineBatch
-from exporter.logs.parse import find_line_start, is_plain, parse_joined
+from exporter.logs.parse import is_plain, parse_joined
 from exporter.logs.tail import LogTailer
 from exporter.model.handlers import DISPATCH
 from exporter.model.state import ServerState
@@ -98,7 +98,7 @@ def profile(path: str, repeat: int) -> dict[str, float | int]:
     seconds = {
         "tail": tail,
         "join": _best(lambda: [lines.text for lines in _batches(path)], repeat) - tail,
-        "looks": _best(lambda: [(find_line_start(t, "["), is_plain(t)) for t in texts], repeat),
+        "looks": _best(lambda: [is_plain(t) for t in texts], repeat),
         "parse": _best(lambda: _parse_all(texts, batches), repeat),
         "apply": _best(lambda: _apply_all(events), repeat),
         "apply_without_bounds": _without(events, 1, repeat),
